@@ -1,0 +1,33 @@
+"""Flask application factory: wires extensions and blueprints, nothing else."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+
+from app.config import Settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    from app.api import register_api
+    from app.db.session import Database, close_session
+    from app.embedded import resolve_urls
+    from app.errors import register_error_handlers
+    from app.inference.repository import ModelRepository
+    from workers.celery_app import celery_init_app
+
+    settings = resolve_urls(settings or Settings.from_env())
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
+    app.extensions["settings"] = settings
+    app.extensions["database"] = Database(settings.database_url)
+    app.extensions["models"] = ModelRepository(settings.model_repository)
+    app.teardown_appcontext(close_session)
+    register_error_handlers(app)
+    celery_init_app(app, settings)
+    register_api(app)
+    return app

@@ -1,0 +1,45 @@
+"""The HTTP API: flask-smorest blueprints, OpenAPI at /openapi.json, Swagger UI at /docs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask, Response
+from flask_smorest import Api as SmorestApi
+from werkzeug.exceptions import HTTPException
+
+from app.auth import SECURITY_SCHEME
+from app.errors import problem_from_http_exception, problem_response
+
+
+class Api(SmorestApi):
+    """flask-smorest with every HTTP error answered as RFC 9457 problem+json."""
+
+    def handle_http_exception(self, error: HTTPException) -> Response:
+        return problem_response(problem_from_http_exception(error))
+
+
+def register_api(app: Flask) -> None:
+    from app.api import health, jobs, models
+
+    config: dict[str, Any] = {
+        "API_TITLE": "Inference jobs",
+        "API_VERSION": "0.1.0",
+        "OPENAPI_VERSION": "3.0.3",
+        "OPENAPI_URL_PREFIX": "/",
+        "OPENAPI_JSON_PATH": "openapi.json",
+        "OPENAPI_SWAGGER_UI_PATH": "/docs",
+        "OPENAPI_SWAGGER_UI_URL": "https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        "API_SPEC_OPTIONS": {
+            "info": {
+                "description": "Submit inference jobs, follow them, read their results. "
+                "Errors are RFC 9457 application/problem+json."
+            },
+        },
+    }
+    app.config.update(config)
+    api = Api(app)
+    api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
+    for blueprint in (jobs.blp, models.blp, health.blp):
+        api.register_blueprint(blueprint)
+    app.extensions["api"] = api

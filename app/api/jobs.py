@@ -1,0 +1,51 @@
+"""/jobs: submit a job, read it, list them. Handlers only translate HTTP."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import current_app
+from flask_smorest import Blueprint
+
+from app.api.schemas import JobPageSchema, JobSchema, ListJobsArgsSchema, SubmitJobSchema
+from app.auth import authenticated, current_tenant
+from app.db.models import Job
+from app.db.session import current_session
+from app.jobs import service
+
+blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous inference jobs")
+
+
+@blp.post("")
+@blp.arguments(SubmitJobSchema)
+@blp.response(202, JobSchema, description="Accepted; poll the Location URL")
+@blp.alt_response(404, description="Unknown model (problem+json)")
+@blp.alt_response(422, description="Inputs do not match the model (problem+json)")
+@authenticated
+def submit(body: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
+    job = service.submit(
+        current_session(),
+        current_app.extensions["models"],
+        current_tenant().id,
+        body["model"],
+        body["version"],
+        body["inputs"],
+    )
+    return job, 202, {"Location": f"/jobs/{job.id}"}
+
+
+@blp.get("")
+@blp.arguments(ListJobsArgsSchema, location="query")
+@blp.response(200, JobPageSchema)
+@authenticated
+def list_jobs(args: dict[str, Any]) -> service.Page:
+    return service.list_jobs(current_session(), current_tenant().id, **args)
+
+
+@blp.get("/<uuid:job_id>")
+@blp.response(200, JobSchema)
+@blp.alt_response(404, description="No such job for this tenant (problem+json)")
+@authenticated
+def get_job(job_id: uuid.UUID) -> Job:
+    return service.get(current_session(), current_tenant().id, job_id)

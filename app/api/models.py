@@ -1,0 +1,66 @@
+"""Model metadata: our /models listing and KServe v2 (Open Inference Protocol)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import current_app
+from flask_smorest import Blueprint
+
+from app.api.schemas import ModelListSchema, ModelMetadataSchema
+from app.errors import Problem
+from app.inference.repository import ModelCard, ModelRepository, UnknownModel
+
+blp = Blueprint("models", __name__, description="Models served")
+
+
+def _repository() -> ModelRepository:
+    repository: ModelRepository = current_app.extensions["models"]
+    return repository
+
+
+def _resolve(name: str, version: str | None = None) -> ModelCard:
+    try:
+        return _repository().resolve(name, version)
+    except UnknownModel as exc:
+        raise Problem("unknown-model", str(exc), known_models=exc.known) from None
+
+
+@blp.get("/models")
+@blp.response(200, ModelListSchema)
+def list_models() -> dict[str, Any]:
+    repository = _repository()
+    cards = [repository.resolve(name) for name in repository.names()]
+    return {
+        "models": [{**card.to_dict(), "versions": repository.versions(card.name)} for card in cards]
+    }
+
+
+@blp.get("/v2/models/<name>")
+@blp.response(200, ModelMetadataSchema)
+def model_metadata(name: str) -> dict[str, Any]:
+    return _v2_metadata(_resolve(name))
+
+
+@blp.get("/v2/models/<name>/versions/<version>")
+@blp.response(200, ModelMetadataSchema)
+def model_version_metadata(name: str, version: str) -> dict[str, Any]:
+    return _v2_metadata(_resolve(name, version))
+
+
+@blp.get("/v2/models/<name>/ready")
+@blp.get("/v2/models/<name>/versions/<version>/ready")
+@blp.response(200, description="The model's files are present and its card is readable")
+def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
+    card = _resolve(name, version)
+    return {"name": card.name, "version": card.version, "ready": card.onnx_path.is_file()}
+
+
+def _v2_metadata(card: ModelCard) -> dict[str, Any]:
+    return {
+        "name": card.name,
+        "versions": [card.version],
+        "platform": card.platform,
+        "inputs": [s.to_dict() for s in card.inputs],
+        "outputs": [s.to_dict() for s in card.outputs],
+    }

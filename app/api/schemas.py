@@ -1,0 +1,117 @@
+"""Request and response schemas: the API's contract, also its OpenAPI description."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from marshmallow import Schema, fields, validate
+
+from app.db.models import JOB_STATUSES, Job
+
+
+class SubmitJobSchema(Schema):
+    model = fields.String(
+        required=True, metadata={"description": "Model name, see GET /models", "example": "digits"}
+    )
+    version = fields.String(
+        load_default=None, metadata={"description": "Model version; the highest when omitted"}
+    )
+    inputs = fields.Raw(
+        required=True,
+        metadata={
+            "description": 'Either {"<input name>": <nested list>} or a list of KServe v2 '
+            'tensors [{"name", "shape", "datatype", "data"}]. Checked against the model '
+            "at submit time: a wrong name, shape or datatype is a 422.",
+            "example": {"pixels": [[0.0] * 64]},
+        },
+    )
+
+
+class JobErrorSchema(Schema):
+    code = fields.String()
+    message = fields.String()
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None:
+        return None
+    return round(((end or datetime.now(UTC)) - start).total_seconds(), 6)
+
+
+class JobSchema(Schema):
+    id = fields.UUID()
+    status = fields.String(metadata={"enum": list(JOB_STATUSES)})
+    model = fields.String()
+    model_version = fields.String()
+    outputs = fields.Raw(
+        allow_none=True, metadata={"description": "Output name -> nested list, once succeeded"}
+    )
+    error = fields.Method("get_error", metadata={"description": "{code, message} when failed"})
+    attempts = fields.Integer()
+    created_at = fields.DateTime()
+    started_at = fields.DateTime(allow_none=True)
+    finished_at = fields.DateTime(allow_none=True)
+    queued_seconds = fields.Method(
+        "get_queued_seconds", metadata={"description": "Time from submit to start (so far)"}
+    )
+    running_seconds = fields.Method(
+        "get_running_seconds", metadata={"description": "Time from start to finish (so far)"}
+    )
+
+    def get_error(self, job: Job) -> dict[str, Any] | None:
+        if job.error_code is None:
+            return None
+        return {"code": job.error_code, "message": job.error_message}
+
+    def get_queued_seconds(self, job: Job) -> float | None:
+        return _seconds(job.created_at, job.started_at or job.finished_at)
+
+    def get_running_seconds(self, job: Job) -> float | None:
+        return _seconds(job.started_at, job.finished_at)
+
+
+class JobPageSchema(Schema):
+    items = fields.List(fields.Nested(JobSchema))
+    next_cursor = fields.String(
+        allow_none=True, metadata={"description": "Pass as ?cursor= for the next page"}
+    )
+
+
+class ListJobsArgsSchema(Schema):
+    status = fields.String(validate=validate.OneOf(JOB_STATUSES))
+    model = fields.String()
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
+    cursor = fields.String()
+
+
+class TensorMetadataSchema(Schema):
+    name = fields.String()
+    datatype = fields.String()
+    shape = fields.List(fields.Integer())
+
+
+class ModelMetadataSchema(Schema):
+    """KServe v2 model metadata."""
+
+    name = fields.String()
+    versions = fields.List(fields.String())
+    platform = fields.String()
+    inputs = fields.List(fields.Nested(TensorMetadataSchema))
+    outputs = fields.List(fields.Nested(TensorMetadataSchema))
+
+
+class ModelSummarySchema(Schema):
+    name = fields.String()
+    version = fields.String()
+    versions = fields.List(fields.String())
+    platform = fields.String()
+    description = fields.String()
+    inputs = fields.List(fields.Nested(TensorMetadataSchema))
+    outputs = fields.List(fields.Nested(TensorMetadataSchema))
+    labels = fields.List(fields.String())
+    metrics = fields.Dict()
+
+
+class ModelListSchema(Schema):
+    models = fields.List(fields.Nested(ModelSummarySchema))

@@ -1,0 +1,50 @@
+"""Bearer-key authentication for the job routes."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from flask import g, request
+from flask_smorest import Blueprint
+
+from app.db.models import Tenant
+from app.db.session import current_session
+from app.errors import Problem
+from app.tenants import tenant_for_key
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SECURITY_SCHEME = {"type": "http", "scheme": "bearer", "description": "API key"}
+
+
+def current_tenant() -> Tenant:
+    tenant: Tenant = g.tenant
+    return tenant
+
+
+def authenticated(view: F) -> F:
+    """Require `Authorization: Bearer <key>`, expose the tenant as `current_tenant()`."""
+
+    @functools.wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Problem(
+                "unauthorized",
+                "send the header `Authorization: Bearer <api key>`",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        tenant = tenant_for_key(current_session(), key.strip())
+        if tenant is None:
+            raise Problem(
+                "unauthorized",
+                "the API key is not valid or was revoked",
+                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
+        g.tenant = tenant
+        return view(*args, **kwargs)
+
+    documented: F = Blueprint.doc(security=[{"bearerAuth": []}])(wrapper)
+    return documented

@@ -1,0 +1,171 @@
+"""RFC 9457 problem details: every error the API returns is shaped here.
+
+Domain code raises `Problem` (or a subclass); Werkzeug / webargs errors are
+translated by `problem_from_http_exception`. The `type` of each problem is a
+relative URI under `/problems/`, which the API serves as documentation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask, Response, json, request
+from werkzeug.exceptions import HTTPException
+
+PROBLEM_JSON = "application/problem+json"
+
+# code -> (status, title, what a client should do). Served at /problems/<code>.
+PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
+    "malformed-request": (
+        400,
+        "Malformed request",
+        "The body could not be parsed as JSON. Send a JSON object with "
+        "Content-Type: application/json.",
+    ),
+    "unauthorized": (
+        401,
+        "Missing or invalid API key",
+        "Send `Authorization: Bearer <api key>`. Create a key with "
+        "`python manage.py create-api-key --tenant NAME`.",
+    ),
+    "not-found": (404, "Not found", "Check the id or name in the URL."),
+    "unknown-model": (
+        404,
+        "Unknown model",
+        "GET /models lists the models and versions this service serves.",
+    ),
+    "method-not-allowed": (405, "Method not allowed", "See /docs for the methods of this URL."),
+    "payload-too-large": (
+        413,
+        "Request body too large",
+        "Send a smaller body; the limit is set by MAX_REQUEST_BYTES.",
+    ),
+    "unsupported-media-type": (
+        415,
+        "Unsupported media type",
+        "Send the body as JSON with Content-Type: application/json.",
+    ),
+    "validation-error": (
+        422,
+        "Request does not match the schema",
+        "The `errors` member names each field that was wrong and why; see /docs.",
+    ),
+    "invalid-input": (
+        422,
+        "Inputs do not match the model",
+        "The `errors` member names each input that was wrong, with the expected name, "
+        "shape and datatype; GET /v2/models/<name> gives the model's inputs.",
+    ),
+    "service-unavailable": (
+        503,
+        "Service unavailable",
+        "A dependency (database or broker) did not answer; retry after Retry-After seconds.",
+    ),
+    "internal-error": (500, "Internal server error", "Retry later; the error was logged."),
+}
+
+_STATUS_CODES = {
+    400: "malformed-request",
+    401: "unauthorized",
+    404: "not-found",
+    405: "method-not-allowed",
+    413: "payload-too-large",
+    415: "unsupported-media-type",
+    422: "validation-error",
+    503: "service-unavailable",
+}
+
+
+class Problem(Exception):
+    """An error to send as problem+json. `extra` becomes extension members."""
+
+    def __init__(
+        self,
+        code: str,
+        detail: str,
+        *,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        known_status, self.title, _ = PROBLEM_TYPES[code]
+        self.code = code
+        self.status = status or known_status
+        self.detail = detail
+        self.headers = headers or {}
+        self.extra = extra
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": f"/problems/{self.code}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "instance": request.path if request else None,
+        }
+        body.update(self.extra)
+        return body
+
+
+def problem_response(problem: Problem) -> Response:
+    response = Response(json.dumps(problem.to_dict()), status=problem.status, mimetype=PROBLEM_JSON)
+    for name, value in problem.headers.items():
+        response.headers[name] = value
+    return response
+
+
+def problem_from_http_exception(exc: HTTPException) -> Problem:
+    status = exc.code or 500
+    code = _STATUS_CODES.get(status, "internal-error" if status >= 500 else "malformed-request")
+    data: dict[str, Any] = getattr(exc, "data", None) or {}
+    extra: dict[str, Any] = {}
+    detail = exc.description or PROBLEM_TYPES[code][1]
+    messages = data.get("messages")
+    if messages:
+        # webargs puts field errors under their location ("json", "query", ...).
+        if isinstance(messages, dict) and len(messages) == 1:
+            messages = next(iter(messages.values()))
+        extra["errors"] = messages
+        detail = "; ".join(_flatten(messages)) or detail
+    if status == 400 and "json" in str(detail).lower():
+        detail = "The request body is not valid JSON: " + str(detail)
+    headers: dict[str, str] = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return Problem(code, str(detail), status=status, headers=headers, **extra)
+
+
+def _flatten(messages: Any, path: str = "") -> list[str]:
+    """Field errors as 'field.sub: message' lines, for the human-readable detail."""
+    if isinstance(messages, dict):
+        return [
+            line
+            for key, value in messages.items()
+            for line in _flatten(value, f"{path}.{key}" if path else str(key))
+        ]
+    if isinstance(messages, list):
+        return [line for value in messages for line in _flatten(value, path)]
+    return [f"{path}: {messages}" if path else str(messages)]
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(Problem, problem_response)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> Response:
+        if isinstance(exc, HTTPException):
+            return problem_response(problem_from_http_exception(exc))
+        from sqlalchemy.exc import OperationalError
+
+        if isinstance(exc, OperationalError):
+            app.logger.warning("database unavailable: %s", exc)
+            return problem_response(
+                Problem(
+                    "service-unavailable",
+                    "The database did not answer.",
+                    headers={"Retry-After": "5"},
+                )
+            )
+        app.logger.exception("unhandled error")
+        return problem_response(Problem("internal-error", "An unexpected error occurred."))

@@ -1,0 +1,1 @@
+"""Models: the repository on disk, input checks, ONNX Runtime sessions."""

@@ -1,0 +1,140 @@
+"""The model repository: `<root>/<name>/<version>/model.onnx` plus `card.json`.
+
+The card is the model's contract (inputs, outputs, labels, provenance, held-out
+accuracy). The API validates submissions against it without loading ONNX
+Runtime; workers check on load that the ONNX graph agrees with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class UnknownModel(LookupError):
+    def __init__(self, name: str, version: str | None, known: list[str]) -> None:
+        self.name, self.version, self.known = name, version, known
+        what = f"model '{name}'" + (f" version '{version}'" if version else "")
+        listed = ", ".join(known) or "none"
+        super().__init__(f"{what} is not in the repository; known models: {listed}")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # KServe v2 datatype, e.g. FP32
+    shape: tuple[int, ...]  # -1 means any size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TensorSpec:
+        return cls(str(raw["name"]), str(raw["datatype"]), tuple(int(d) for d in raw["shape"]))
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    name: str
+    version: str
+    path: Path  # the version directory
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    platform: str = "onnxruntime_onnx"
+    description: str = ""
+    labels: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.path / "model.onnx"
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "platform": self.platform,
+            "description": self.description,
+            "inputs": [s.to_dict() for s in self.inputs],
+            "outputs": [s.to_dict() for s in self.outputs],
+            "labels": list(self.labels),
+            **self.extra,
+        }
+
+    @classmethod
+    def load(cls, version_dir: Path) -> ModelCard:
+        raw = json.loads((version_dir / "card.json").read_text())
+        known = {"name", "version", "platform", "description", "inputs", "outputs", "labels"}
+        return cls(
+            name=version_dir.parent.name,
+            version=version_dir.name,
+            path=version_dir,
+            inputs=tuple(TensorSpec.from_dict(s) for s in raw["inputs"]),
+            outputs=tuple(TensorSpec.from_dict(s) for s in raw["outputs"]),
+            platform=raw.get("platform", "onnxruntime_onnx"),
+            description=raw.get("description", ""),
+            labels=tuple(raw.get("labels", ())),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+
+def _version_key(version: str) -> tuple[int, int | str]:
+    return (0, int(version)) if version.isdigit() else (1, version)
+
+
+class ModelRepository:
+    """Cards found under `root`, scanned once; `refresh()` rescans."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cards: dict[str, dict[str, ModelCard]] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        cards: dict[str, dict[str, ModelCard]] = {}
+        if self.root.is_dir():
+            for card_path in sorted(self.root.glob("*/*/card.json")):
+                version_dir = card_path.parent
+                if not (version_dir / "model.onnx").is_file():
+                    continue
+                try:
+                    card = ModelCard.load(version_dir)
+                except (OSError, ValueError, KeyError) as exc:
+                    logger.error("skipping model at %s: unreadable card (%s)", version_dir, exc)
+                    continue
+                cards.setdefault(card.name, {})[card.version] = card
+        self._cards = cards
+
+    def names(self) -> list[str]:
+        return sorted(self._cards)
+
+    def versions(self, name: str) -> list[str]:
+        return sorted(self._cards.get(name, {}), key=_version_key)
+
+    def all(self) -> list[ModelCard]:
+        return [self._cards[n][v] for n in self.names() for v in self.versions(n)]
+
+    def resolve(self, name: str, version: str | None = None) -> ModelCard:
+        """The card for `name` at `version`, or at its highest version when None."""
+        versions = self._cards.get(name)
+        if not versions:
+            raise UnknownModel(name, version, self.names())
+        if version is None:
+            return versions[self.versions(name)[-1]]
+        try:
+            return versions[version]
+        except KeyError:
+            known = [f"{name}:{v}" for v in self.versions(name)]
+            raise UnknownModel(name, version, known) from None

@@ -1,0 +1,94 @@
+"""ONNX Runtime sessions: one per model version per process, made on first use.
+
+Sessions are created lazily, so a forked worker child builds its own after the
+fork (ORT sessions and CUDA contexts must not cross a fork). The provider is
+chosen by trying it: `onnxruntime-gpu` lists CUDA as available even on a
+machine without a GPU, so the session's own provider list is what counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from app.inference.datatypes import ORT_TO_V2
+from app.inference.repository import ModelCard
+
+logger = logging.getLogger(__name__)
+
+_PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+class ModelMismatch(RuntimeError):
+    """The ONNX graph does not have the inputs or outputs its card declares."""
+
+
+class SessionPool:
+    def __init__(self, provider: str = "auto", intra_op_threads: int = 1) -> None:
+        if provider not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"ORT_PROVIDER must be auto, cpu or cuda, not {provider!r}")
+        self.provider = provider
+        self.intra_op_threads = intra_op_threads
+        self._sessions: dict[str, ort.InferenceSession] = {}
+        self._lock = threading.Lock()
+
+    def get(self, card: ModelCard) -> ort.InferenceSession:
+        session = self._sessions.get(card.ref)
+        if session is None:
+            with self._lock:
+                session = self._sessions.get(card.ref)
+                if session is None:
+                    session = self._create(card)
+                    self._sessions[card.ref] = session
+        return session
+
+    def run(self, card: ModelCard, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = self.get(card)
+        names = [spec.name for spec in card.outputs]
+        values = session.run(names, inputs)
+        return dict(zip(names, values, strict=True))
+
+    def _create(self, card: ModelCard) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        if self.intra_op_threads > 0:
+            options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = 1
+        wanted = _PROVIDERS["cuda" if self.provider == "auto" else self.provider]
+        if self.provider == "auto" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            wanted = _PROVIDERS["cpu"]
+        # ORT logs an error and falls back to CPU when CUDA cannot start; keep that quiet
+        # in auto mode, the chosen provider is logged below.
+        options.log_severity_level = 3 if self.provider == "auto" else 2
+        session = ort.InferenceSession(str(card.onnx_path), sess_options=options, providers=wanted)
+        used = session.get_providers()
+        if self.provider == "cuda" and used[0] != "CUDAExecutionProvider":
+            raise RuntimeError(f"ORT_PROVIDER=cuda but CUDA could not start for {card.ref}")
+        _check_card(card, session)
+        logger.info(
+            "loaded model %s with %s (threads=%s)", card.ref, used[0], self.intra_op_threads
+        )
+        return session
+
+    def providers(self) -> dict[str, str]:
+        return {ref: s.get_providers()[0] for ref, s in self._sessions.items()}
+
+
+def _check_card(card: ModelCard, session: ort.InferenceSession) -> None:
+    def signature(nodes: Any) -> dict[str, str]:
+        return {n.name: ORT_TO_V2.get(n.type, n.type) for n in nodes}
+
+    declared_in = {s.name: s.datatype for s in card.inputs}
+    declared_out = {s.name: s.datatype for s in card.outputs}
+    actual_in, actual_out = signature(session.get_inputs()), signature(session.get_outputs())
+    if declared_in != actual_in or not declared_out.items() <= actual_out.items():
+        raise ModelMismatch(
+            f"{card.ref}: card declares inputs {declared_in} outputs {declared_out}, "
+            f"graph has inputs {actual_in} outputs {actual_out}"
+        )

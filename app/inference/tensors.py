@@ -1,0 +1,136 @@
+"""Checking a job's inputs against the model card, at submit time.
+
+Two request forms are accepted and reduced to one: `{"<input>": <nested list>}`
+and the KServe v2 tensor list `[{"name", "shape", "datatype", "data"}]`. Every
+problem is reported per input with the expected name, shape and datatype, so a
+bad job is refused with 422 instead of failing later in a worker.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from app.inference.datatypes import V2_TO_NUMPY, is_float
+from app.inference.repository import ModelCard, TensorSpec
+
+_ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
+
+
+class InvalidInputs(ValueError):
+    """`errors` maps an input name (or `inputs`) to what was wrong with it."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+
+
+def describe(spec: TensorSpec) -> str:
+    dims = ", ".join("any" if d < 0 else str(d) for d in spec.shape)
+    return f"{spec.datatype} tensor of shape [{dims}]"
+
+
+def parse_inputs(card: ModelCard, raw: Any) -> dict[str, np.ndarray]:
+    """Arrays of the card's datatypes, keyed by input name; raises InvalidInputs."""
+    if isinstance(raw, dict):
+        named = raw
+        shapes: dict[str, Any] = {}
+    elif isinstance(raw, list):
+        named, shapes = _from_v2_tensors(card, raw)
+    else:
+        raise InvalidInputs(
+            {
+                "inputs": "expected an object mapping input names to nested lists, "
+                "or a list of KServe v2 tensors {name, shape, datatype, data}"
+            }
+        )
+    errors: dict[str, str] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for name in named:
+        if card.input(name) is None:
+            expected = ", ".join(f"'{s.name}' ({describe(s)})" for s in card.inputs)
+            errors[name] = f"model {card.ref} has no input '{name}'; its inputs are {expected}"
+    for spec in card.inputs:
+        if spec.name not in named:
+            errors.setdefault(spec.name, f"missing; expected a {describe(spec)}")
+            continue
+        try:
+            arrays[spec.name] = _to_array(spec, named[spec.name], shapes.get(spec.name))
+        except ValueError as exc:
+            errors[spec.name] = str(exc)
+    if errors:
+        raise InvalidInputs(errors)
+    return arrays
+
+
+def to_json(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Nested lists, as stored in the job row and returned to clients."""
+    return {name: array.tolist() for name, array in arrays.items()}
+
+
+def from_json(card: ModelCard, stored: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Arrays from a stored job's inputs, which were checked at submit time."""
+    return {
+        spec.name: np.asarray(stored[spec.name], dtype=V2_TO_NUMPY[spec.datatype])
+        for spec in card.inputs
+    }
+
+
+def _from_v2_tensors(card: ModelCard, tensors: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    named: dict[str, Any] = {}
+    shapes: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for index, tensor in enumerate(tensors):
+        where = f"inputs[{index}]"
+        if not isinstance(tensor, dict) or not {"name", "shape", "datatype", "data"} <= set(tensor):
+            errors[where] = "expected a tensor object with name, shape, datatype and data"
+            continue
+        name = str(tensor["name"])
+        spec = card.input(name)
+        if spec is not None and tensor["datatype"] != spec.datatype:
+            errors[name] = (
+                f"datatype {tensor['datatype']!r} does not match the model; "
+                f"expected {spec.datatype}"
+            )
+            continue
+        named[name] = tensor["data"]
+        shapes[name] = tensor["shape"]
+    if errors:
+        raise InvalidInputs(errors)
+    return named, shapes
+
+
+def _to_array(spec: TensorSpec, value: Any, declared_shape: Any) -> np.ndarray:
+    expected = describe(spec)
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        raise ValueError(f"is a ragged nested list; expected a {expected}") from None
+    dtype = V2_TO_NUMPY[spec.datatype]
+    if array.dtype.kind not in _ACCEPTED_KINDS.get(dtype.kind, dtype.kind):
+        kind = "numbers" if is_float(spec.datatype) else f"{spec.datatype} values"
+        raise ValueError(f"must contain only {kind}; expected a {expected}")
+    if declared_shape is not None:
+        array = _reshape(array, declared_shape, expected)
+    if array.ndim != len(spec.shape) or any(
+        want >= 0 and got != want for got, want in zip(array.shape, spec.shape, strict=False)
+    ):
+        raise ValueError(f"has shape {list(array.shape)}; expected a {expected}")
+    if array.size == 0:
+        raise ValueError(f"is empty; expected a {expected} with at least one element")
+    converted = array.astype(dtype)
+    if dtype.kind == "f" and not np.isfinite(converted).all():
+        raise ValueError(f"contains NaN, infinity or a value too large for {spec.datatype}")
+    return converted
+
+
+def _reshape(array: np.ndarray, shape: Any, expected: str) -> np.ndarray:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError(f"shape must be a list of non-negative integers; expected a {expected}")
+    if array.size != math.prod(shape):
+        raise ValueError(
+            f"data has {array.size} elements but shape {shape} needs {math.prod(shape)}"
+        )
+    return array.reshape(shape)

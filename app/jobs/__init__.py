@@ -1,0 +1,1 @@
+"""Job lifecycle: submit, guarded state transitions, the one execute path."""

@@ -1,0 +1,118 @@
+"""Submitting and reading jobs for a tenant. Services own their transactions."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, tuple_
+from sqlalchemy.orm import Session
+
+from app.db.models import Job
+from app.errors import Problem
+from app.inference.repository import ModelRepository, UnknownModel
+from app.inference.tensors import InvalidInputs, parse_inputs, to_json
+from app.jobs import dispatch
+
+
+def submit(
+    session: Session,
+    repository: ModelRepository,
+    tenant_id: int,
+    model: str,
+    version: str | None,
+    inputs: Any,
+) -> Job:
+    """Check the inputs against the model, store the job, then publish it.
+
+    The row is committed before the message is sent, so a worker never sees an
+    id that is not in the database yet.
+    """
+    try:
+        card = repository.resolve(model, version)
+    except UnknownModel as exc:
+        raise Problem("unknown-model", str(exc), known_models=exc.known) from None
+    try:
+        arrays = parse_inputs(card, inputs)
+    except InvalidInputs as exc:
+        raise Problem(
+            "invalid-input",
+            f"inputs do not match model {card.ref}: {exc}",
+            errors=exc.errors,
+            expected=[spec.to_dict() for spec in card.inputs],
+        ) from None
+    job = Job(
+        id=uuid.uuid4(),
+        tenant_id=tenant_id,
+        model=card.name,
+        model_version=card.version,
+        status="queued",
+        inputs=to_json(arrays),
+        attempts=0,
+    )
+    session.add(job)
+    session.commit()
+    dispatch.enqueue([job.id])
+    return job
+
+
+def get(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
+    """The tenant's job; another tenant's job is indistinguishable from a missing one."""
+    job = session.get(Job, job_id)
+    if job is None or job.tenant_id != tenant_id:
+        raise Problem("not-found", f"no job with id {job_id}")
+    return job
+
+
+@dataclass
+class Page:
+    items: list[Job]
+    next_cursor: str | None
+
+
+def list_jobs(
+    session: Session,
+    tenant_id: int,
+    *,
+    limit: int,
+    status: str | None = None,
+    model: str | None = None,
+    cursor: str | None = None,
+) -> Page:
+    """Newest first, keyset-paginated on (created_at, id): stable under inserts."""
+    query = select(Job).where(Job.tenant_id == tenant_id)
+    if status:
+        query = query.where(Job.status == status)
+    if model:
+        query = query.where(Job.model == model)
+    if cursor:
+        created_at, job_id = _decode_cursor(cursor)
+        query = query.where(tuple_(Job.created_at, Job.id) < tuple_(created_at, job_id))
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    jobs = list(session.scalars(query))
+    session.commit()
+    more = len(jobs) > limit
+    items = jobs[:limit]
+    return Page(items, _encode_cursor(items[-1]) if more else None)
+
+
+def _encode_cursor(job: Job) -> str:
+    raw = f"{job.created_at.isoformat()}|{job.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, job_id = raw.split("|")
+        return datetime.fromisoformat(created), uuid.UUID(job_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise Problem(
+            "validation-error",
+            "cursor is not valid; pass the next_cursor value of a previous page unchanged",
+            errors={"cursor": ["not a cursor returned by this API"]},
+        ) from None

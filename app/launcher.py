@@ -1,0 +1,206 @@
+"""`manage.py up`: set everything up, run API, worker, beat and Flower, supervise them.
+
+The children run in their own process sessions, so Ctrl-C reaches only this
+launcher, which then stops them in order (API first, so no new jobs arrive;
+worker last, so it finishes what it holds), then the embedded Redis and
+PostgreSQL. A child that dies on its own is started again.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+
+import requests
+
+from app import embedded
+from app.config import ROOT, Settings
+
+logger = logging.getLogger("launcher")
+
+RESTART_DELAY_S = 2.0
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = field(default=0)
+
+
+class Launcher:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        flower_port: int = 5555,
+        worker_concurrency: int = 2,
+    ) -> None:
+        self.settings = settings
+        self.host, self.port, self.flower_port = host, port, flower_port
+        self.worker_concurrency = worker_concurrency
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.children: list[Child] = []
+        self.stopping = False
+
+    def run(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            self._prepare()
+            self._start_children()
+            self._announce()
+            self._supervise()
+        finally:
+            self._stop()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if not self.stopping:
+            logger.info("received %s, stopping", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _prepare(self) -> None:
+        from app.db.migrate import upgrade
+        from app.inference.builders import ensure_models
+
+        self.settings.var_dir.mkdir(parents=True, exist_ok=True)
+        if not self.settings.redis_url:
+            self.redis = embedded.start_redis(self.settings.var_dir)
+        self.settings = embedded.resolve_urls(self.settings)
+        logger.info("database: %s", _redact(self.settings.database_url))
+        logger.info("redis:    %s", _redact(self.settings.redis_url))
+        for path in ensure_models(self.settings.model_repository):
+            logger.info("built model in %s", path)
+        upgrade(self.settings.database_url)
+        self.first_key = self._first_key()
+
+    def _first_key(self) -> str | None:
+        from app.db.session import Database
+        from app.tenants import create_api_key, has_tenants
+
+        database = Database(self.settings.database_url)
+        try:
+            with database.sessionmaker() as session:
+                if has_tenants(session):
+                    return None
+                return create_api_key(session, "default").api_key
+        finally:
+            database.engine.dispose()
+
+    def _start_children(self) -> None:
+        python = sys.executable
+        celery = [python, "-m", "celery", "-A", "workers.worker"]
+        schedule = str(self.settings.var_dir / "celerybeat-schedule")
+        flower = [*celery, "flower", f"--address={self.host}", f"--port={self.flower_port}"]
+        self.children = [
+            Child("api", [
+                python, "-m", "gunicorn", "--bind", f"{self.host}:{self.port}",
+                "--workers", "2", "--worker-class", "gthread", "--threads", "8",
+                "--graceful-timeout", "10", "--access-logfile", "-", "app:create_app()",
+            ]),
+            Child("worker", [
+                *celery, "worker", "--queues", self.settings.jobs_queue, "--concurrency",
+                str(self.worker_concurrency), "--task-events", "--loglevel", "INFO",
+                "--hostname", "worker@%h",
+            ]),
+            Child("beat", [*celery, "beat", "--schedule", schedule, "--loglevel", "INFO"]),
+            Child("flower", flower),
+        ]  # fmt: skip
+        for child in self.children:
+            self._spawn(child)
+
+    def _spawn(self, child: Child) -> None:
+        env = embedded.environment(self.settings)
+        child.proc = subprocess.Popen(
+            child.args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        logger.info("started %s (pid %s)", child.name, child.proc.pid)
+
+    def _announce(self) -> None:
+        base = f"http://{self.host}:{self.port}"
+        deadline = time.monotonic() + 60
+        while not self.stopping and time.monotonic() < deadline:
+            try:
+                if requests.get(f"{base}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        key = self.first_key or "<your API key>"
+        lines = [
+            "",
+            f"Inference service ready: API {base}  (docs {base}/docs), "
+            f"Flower http://{self.host}:{self.flower_port}",
+        ]
+        if self.first_key:
+            lines.append(f"Your API key (tenant 'default', shown once): {self.first_key}")
+        else:
+            lines.append("Create an API key: python manage.py create-api-key --tenant NAME")
+        lines += [
+            "Try it:",
+            f"  curl -s -X POST {base}/jobs -H 'Authorization: Bearer {key}' "
+            "-H 'Content-Type: application/json' "
+            '-d \'{"model": "digits", "inputs": {"pixels": [[0,0,5,13,9,1,0,0,0,0,13,15,'
+            "10,15,5,0,0,3,15,2,0,11,8,0,0,4,12,0,0,8,8,0,0,5,8,0,0,9,8,0,0,4,11,0,1,12,7,0,"
+            "0,2,14,5,10,12,0,0,0,0,6,13,10,0,0,0]]}}'",
+            f"  curl -s {base}/jobs/<id> -H 'Authorization: Bearer {key}'",
+            "Press Ctrl-C to stop.",
+            "",
+        ]
+        print("\n".join(lines), flush=True)
+
+    def _supervise(self) -> None:
+        while not self.stopping:
+            for child in self.children:
+                assert child.proc is not None
+                code = child.proc.poll()
+                if code is not None and not self.stopping:
+                    child.restarts += 1
+                    logger.warning(
+                        "%s exited with %s; restarting (restart #%d)",
+                        child.name,
+                        code,
+                        child.restarts,
+                    )
+                    time.sleep(RESTART_DELAY_S)
+                    if not self.stopping:
+                        self._spawn(child)
+            time.sleep(0.5)
+
+    def _stop(self) -> None:
+        self.stopping = True
+        for child in self.children:  # API first, worker before beat and Flower
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+                _wait(child.name, child.proc, 30)
+        if self.redis is not None:
+            embedded.stop_redis(self.redis)
+            logger.info("stopped embedded Redis")
+        # The embedded PostgreSQL stops when this process, its last handle, exits.
+
+
+def _wait(name: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        logger.warning("%s did not stop in %ss; killing it", name, timeout)
+        proc.kill()
+        proc.wait()
+    logger.info("stopped %s", name)
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest.split("/")[0]:
+        creds, _, host = rest.partition("@")
+        user = creds.split(":")[0]
+        return f"{scheme}{sep}{user}:***@{host}"
+    return url

@@ -1,0 +1,52 @@
+"""Tenants and their API keys. Keys are shown once and stored as SHA-256 hashes."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.models import ApiKey, Tenant
+
+KEY_PREFIX = "ik_"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    tenant: str
+    api_key: str
+    webhook_secret: str
+
+
+def hash_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def create_api_key(session: Session, tenant_name: str) -> Credentials:
+    """A new key for the tenant, creating the tenant (and its webhook secret) if new."""
+    tenant = session.scalar(select(Tenant).where(Tenant.name == tenant_name))
+    if tenant is None:
+        secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+        tenant = Tenant(name=tenant_name, webhook_secret=secret)
+        session.add(tenant)
+        session.flush()
+    api_key = KEY_PREFIX + secrets.token_urlsafe(32)
+    session.add(ApiKey(tenant_id=tenant.id, key_hash=hash_key(api_key), prefix=api_key[:10]))
+    session.commit()
+    return Credentials(tenant.name, api_key, tenant.webhook_secret)
+
+
+def tenant_for_key(session: Session, api_key: str) -> Tenant | None:
+    return session.scalar(
+        select(Tenant)
+        .join(ApiKey, ApiKey.tenant_id == Tenant.id)
+        .where(ApiKey.key_hash == hash_key(api_key), ApiKey.revoked_at.is_(None))
+    )
+
+
+def has_tenants(session: Session) -> bool:
+    return session.scalar(select(Tenant.id).limit(1)) is not None

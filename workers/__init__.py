@@ -1,0 +1,1 @@
+"""Celery side: the Celery app, thin tasks, the beat schedule."""

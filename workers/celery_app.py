@@ -1,0 +1,74 @@
+"""The Celery app, configured from `Settings`, every task run inside a Flask app context.
+
+Broker settings chosen on purpose:
+- JSON only: messages carry job ids, never pickled objects or payloads.
+- `task_acks_late` + `task_reject_on_worker_lost`: a message is acknowledged
+  after the task returns, so a worker that dies mid-job leaves it on the queue.
+- prefetch 1: a worker holds one job it is not running, not a batch it could lose.
+- a visibility timeout far above any job's run time, so Redis does not hand a
+  running job to a second worker.
+- no result backend: job state lives in PostgreSQL, never in Celery results.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, Task
+from celery.signals import worker_process_init
+from flask import Flask
+
+from app.config import Settings
+from app.jobs.dispatch import REPUBLISH_TASK
+
+logger = logging.getLogger(__name__)
+
+# Periodic work, declared as data. Beat only sends these; workers run them.
+BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
+    "republish-stale-queued-jobs": {"task": REPUBLISH_TASK, "schedule": 15.0},
+}
+
+
+def celery_init_app(app: Flask, settings: Settings) -> Celery:
+    class FlaskTask(Task):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            with app.app_context():
+                return self.run(*args, **kwargs)
+
+    celery = Celery(app.name, task_cls=FlaskTask)
+    celery.conf.update(
+        broker_url=settings.broker_url,
+        result_backend=None,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=settings.jobs_queue,
+        broker_transport_options={"visibility_timeout": 3600},
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_hijack_root_logger=False,
+        task_send_sent_event=False,
+        beat_schedule=BEAT_SCHEDULE,
+        include=["workers.tasks"],
+        timezone="UTC",
+    )
+    celery.set_default()
+    app.extensions["celery"] = celery
+
+    @worker_process_init.connect(weak=False)
+    def _after_fork(**_: Any) -> None:
+        # Fresh database connections and ONNX Runtime sessions in each worker child.
+        app.extensions["database"].after_fork()
+        with app.app_context():
+            from app.jobs.runtime import current_runtime
+
+            runtime = current_runtime()
+            for card in runtime.repository.all():
+                runtime.sessions.get(card)
+
+    return celery
