@@ -20,6 +20,7 @@ def _settings() -> Settings:
 @click.group()
 def cli() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 @cli.command()

@@ -13,11 +13,16 @@ import shutil
 import subprocess
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from app.config import Settings
 
 logger = logging.getLogger(__name__)
+# pgserver narrates every pg_ctl call at INFO; its failures still come through.
+logging.getLogger("pgserver").setLevel(logging.WARNING)
+# pgserver keeps its lock file in the runtime dir; the fallback under /tmp is fine.
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
 DATABASE_NAME = "inference"
 _MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask, Response, json, request
+from flask import Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -130,6 +130,9 @@ def problem_from_http_exception(exc: HTTPException) -> Problem:
         detail = "; ".join(_flatten(messages)) or detail
     if status == 400 and "json" in str(detail).lower():
         detail = "The request body is not valid JSON: " + str(detail)
+    if status == 413:
+        limit = current_app.config.get("MAX_CONTENT_LENGTH")
+        detail = f"The request body is larger than the limit of {limit} bytes (MAX_REQUEST_BYTES)."
     headers: dict[str, str] = {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"

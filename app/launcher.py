@@ -104,7 +104,8 @@ class Launcher:
             Child("api", [
                 python, "-m", "gunicorn", "--bind", f"{self.host}:{self.port}",
                 "--workers", "2", "--worker-class", "gthread", "--threads", "8",
-                "--graceful-timeout", "10", "--access-logfile", "-", "app:create_app()",
+                "--graceful-timeout", "10", "--access-logfile", "-", "--no-control-socket",
+                "app:create_app()",
             ]),
             Child("worker", [
                 *celery, "worker", "--queues", self.settings.jobs_queue, "--concurrency",

@@ -113,4 +113,5 @@ def _write_atomically(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; services may run as another user
     os.replace(tmp, path)

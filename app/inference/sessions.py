@@ -63,10 +63,16 @@ class SessionPool:
         wanted = _PROVIDERS["cuda" if self.provider == "auto" else self.provider]
         if self.provider == "auto" and "CUDAExecutionProvider" not in ort.get_available_providers():
             wanted = _PROVIDERS["cpu"]
-        # ORT logs an error and falls back to CPU when CUDA cannot start; keep that quiet
-        # in auto mode, the chosen provider is logged below.
-        options.log_severity_level = 3 if self.provider == "auto" else 2
-        session = ort.InferenceSession(str(card.onnx_path), sess_options=options, providers=wanted)
+        if self.provider == "auto":
+            # Without a usable GPU, ORT prints an error and falls back to CPU. In auto
+            # mode that is expected, so silence it; the provider used is logged below.
+            ort.set_default_logger_severity(4)
+        try:
+            session = ort.InferenceSession(
+                str(card.onnx_path), sess_options=options, providers=wanted
+            )
+        finally:
+            ort.set_default_logger_severity(2)
         used = session.get_providers()
         if self.provider == "cuda" and used[0] != "CUDAExecutionProvider":
             raise RuntimeError(f"ORT_PROVIDER=cuda but CUDA could not start for {card.ref}")
