@@ -1,0 +1,44 @@
+# `make run` sets everything up and runs the service; `make test` sets up and tests.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test test-fast lint format models clean-var
+
+$(VENV)/.runtime: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+## run: the whole service (API :8000, worker, beat, Flower :5555) until Ctrl-C
+run: $(VENV)/.runtime
+	$(PY) manage.py up
+
+## test: lint, type-check and the whole test suite on real PostgreSQL, Redis and workers
+test: $(VENV)/.dev lint
+	$(PY) -m pytest
+
+## test-fast: the suite without the end-to-end `manage.py up` tests
+test-fast: $(VENV)/.dev
+	$(PY) -m pytest -m "not stack"
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(VENV)/.dev
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+models: $(VENV)/.runtime
+	$(PY) manage.py models build
+
+## clean-var: forget the embedded database and Redis data (every job!)
+clean-var:
+	rm -rf var

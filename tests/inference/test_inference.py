@@ -1,0 +1,92 @@
+"""The model repository, input checks and ONNX Runtime sessions (no services needed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from app.inference.repository import ModelRepository, UnknownModel
+from app.inference.sessions import ModelMismatch, SessionPool
+from app.inference.tensors import InvalidInputs, from_json, parse_inputs, to_json
+
+
+@pytest.fixture(scope="module")
+def repo(model_repository: Path) -> ModelRepository:
+    return ModelRepository(model_repository)
+
+
+def test_card_matches_the_graph_and_records_provenance(repo: ModelRepository) -> None:
+    card = repo.resolve("digits")
+    session = ort.InferenceSession(str(card.onnx_path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == [s.name for s in card.inputs]
+    assert [o.name for o in session.get_outputs()] == [s.name for s in card.outputs]
+    assert card.extra["metrics"]["heldout_accuracy"] > 0.95
+    assert "load_digits" in card.extra["made_by"]["data"]
+
+
+def test_resolve_picks_the_highest_version(repo: ModelRepository, tmp_path: Path) -> None:
+    src = repo.resolve("digits").path
+    for version in ("2", "10"):
+        shutil.copytree(src, tmp_path / "digits" / version)
+    local = ModelRepository(tmp_path)
+    assert local.versions("digits") == ["2", "10"]
+    assert local.resolve("digits").version == "10"
+    assert local.resolve("digits", "2").version == "2"
+    with pytest.raises(UnknownModel, match="digits:2, digits:10"):
+        local.resolve("digits", "3")
+
+
+def test_unreadable_card_is_skipped(repo: ModelRepository, tmp_path: Path) -> None:
+    shutil.copytree(repo.resolve("digits").path, tmp_path / "broken" / "1")
+    (tmp_path / "broken" / "1" / "card.json").write_text("{not json")
+    assert ModelRepository(tmp_path).names() == []
+
+
+def test_both_input_forms_give_the_same_array(repo: ModelRepository) -> None:
+    card = repo.resolve("digits")
+    rows = np.arange(128, dtype=np.float32).reshape(2, 64) / 8
+    nested = parse_inputs(card, {"pixels": rows.tolist()})
+    tensor = parse_inputs(
+        card,
+        [{"name": "pixels", "shape": [2, 64], "datatype": "FP32", "data": rows.ravel().tolist()}],
+    )
+    assert np.array_equal(nested["pixels"], tensor["pixels"])
+    assert nested["pixels"].dtype == np.float32
+    assert np.array_equal(from_json(card, to_json(nested))["pixels"], rows)
+
+
+def test_integers_are_accepted_for_float_inputs_but_not_booleans(repo: ModelRepository) -> None:
+    card = repo.resolve("digits")
+    assert parse_inputs(card, {"pixels": [[1] * 64]})["pixels"].dtype == np.float32
+    with pytest.raises(InvalidInputs) as bools:
+        parse_inputs(card, {"pixels": [[True] * 64]})
+    assert "only numbers" in bools.value.errors["pixels"]
+
+
+def test_sessions_check_the_card_against_the_graph(repo: ModelRepository, tmp_path: Path) -> None:
+    version_dir = tmp_path / "digits" / "1"
+    shutil.copytree(repo.resolve("digits").path, version_dir)
+    card_path = version_dir / "card.json"
+    card = json.loads(card_path.read_text())
+    card["inputs"][0]["name"] = "image"
+    card_path.write_text(json.dumps(card))
+    with pytest.raises(ModelMismatch, match="image"):
+        SessionPool("cpu").get(ModelRepository(tmp_path).resolve("digits"))
+
+
+def test_one_session_per_model_version(repo: ModelRepository) -> None:
+    pool = SessionPool("auto")
+    card = repo.resolve("digits")
+    assert pool.get(card) is pool.get(card)
+    assert set(pool.providers()) == {"digits:1"}
+    assert pool.providers()["digits:1"] in ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def test_unknown_provider_setting_is_refused() -> None:
+    with pytest.raises(ValueError, match="auto, cpu or cuda"):
+        SessionPool("tpu")

@@ -1,0 +1,32 @@
+"""Alembic: one head, and the migrations create exactly what the models declare."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from app.db.migrate import alembic_config
+from app.db.models import Base
+from app.db.session import Database
+
+
+def test_one_head() -> None:
+    script = ScriptDirectory.from_config(alembic_config("unused"))
+    assert len(script.get_heads()) == 1
+
+
+def test_models_match_the_migrated_schema(database: Database) -> None:
+    with database.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == [], f"models and migrations differ; write a migration: {diff}"
+
+
+def test_keys_are_stored_hashed(database: Database, auth: dict[str, str]) -> None:
+    key = auth["Authorization"].removeprefix("Bearer ")
+    with database.engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT key_hash, prefix FROM api_keys")).all()
+    assert stored, "the auth fixture made a key"
+    assert all(key not in row.key_hash for row in stored)
+    assert any(key.startswith(row.prefix) and len(row.prefix) < 12 for row in stored)

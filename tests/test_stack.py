@@ -1,0 +1,174 @@
+"""`manage.py up` (what `make run` runs) end to end, on the embedded default.
+
+Starts the whole service with no DATABASE_URL / REDIS_URL, runs the README's
+walk-through with bash and curl, creates a key from the CLI while it runs,
+stops it with Ctrl-C (SIGINT), starts it again and finds every job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from app.config import ROOT
+
+pytestmark = pytest.mark.stack
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Stack:
+    def __init__(self, var_dir: Path) -> None:
+        self.var_dir = var_dir
+        self.port, self.flower_port = free_port(), free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("DATABASE_URL", "REDIS_URL", "JOBS_QUEUE")
+        }
+        self.env.update(
+            VAR_DIR=str(var_dir),
+            PORT=str(self.port),
+            FLOWER_PORT=str(self.flower_port),
+            PYTHONUNBUFFERED="1",
+        )
+        self.proc: subprocess.Popen[str] | None = None
+        self.output = ""
+
+    def start(self) -> str:
+        """Start and return what it printed up to its ready banner."""
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "up"],
+            cwd=ROOT,
+            env=self.env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert self.proc.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 120
+        for line in self.proc.stdout:
+            lines.append(line)
+            if line.startswith("Press Ctrl-C to stop."):
+                break
+            assert time.monotonic() < deadline, "".join(lines[-50:])
+        else:
+            raise AssertionError("manage.py up exited:\n" + "".join(lines[-80:]))
+        return "".join(lines)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        rest, _ = self.proc.communicate(timeout=90)
+        self.output += rest
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def var_dir() -> Iterator[Path]:
+    # Under the repository, not /tmp/pytest-*: those are mode 0700, and the embedded
+    # PostgreSQL runs as its own system user when the tests run as root.
+    path = ROOT / "var" / "test" / f"stack-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def walkthrough() -> str:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- walkthrough.*?-->\s*```bash\n(.*?)```", readme, re.S)
+    assert match, "README.md has no walk-through block"
+    return match.group(1)
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> None:
+    stack = Stack(var_dir)
+    try:
+        banner = stack.start()
+        key_match = re.search(r"Your API key \(tenant 'default', shown once\): (ik_\S+)", banner)
+        assert key_match, banner[-3000:]
+        api_key = key_match.group(1)
+        assert f"curl -s -X POST {stack.base}/jobs" in banner
+        assert stack.proc is not None
+        assert len(children_of(stack.proc.pid)) >= 5  # redis, api, worker, beat, flower
+
+        # The README's walk-through, as a user would paste it (with this run's port).
+        script = walkthrough().replace("export API_KEY=ik_...", f"export API_KEY={api_key}")
+        script = script.replace("http://127.0.0.1:8000", stack.base)
+        run = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr + run.stdout
+        assert run.stdout.strip().endswith("digit: 0"), run.stdout
+        job = json.loads((tmp_path / "result.json").read_text())
+        assert job["status"] == "succeeded"
+
+        # create-api-key against the embedded database of the running service.
+        cli = subprocess.run(
+            [sys.executable, "manage.py", "create-api-key", "--tenant", "acme", "--json"],
+            cwd=ROOT,
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        creds = json.loads(cli.stdout)
+        assert set(creds) == {"tenant", "api_key", "webhook_secret"}
+        assert creds["tenant"] == "acme" and creds["webhook_secret"].startswith("whsec_")
+        acme = {"Authorization": f"Bearer {creds['api_key']}"}
+        assert requests.get(f"{stack.base}/jobs", headers=acme, timeout=10).json()["items"] == []
+        assert (
+            requests.get(f"{stack.base}/jobs/{job['id']}", headers=acme, timeout=10).status_code
+            == 404
+        )
+
+        launcher_pid = stack.proc.pid
+        children = children_of(launcher_pid)
+        assert stack.stop() == 0, stack.output[-3000:]
+        time.sleep(0.5)
+        assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == [], stack.output
+
+        # Start again: nothing lost, no second key printed, the old keys still work.
+        banner = stack.start()
+        assert "Your API key" not in banner and "create-api-key" in banner
+        owner = {"Authorization": f"Bearer {api_key}"}
+        again = requests.get(f"{stack.base}/jobs/{job['id']}", headers=owner, timeout=10).json()
+        assert again == job
+        assert stack.stop() == 0
+    finally:
+        stack.kill()
