@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# One image for every service (API, migrations, worker, beat, Flower); the
+# command picks the role. See docker-compose.yml.
+FROM python:3.11-slim
+
+# NVIDIA_DRIVER_CAPABILITIES: when a GPU is attached (compose's device
+# reservation), the NVIDIA container runtime mounts the CUDA driver libraries;
+# without one it is ignored and ONNX Runtime runs on the CPU.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+WORKDIR /app
+
+# CUDA_LIBS=1 (default): also install the CUDA runtime, cuBLAS, cuFFT, cuRAND and
+# cuDNN wheels that onnxruntime-gpu's CUDA provider loads (the container runtime
+# only brings the driver). They are large; build with --build-arg CUDA_LIBS=0 for
+# a CPU-only image. The pin for onnxruntime-gpu itself comes from requirements.txt.
+ARG CUDA_LIBS=1
+COPY requirements.txt ./
+RUN set -eux; \
+    if [ "$CUDA_LIBS" = "1" ]; then extra="onnxruntime-gpu[cuda,cudnn]"; else extra=""; fi; \
+    pip install --no-cache-dir -r requirements.txt $extra; \
+    nvidia="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia"; \
+    if [ -d "$nvidia" ]; then \
+        find "$nvidia" -name 'lib*.so*' -printf '%h\n' | sort -u > /etc/ld.so.conf.d/nvidia-pip.conf; \
+        ldconfig; \
+    fi
+
+COPY . .
+
+# The bundled model is trained offline from scikit-learn's digits data; make sure
+# the non-root user can read the repository whatever the build host's umask.
+RUN python manage.py models build \
+    && chmod -R a+rX /app/models \
+    && useradd --create-home --uid 10001 --user-group app \
+    && mkdir -p /app/var \
+    && chown app:app /app/var
+
+USER app
+
+EXPOSE 8000 5555
+
+CMD ["gunicorn", "--bind", "0.0.0.0:8000", "--workers", "2", "--worker-class", "gthread", \
+     "--threads", "8", "--no-control-socket", "--access-logfile", "-", "app:create_app()"]

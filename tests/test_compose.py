@@ -1,0 +1,140 @@
+"""Static checks of docker-compose.yml and the Dockerfile (no Docker engine needed).
+
+Every command run from the application image must name an entry point that
+exists here: the Celery app module, the gunicorn factory, the manage.py command.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = {"postgres", "redis", "migrate", "api", "worker", "beat", "flower"}
+
+
+def _compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+def _services() -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = _compose()["services"]
+    return services
+
+
+def _argv(command: str | list[Any]) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+
+
+def _module_file(dotted: str) -> Path:
+    base = ROOT.joinpath(*dotted.split("."))
+    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    assert path.is_file(), f"module {dotted} not found at {path}"
+    return path
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _check_celery(argv: list[str]) -> None:
+    flag = next(i for i, a in enumerate(argv) if a in ("-A", "--app"))
+    module, subcommand = argv[flag + 1], argv[flag + 2]
+    assert module == "workers.worker"
+    assert "celery_app" in _top_level_names(_module_file(module))
+    assert subcommand in ("worker", "beat", "flower")
+
+
+def _check_gunicorn(argv: list[str]) -> None:
+    match = re.fullmatch(r"([\w.]+):(\w+)\(\)", argv[-1])
+    assert match, f"gunicorn target {argv[-1]!r} is not module:factory()"
+    module, factory = match.groups()
+    assert factory in _top_level_names(_module_file(module))
+
+
+def _check_manage(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    import manage
+
+    command: click.Command | None = manage.cli
+    ctx = click.Context(manage.cli)
+    for name in argv[2:]:
+        assert isinstance(command, click.Group), f"{argv}: {name!r} follows a plain command"
+        command = command.get_command(ctx, name)
+        assert command is not None, f"manage.py has no command {name!r} ({argv})"
+        ctx = click.Context(command, parent=ctx)
+
+
+def test_services_exist() -> None:
+    compose = _compose()
+    assert "version" not in compose
+    assert set(_services()) >= SERVICES
+
+
+def test_postgres_and_redis() -> None:
+    services = _services()
+    assert services["postgres"]["image"].startswith("postgres:16")
+    assert "pg_isready" in " ".join(_argv(services["postgres"]["healthcheck"]["test"]))
+    redis = services["redis"]
+    assert redis["image"].startswith("redis:7")
+    command = " ".join(_argv(redis["command"]))
+    assert "--appendonly yes" in command
+    assert "--maxmemory-policy noeviction" in command
+
+
+def test_worker_reserves_gpu_and_restarts() -> None:
+    worker = _services()["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    assert worker["restart"] in ("always", "unless-stopped", "on-failure")
+
+
+def test_flower_requires_basic_auth() -> None:
+    auth = _services()["flower"]["environment"]["FLOWER_BASIC_AUTH"]
+    assert auth.startswith("${FLOWER_BASIC_AUTH:?")
+
+
+def test_image_commands_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = {name: s for name, s in _services().items() if "build" in s}
+    assert set(built) >= SERVICES - {"postgres", "redis"}
+    for name, service in built.items():
+        argv = _argv(service["command"])
+        if argv[:2] == ["python", "-m"]:
+            argv = argv[2:]
+        if argv[0] == "celery":
+            _check_celery(argv)
+        elif argv[0] == "gunicorn":
+            _check_gunicorn(argv)
+        elif argv[:2] == ["python", "manage.py"]:
+            _check_manage(argv, monkeypatch)
+        else:
+            pytest.fail(f"{name}: unknown entry point {argv}")
+
+
+def test_dockerfile_builds_model_and_serves_api() -> None:
+    lines = (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+    runs = [line for line in lines if line.startswith("RUN ")]
+    assert any("manage.py models build" in line for line in runs)
+    (cmd,) = [line for line in lines if line.startswith(("CMD ", "ENTRYPOINT "))]
+    argv = json.loads(cmd.split(" ", 1)[1])
+    assert argv[0] == "gunicorn"
+    assert argv[-1] == "app:create_app()"
+    _check_gunicorn(argv)
+    assert any(line.startswith("USER ") and "root" not in line for line in lines)
