@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 
 from celery import shared_task
 from flask import current_app
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.db.session import current_session
 from app.jobs import dispatch, runner
 from app.jobs.runtime import current_runtime
-from app.jobs.transitions import take_stale_queued
-
-logger = logging.getLogger(__name__)
 
 
 @shared_task(
     name=dispatch.RUN_JOB_TASK,
-    # Lost database connections are transient: retry with backoff and jitter.
-    autoretry_for=(DBAPIError,),
+    # A lost database connection is transient: retry with backoff and jitter.
+    autoretry_for=(OperationalError, InterfaceError),
     retry_backoff=2,
     retry_backoff_max=60,
     retry_jitter=True,
@@ -32,10 +28,5 @@ def run_job(job_id: str) -> None:
 
 @shared_task(name=dispatch.REPUBLISH_TASK)
 def republish_stale(limit: int = 500) -> int:
-    """Publish again the queued jobs that no worker picked up in time."""
     settings = current_app.extensions["settings"]
-    ids = take_stale_queued(current_session(), settings.republish_after_seconds, limit)
-    if ids:
-        logger.info("republishing %d stale queued job(s)", len(ids))
-        dispatch.enqueue(ids)
-    return len(ids)
+    return dispatch.republish_stale(current_session(), settings.republish_after_seconds, limit)
