@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask, Response
+from flask import Blueprint, Flask, Response
 from flask_smorest import Api as SmorestApi
+from swagger_ui_bundle import swagger_ui_path
 from werkzeug.exceptions import HTTPException
 
 from app.auth import SECURITY_SCHEME
@@ -29,7 +30,7 @@ def register_api(app: Flask) -> None:
         "OPENAPI_URL_PREFIX": "/",
         "OPENAPI_JSON_PATH": "openapi.json",
         "OPENAPI_SWAGGER_UI_PATH": "/docs",
-        "OPENAPI_SWAGGER_UI_URL": "https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        "OPENAPI_SWAGGER_UI_URL": "/docs/assets/",
         "API_SPEC_OPTIONS": {
             "info": {
                 "description": "Submit inference jobs, follow them, read their results. "
@@ -43,3 +44,12 @@ def register_api(app: Flask) -> None:
     for blueprint in (jobs.blp, models.blp, health.blp):
         api.register_blueprint(blueprint)
     app.extensions["api"] = api
+    # Swagger UI's JavaScript and CSS from the installed package, not a CDN.
+    app.register_blueprint(
+        Blueprint(
+            "swagger_ui",
+            __name__,
+            static_folder=str(swagger_ui_path),
+            static_url_path="/docs/assets",
+        )
+    )

@@ -67,4 +67,12 @@ def test_openapi_and_docs(client: FlaskClient) -> None:
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
     assert spec["paths"]["/jobs"]["post"]["security"] == [{"bearerAuth": []}]
     assert "security" not in spec["paths"]["/models"]["get"]
-    assert client.get("/docs").status_code == 200
+    docs = client.get("/docs")
+    assert docs.status_code == 200
+    page = docs.get_data(as_text=True)
+    # Served from the package, so the page works without internet access.
+    assert "/docs/assets/swagger-ui-bundle.js" in page
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "swagger-ui-standalone-preset.js"):
+        response = client.get(f"/docs/assets/{asset}")
+        assert response.status_code == 200 and len(response.data) > 10_000
+        response.close()
