@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from flask.testing import FlaskClient
 from app import create_app, embedded
 from app.config import ROOT, Settings
 from app.db.migrate import upgrade
+from app.db.models import Job, Tenant
 from app.db.session import Database, engine_url
 from app.inference.builders import ensure_models
 from app.tenants import create_api_key
@@ -111,16 +113,59 @@ def database(settings: Settings) -> Iterator[Database]:
     db.engine.dispose()
 
 
-def make_tenant(database: Database, name: str | None = None) -> dict[str, str]:
-    """Authorization headers for a new tenant."""
+@dataclass(frozen=True)
+class TenantAuth:
+    id: int
+    headers: dict[str, str]  # Authorization: Bearer <key>
+
+
+def make_tenant(database: Database) -> TenantAuth:
     with database.sessionmaker() as session:
-        creds = create_api_key(session, name or f"tenant-{uuid.uuid4().hex[:8]}")
-    return {"Authorization": f"Bearer {creds.api_key}"}
+        creds = create_api_key(session, f"tenant-{uuid.uuid4().hex[:8]}")
+        tenant_id = session.scalar(sa.select(Tenant.id).where(Tenant.name == creds.tenant))
+    assert tenant_id is not None
+    return TenantAuth(tenant_id, {"Authorization": f"Bearer {creds.api_key}"})
 
 
 @pytest.fixture
-def auth(database: Database) -> dict[str, str]:
+def tenant(database: Database) -> TenantAuth:
     return make_tenant(database)
+
+
+@pytest.fixture
+def auth(tenant: TenantAuth) -> dict[str, str]:
+    return tenant.headers
+
+
+def insert_queued_job(
+    database: Database,
+    tenant_id: int,
+    inputs: dict[str, Any] | None = None,
+    *,
+    model: str = "digits",
+    enqueued_seconds_ago: float = 0,
+) -> uuid.UUID:
+    """A queued job row with no broker message: the test plays the delivery."""
+    with database.sessionmaker() as session:
+        job = Job(
+            id=uuid.uuid4(),
+            tenant_id=tenant_id,
+            model=model,
+            model_version="1",
+            status="queued",
+            inputs=inputs or {"pixels": [[0.0] * 64]},
+            attempts=0,
+        )
+        session.add(job)
+        session.flush()
+        session.execute(
+            sa.text(
+                "UPDATE jobs SET enqueued_at = now() - make_interval(secs => :ago) WHERE id = :id"
+            ),
+            {"ago": enqueued_seconds_ago, "id": job.id},
+        )
+        session.commit()
+        return job.id
 
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:

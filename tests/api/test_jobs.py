@@ -101,7 +101,7 @@ def test_list_is_newest_first_filtered_and_paginated(
 
 def test_tenant_isolation(client: FlaskClient, auth: dict[str, str], database: Any) -> None:
     job = submit(client, auth, {"model": "digits", "inputs": {"pixels": [DIGITS[0].tolist()]}})
-    other = make_tenant(database)
+    other = make_tenant(database).headers
 
     response = client.get(f"/jobs/{job['id']}", headers=other)
     assert response.status_code == 404

@@ -13,43 +13,21 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import event, select
+from sqlalchemy import event
 
-from app.db.models import Job, Tenant
+from app.db.models import Job
 from app.db.session import Database
 from app.jobs import runner, service
 from app.jobs.runtime import current_runtime
 from app.jobs.transitions import Outcome, claim, finish
-from app.tenants import create_api_key
+from tests.conftest import TenantAuth, insert_queued_job
 
 PIXELS = {"pixels": [[0.0] * 64]}
 
 
 @pytest.fixture
-def tenant_id(database: Database) -> int:
-    with database.sessionmaker() as session:
-        creds = create_api_key(session, f"exec-{uuid.uuid4().hex[:8]}")
-        tenant = session.scalar(select(Tenant).where(Tenant.name == creds.tenant))
-        assert tenant is not None
-        return tenant.id
-
-
-@pytest.fixture
-def queued_job(app: Flask, database: Database, tenant_id: int) -> uuid.UUID:
-    """A queued job row (no message published: these tests are the delivery)."""
-    with database.sessionmaker() as session:
-        job = Job(
-            id=uuid.uuid4(),
-            tenant_id=tenant_id,
-            model="digits",
-            model_version="1",
-            status="queued",
-            inputs=PIXELS,
-            attempts=0,
-        )
-        session.add(job)
-        session.commit()
-        return job.id
+def queued_job(database: Database, tenant: TenantAuth) -> uuid.UUID:
+    return insert_queued_job(database, tenant.id)
 
 
 @pytest.fixture
@@ -82,9 +60,7 @@ def test_a_stale_attempt_cannot_overwrite_the_result(
 ) -> None:
     with database.sessionmaker() as session:
         [claimed] = claim(session, [queued_job])
-        stale = Outcome(
-            queued_job, claimed.attempt - 1, "failed", error_code="x", error_message="y"
-        )
+        stale = Outcome(queued_job, claimed.attempt - 1, "failed", error_code="x")
         assert finish(session, [stale]) == set()
         good = Outcome(queued_job, claimed.attempt, "succeeded", outputs={"label": [0]})
         assert finish(session, [good]) == {queued_job}
@@ -113,7 +89,7 @@ def test_concurrent_claims_have_one_winner(
 
 
 def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
-    app: Flask, ctx: None, database: Database, tenant_id: int, monkeypatch: pytest.MonkeyPatch
+    app: Flask, ctx: None, database: Database, tenant: TenantAuth, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     statements: list[str] = []
 
@@ -125,9 +101,8 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     event.listen(database.engine, "before_cursor_execute", record)
     try:
         with database.sessionmaker() as session:
-            job = service.submit(
-                session, app.extensions["models"], tenant_id, "digits", None, PIXELS
-            )
+            models = app.extensions["models"]
+            job = service.submit(session, models, tenant.id, "digits", None, PIXELS)
             assert statements == ["INSERT"] and published == [[job.id]]
             statements.clear()
             runner.execute(session, current_runtime(), [job.id])
@@ -136,22 +111,15 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     assert statements == ["UPDATE", "UPDATE"]
 
 
-def test_a_bad_row_fails_only_its_own_job(ctx: None, database: Database, tenant_id: int) -> None:
-    ids = []
+def test_a_bad_row_fails_only_its_own_job(
+    ctx: None, database: Database, tenant: TenantAuth
+) -> None:
+    slipped_through = {"pixels": [[0.0] * 63]}
+    ids = [
+        insert_queued_job(database, tenant.id, inputs)
+        for inputs in (PIXELS, slipped_through, PIXELS)
+    ]
     with database.sessionmaker() as session:
-        for inputs in (PIXELS, {"pixels": [[0.0] * 63]}, PIXELS):  # the middle one slipped through
-            job = Job(
-                id=uuid.uuid4(),
-                tenant_id=tenant_id,
-                model="digits",
-                model_version="1",
-                status="queued",
-                inputs=inputs,
-                attempts=0,
-            )
-            session.add(job)
-            ids.append(job.id)
-        session.commit()
         outcomes = runner.execute(session, current_runtime(), ids)
     assert [o.status for o in outcomes] == ["succeeded", "failed", "succeeded"]
     bad = load(database, ids[1])
@@ -160,20 +128,10 @@ def test_a_bad_row_fails_only_its_own_job(ctx: None, database: Database, tenant_
 
 
 def test_a_job_for_a_removed_model_fails_clearly(
-    ctx: None, database: Database, tenant_id: int
+    ctx: None, database: Database, tenant: TenantAuth
 ) -> None:
+    job_id = insert_queued_job(database, tenant.id, model="retired")
     with database.sessionmaker() as session:
-        job = Job(
-            id=uuid.uuid4(),
-            tenant_id=tenant_id,
-            model="retired",
-            model_version="3",
-            status="queued",
-            inputs=PIXELS,
-            attempts=0,
-        )
-        session.add(job)
-        session.commit()
-        [outcome] = runner.execute(session, current_runtime(), [job.id])
+        [outcome] = runner.execute(session, current_runtime(), [job_id])
     assert outcome.status == "failed" and outcome.error_code == "model_unavailable"
-    assert load(database, job.id).error_message == outcome.error_message
+    assert load(database, job_id).error_message == outcome.error_message

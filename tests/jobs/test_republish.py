@@ -7,57 +7,23 @@ from collections.abc import Iterator
 
 import pytest
 from flask import Flask
-from sqlalchemy import text
 
 from app import create_app
 from app.config import Settings
 from app.db.models import Job
 from app.db.session import Database, current_session
 from app.jobs import dispatch
-from tests.conftest import make_tenant, wait_for_job
-
-PIXELS = {"pixels": [[0.0] * 64]}
-
-
-def lost_job(database: Database, tenant_id: int) -> uuid.UUID:
-    """A job committed as queued whose message never reached the broker."""
-    with database.sessionmaker() as session:
-        job = Job(
-            id=uuid.uuid4(),
-            tenant_id=tenant_id,
-            model="digits",
-            model_version="1",
-            status="queued",
-            inputs=PIXELS,
-            attempts=0,
-        )
-        session.add(job)
-        session.flush()
-        session.execute(
-            text("UPDATE jobs SET enqueued_at = now() - interval '10 minutes' WHERE id = :id"),
-            {"id": job.id},
-        )
-        session.commit()
-        return job.id
-
-
-@pytest.fixture
-def tenant(database: Database) -> tuple[int, dict[str, str]]:
-    headers = make_tenant(database)
-    with database.engine.connect() as conn:
-        tenant_id = conn.execute(text("SELECT max(id) FROM tenants")).scalar_one()
-    return tenant_id, headers
+from tests.conftest import TenantAuth, insert_queued_job, wait_for_job
 
 
 @pytest.mark.usefixtures("worker")
 def test_a_lost_message_is_republished_and_the_job_completes(
-    app: Flask, database: Database, tenant: tuple[int, dict[str, str]]
+    app: Flask, database: Database, tenant: TenantAuth
 ) -> None:
-    tenant_id, headers = tenant
-    job_id = lost_job(database, tenant_id)
+    job_id = insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
     with app.app_context():
         assert dispatch.republish_stale(current_session(), older_than_s=60, limit=500) >= 1
-    assert wait_for_job(app.test_client(), headers, str(job_id))["status"] == "succeeded"
+    assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
     with app.app_context():  # now fresh again: not republished a second time
         assert dispatch.republish_stale(current_session(), older_than_s=60, limit=500) == 0
 
@@ -75,9 +41,9 @@ def backlogged(settings: Settings) -> Iterator[Flask]:
 
 
 def test_jobs_waiting_behind_a_backlog_are_not_republished(
-    backlogged: Flask, database: Database, tenant: tuple[int, dict[str, str]]
+    backlogged: Flask, database: Database, tenant: TenantAuth
 ) -> None:
-    job_id = lost_job(database, tenant[0])
+    job_id = insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
     with backlogged.app_context():
         assert dispatch.republish_stale(current_session(), older_than_s=60, limit=500) == 0
         assert dispatch.queue_depth() == 1
