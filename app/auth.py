@@ -18,6 +18,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 SECURITY_SCHEME = {"type": "http", "scheme": "bearer", "description": "API key"}
 
+# Only lends its documentation decorators to `authenticated`; never registered.
+_docs = Blueprint("auth", __name__)
+
 
 def current_tenant() -> Tenant:
     tenant: Tenant = g.tenant
@@ -46,5 +49,6 @@ def authenticated(view: F) -> F:
         g.tenant = tenant
         return view(*args, **kwargs)
 
-    documented: F = Blueprint.doc(security=[{"bearerAuth": []}])(wrapper)
-    return documented
+    documented = _docs.doc(security=[{"bearerAuth": []}])(wrapper)
+    with_401: F = _docs.alt_response(401, response="UNAUTHORIZED")(documented)
+    return with_401

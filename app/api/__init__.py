@@ -9,12 +9,23 @@ from flask_smorest import Api as SmorestApi
 from swagger_ui_bundle import swagger_ui_path
 from werkzeug.exceptions import HTTPException
 
+from app.api.schemas import ProblemSchema
 from app.auth import SECURITY_SCHEME
-from app.errors import problem_from_http_exception, problem_response
+from app.errors import PROBLEM_JSON, problem_from_http_exception, problem_response
 
 
 class Api(SmorestApi):
-    """flask-smorest with every HTTP error answered as RFC 9457 problem+json."""
+    """flask-smorest with every HTTP error answered, and documented, as RFC 9457
+    problem+json."""
+
+    ERROR_SCHEMA = ProblemSchema
+
+    def _register_responses(self) -> None:
+        self.DEFAULT_RESPONSE_CONTENT_TYPE = PROBLEM_JSON
+        try:
+            super()._register_responses()
+        finally:
+            del self.DEFAULT_RESPONSE_CONTENT_TYPE
 
     def handle_http_exception(self, error: HTTPException) -> Response:
         return problem_response(problem_from_http_exception(error))

@@ -31,7 +31,7 @@ def live() -> dict[str, Any]:
 
 @blp.get("/v2/health/ready")
 @blp.response(200, description="PostgreSQL and Redis answer and a model is loadable")
-@blp.alt_response(503, description="Not ready (problem+json naming each failed check)")
+@blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="Names each failed check")
 def ready() -> dict[str, Any]:
     checks = {"database": _check_database(), "redis": _check_redis(), "models": _check_models()}
     failed = {name: message for name, message in checks.items() if message != "ok"}

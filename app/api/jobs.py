@@ -20,8 +20,8 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 @blp.post("")
 @blp.arguments(SubmitJobSchema)
 @blp.response(202, JobSchema, description="Accepted; poll the Location URL")
-@blp.alt_response(404, description="Unknown model (problem+json)")
-@blp.alt_response(422, description="Inputs do not match the model (problem+json)")
+@blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
 @authenticated
 def submit(body: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
     job = service.submit(
@@ -38,6 +38,7 @@ def submit(body: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
 @blp.get("")
 @blp.arguments(ListJobsArgsSchema, location="query")
 @blp.response(200, JobPageSchema)
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad filter or cursor")
 @authenticated
 def list_jobs(args: dict[str, Any]) -> service.Page:
     return service.list_jobs(current_session(), current_tenant().id, **args)
@@ -45,7 +46,7 @@ def list_jobs(args: dict[str, Any]) -> service.Page:
 
 @blp.get("/<uuid:job_id>")
 @blp.response(200, JobSchema)
-@blp.alt_response(404, description="No such job for this tenant (problem+json)")
+@blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 @authenticated
 def get_job(job_id: uuid.UUID) -> Job:
     return service.get(current_session(), current_tenant().id, job_id)

@@ -10,6 +10,17 @@ from marshmallow import Schema, fields, validate
 from app.db.models import JOB_STATUSES, Job
 
 
+class ProblemSchema(Schema):
+    """RFC 9457 problem details, the body of every error."""
+
+    type = fields.String(metadata={"example": "/problems/invalid-input"})
+    title = fields.String()
+    status = fields.Integer()
+    detail = fields.String(metadata={"description": "What was wrong, for a person"})
+    instance = fields.String(metadata={"description": "The request path"})
+    errors = fields.Raw(metadata={"description": "Field or input name -> what was wrong"})
+
+
 class SubmitJobSchema(Schema):
     model = fields.String(
         required=True, metadata={"description": "Model name, see GET /models", "example": "digits"}

@@ -67,6 +67,17 @@ def test_openapi_and_docs(client: FlaskClient) -> None:
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
     assert spec["paths"]["/jobs"]["post"]["security"] == [{"bearerAuth": []}]
     assert "security" not in spec["paths"]["/models"]["get"]
+    responses = spec["components"]["responses"]
+    for name in ("NOT_FOUND", "UNPROCESSABLE_ENTITY", "UNAUTHORIZED", "DEFAULT_ERROR"):
+        assert list(responses[name]["content"]) == ["application/problem+json"], name
+    job_responses = spec["paths"]["/jobs/{job_id}"]["get"]["responses"]
+    assert {"200", "401", "404"} <= set(job_responses)
+    assert set(spec["components"]["schemas"]["Problem"]["properties"]) >= {
+        "type",
+        "title",
+        "detail",
+    }
+    assert "application/json" in spec["paths"]["/jobs"]["post"]["responses"]["202"]["content"]
     docs = client.get("/docs")
     assert docs.status_code == 200
     page = docs.get_data(as_text=True)
