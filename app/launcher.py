@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,14 @@ from app.config import ROOT, Settings
 logger = logging.getLogger("launcher")
 
 RESTART_DELAY_S = 2.0
+# A child that exits this soon after starting, this many times in a row, is not
+# going to recover by itself (a port in use, a bad setting): stop and say so.
+FAST_EXIT_S = 10.0
+FAST_EXIT_LIMIT = 3
+
+
+class LaunchError(RuntimeError):
+    pass
 
 
 @dataclass
@@ -31,7 +40,9 @@ class Child:
     name: str
     args: list[str]
     proc: subprocess.Popen[bytes] | None = None
-    restarts: int = field(default=0)
+    started_at: float = 0.0
+    restarts: int = 0
+    fast_exits: int = field(default=0)
 
 
 class Launcher:
@@ -55,10 +66,16 @@ class Launcher:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         try:
+            self._check_ports()
             self._prepare()
             self._start_children()
-            self._announce()
-            self._supervise()
+            self._announce(self._wait_ready())
+            while not self.stopping:
+                self._supervise_once()
+                time.sleep(0.5)
+        except LaunchError as exc:
+            logger.error("%s", exc)
+            raise SystemExit(1) from None
         finally:
             self._stop()
 
@@ -66,6 +83,21 @@ class Launcher:
         if not self.stopping:
             logger.info("received %s, stopping", signal.Signals(signum).name)
         self.stopping = True
+
+    def _check_ports(self) -> None:
+        for name, port, variable in (
+            ("API", self.port, "PORT"),
+            ("Flower", self.flower_port, "FLOWER_PORT"),
+        ):
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((self.host, port))
+                except OSError as exc:
+                    raise LaunchError(
+                        f"the {name} port {self.host}:{port} is not free ({exc.strerror}); "
+                        f"stop what uses it or choose another with {variable}=..."
+                    ) from None
 
     def _prepare(self) -> None:
         from app.db.migrate import upgrade
@@ -123,22 +155,29 @@ class Launcher:
         child.proc = subprocess.Popen(
             child.args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, start_new_session=True
         )
+        child.started_at = time.monotonic()
         logger.info("started %s (pid %s)", child.name, child.proc.pid)
 
-    def _announce(self) -> None:
-        base = f"http://{self.host}:{self.port}"
-        deadline = time.monotonic() + 60
+    def _wait_ready(self, timeout: float = 90) -> bool:
+        deadline = time.monotonic() + timeout
         while not self.stopping and time.monotonic() < deadline:
             try:
-                if requests.get(f"{base}/v2/health/ready", timeout=2).status_code == 200:
-                    break
+                url = f"http://{self.host}:{self.port}/v2/health/ready"
+                if requests.get(url, timeout=2).status_code == 200:
+                    return True
             except requests.RequestException:
                 pass
+            self._supervise_once()
             time.sleep(0.2)
+        return False
+
+    def _announce(self, ready: bool) -> None:
+        base = f"http://{self.host}:{self.port}"
         key = self.first_key or "<your API key>"
+        status = "ready" if ready else f"started, but {base}/v2/health/ready does not say ready"
         lines = [
             "",
-            f"Inference service ready: API {base}  (docs {base}/docs), "
+            f"Inference service {status}: API {base}  (docs {base}/docs), "
             f"Flower http://{self.host}:{self.flower_port}",
         ]
         if self.first_key:
@@ -158,23 +197,27 @@ class Launcher:
         ]
         print("\n".join(lines), flush=True)
 
-    def _supervise(self) -> None:
-        while not self.stopping:
-            for child in self.children:
-                assert child.proc is not None
-                code = child.proc.poll()
-                if code is not None and not self.stopping:
-                    child.restarts += 1
-                    logger.warning(
-                        "%s exited with %s; restarting (restart #%d)",
-                        child.name,
-                        code,
-                        child.restarts,
-                    )
-                    time.sleep(RESTART_DELAY_S)
-                    if not self.stopping:
-                        self._spawn(child)
-            time.sleep(0.5)
+    def _supervise_once(self) -> None:
+        """Start again each child that exited; give up on one that cannot stay up."""
+        for child in self.children:
+            assert child.proc is not None
+            code = child.proc.poll()
+            if code is None or self.stopping:
+                continue
+            quick = time.monotonic() - child.started_at < FAST_EXIT_S
+            child.fast_exits = child.fast_exits + 1 if quick else 0
+            if child.fast_exits >= FAST_EXIT_LIMIT:
+                raise LaunchError(
+                    f"{child.name} exited {child.fast_exits} times within {FAST_EXIT_S:.0f}s "
+                    f"of starting (last exit code {code}); its output above says why"
+                )
+            child.restarts += 1
+            logger.warning(
+                "%s exited with %s; restarting (restart #%d)", child.name, code, child.restarts
+            )
+            time.sleep(RESTART_DELAY_S)
+            if not self.stopping:
+                self._spawn(child)
 
     def _stop(self) -> None:
         self.stopping = True
