@@ -122,5 +122,25 @@ def models_list() -> None:
         click.echo(f"{card.ref}\t{Path(card.onnx_path)}")
 
 
+@cli.command()
+@click.option("--base", default="http://127.0.0.1:8000", show_default=True, help="API URL")
+@click.option("--key", envvar="API_KEY", help="API key (default: a new tenant 'bench')")
+@click.option("--jobs", default=500, show_default=True)
+@click.option("--clients", default=16, show_default=True)
+def bench(base: str, key: str | None, jobs: int, clients: int) -> None:
+    """Measure end-to-end job throughput against a running service."""
+    from bench.e2e import run
+
+    if key is None:
+        from app.db.session import Database
+        from app.tenants import create_api_key as create
+
+        database = Database(_settings().database_url)
+        with database.sessionmaker() as session:
+            key = create(session, "bench").api_key
+        database.engine.dispose()
+    click.echo(json.dumps(run(base, key, jobs, clients), indent=2))
+
+
 if __name__ == "__main__":
     cli()

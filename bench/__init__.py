@@ -1,0 +1,1 @@
+"""Benchmarks: run against a live service, never part of the test suite."""
