@@ -27,6 +27,12 @@ def current_tenant() -> Tenant:
     return tenant
 
 
+def current_actor() -> str:
+    """Who made this request, for the audit log: tenant and key prefix."""
+    actor: str = g.actor
+    return actor
+
+
 def authenticated(view: F) -> F:
     """Require `Authorization: Bearer <key>`, expose the tenant as `current_tenant()`."""
 
@@ -47,6 +53,7 @@ def authenticated(view: F) -> F:
                 headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
             )
         g.tenant = tenant
+        g.actor = f"{tenant.name} (key {key.strip()[:10]}...)"
         return view(*args, **kwargs)
 
     documented = _docs.doc(security=[{"bearerAuth": []}])(wrapper)

@@ -48,8 +48,27 @@ class Settings:
     jobs_queue: str = "inference"
     # JOB_MAX_ATTEMPTS: how many times a job may be claimed by a worker before it fails.
     job_max_attempts: int = 3
-    # REPUBLISH_AFTER_SECONDS: a queued job not picked up for this long is published again.
+    # REPUBLISH_AFTER_SECONDS: a queued job not picked up for this long, with the queue
+    # drained, has lost its message and is published again.
     republish_after_seconds: float = 60.0
+    # JOB_LEASE_SECONDS: a running job's lease; the worker renews it while the job runs,
+    # and a job whose lease ran out (its worker died) is queued again by the sweep.
+    job_lease_seconds: float = 60.0
+    # SWEEP_INTERVAL_SECONDS: how often beat runs the sweeps (leases, retries, deadlines).
+    sweep_interval_seconds: float = 5.0
+    # RETRY_BACKOFF_SECONDS / RETRY_BACKOFF_MAX_SECONDS: exponential backoff with full
+    # jitter between attempts of a job that failed for a transient reason.
+    retry_backoff_seconds: float = 2.0
+    retry_backoff_max_seconds: float = 300.0
+    # BROKER_VISIBILITY_TIMEOUT_SECONDS: Redis hands an unacknowledged message to another
+    # worker after this long; keep it above the longest job (leases guard it anyway).
+    broker_visibility_timeout_seconds: float = 3600.0
+    # RETENTION_SECONDS: inputs and outputs of finished jobs are deleted after this long
+    # (the job's metadata stays). 0 keeps them forever.
+    retention_seconds: float = 7 * 24 * 3600.0
+    # GUARDS_OFF: comma list of safety guards to switch off (claim, lease, republish).
+    # Only the fault suite sets it, to show what each guard prevents. Never in production.
+    guards_off: frozenset[str] = frozenset()
     # ORT_PROVIDER: auto (CUDA when it works, else CPU), cuda or cpu.
     ort_provider: str = "auto"
     # ORT_INTRA_OP_THREADS: threads per ONNX Runtime session (0 = ORT's default).
@@ -70,6 +89,19 @@ class Settings:
             job_max_attempts=_env_int("JOB_MAX_ATTEMPTS", d.job_max_attempts),
             republish_after_seconds=_env_float(
                 "REPUBLISH_AFTER_SECONDS", d.republish_after_seconds
+            ),
+            job_lease_seconds=_env_float("JOB_LEASE_SECONDS", d.job_lease_seconds),
+            sweep_interval_seconds=_env_float("SWEEP_INTERVAL_SECONDS", d.sweep_interval_seconds),
+            retry_backoff_seconds=_env_float("RETRY_BACKOFF_SECONDS", d.retry_backoff_seconds),
+            retry_backoff_max_seconds=_env_float(
+                "RETRY_BACKOFF_MAX_SECONDS", d.retry_backoff_max_seconds
+            ),
+            broker_visibility_timeout_seconds=_env_float(
+                "BROKER_VISIBILITY_TIMEOUT_SECONDS", d.broker_visibility_timeout_seconds
+            ),
+            retention_seconds=_env_float("RETENTION_SECONDS", d.retention_seconds),
+            guards_off=frozenset(
+                g.strip() for g in _env_str("GUARDS_OFF", "").split(",") if g.strip()
             ),
             ort_provider=_env_str("ORT_PROVIDER", d.ort_provider).lower(),
             ort_intra_op_threads=_env_int("ORT_INTRA_OP_THREADS", d.ort_intra_op_threads),

@@ -35,6 +35,12 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "GET /models lists the models and versions this service serves.",
     ),
     "method-not-allowed": (405, "Method not allowed", "See /docs for the methods of this URL."),
+    "conflict": (
+        409,
+        "Conflict with the current state",
+        "The resource is not in a state that allows this (for example, the job has "
+        "already finished, or the dead letter was already replayed); GET it to see why.",
+    ),
     "payload-too-large": (
         413,
         "Request body too large",
@@ -69,6 +75,7 @@ _STATUS_CODES = {
     401: "unauthorized",
     404: "not-found",
     405: "method-not-allowed",
+    409: "conflict",
     413: "payload-too-large",
     415: "unsupported-media-type",
     422: "validation-error",

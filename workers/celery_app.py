@@ -5,8 +5,13 @@ Broker settings chosen on purpose:
 - `task_acks_late` + `task_reject_on_worker_lost`: a message is acknowledged
   after the task returns, so a worker that dies mid-job leaves it on the queue.
 - prefetch 1: a worker holds one job it is not running, not a batch it could lose.
-- a visibility timeout far above any job's run time, so Redis does not hand a
-  running job to a second worker.
+- a visibility timeout (BROKER_VISIBILITY_TIMEOUT_SECONDS, an hour) far above
+  any job's run time, so Redis rarely hands a running job to a second worker;
+  when it does, the job's lease makes that second delivery a no-op.
+- `worker_cancel_long_running_tasks_on_connection_loss`: a task whose message
+  will be redelivered after a broker reconnect is stopped rather than run twice.
+- Redis itself must run with `noeviction` and AOF (docker-compose.yml, and the
+  embedded server), so queued messages survive memory pressure and restarts.
 - no result backend: job state lives in PostgreSQL, never in Celery results.
 """
 
@@ -20,14 +25,17 @@ from celery.signals import worker_process_init
 from flask import Flask
 
 from app.config import Settings
-from app.jobs.dispatch import REPUBLISH_TASK
+from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
 
 logger = logging.getLogger(__name__)
 
-# Periodic work, declared as data. Beat only sends these; workers run them.
-BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
-    "republish-stale-queued-jobs": {"task": REPUBLISH_TASK, "schedule": 15.0},
-}
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Periodic work, declared as data. Beat only sends these; workers run them."""
+    return {
+        "sweep-jobs": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_seconds},
+        "purge-old-job-data": {"task": PURGE_TASK, "schedule": 3600.0},
+    }
 
 
 def celery_init_app(app: Flask, settings: Settings) -> Celery:
@@ -48,12 +56,12 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=settings.jobs_queue,
-        broker_transport_options={"visibility_timeout": 3600},
+        broker_transport_options={"visibility_timeout": settings.broker_visibility_timeout_seconds},
         broker_connection_retry_on_startup=True,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_hijack_root_logger=False,
         task_send_sent_event=False,
-        beat_schedule=BEAT_SCHEDULE,
+        beat_schedule=beat_schedule(settings),
         include=["workers.tasks"],
         timezone="UTC",
     )

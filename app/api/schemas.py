@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from marshmallow import Schema, fields, validate
+from marshmallow import EXCLUDE, Schema, fields, validate
 
 from app.db.models import JOB_STATUSES, Job
 
@@ -37,6 +37,24 @@ class SubmitJobSchema(Schema):
             "example": {"pixels": [[0.0] * 64]},
         },
     )
+    deadline = fields.AwareDateTime(
+        load_default=None,
+        metadata={
+            "description": "The job expires (status expired) if not finished by then. "
+            "The Cancel-After header (seconds) is the relative form."
+        },
+    )
+
+
+class SubmitHeadersSchema(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+    cancel_after = fields.Float(
+        data_key="Cancel-After",
+        validate=validate.Range(min=0, min_inclusive=False),
+        metadata={"description": "Seconds: the job expires if not finished by then"},
+    )
 
 
 class JobErrorSchema(Schema):
@@ -60,6 +78,12 @@ class JobSchema(Schema):
     )
     error = fields.Method("get_error", metadata={"description": "{code, message} when failed"})
     attempts = fields.Integer()
+    max_attempts = fields.Integer()
+    deadline_at = fields.DateTime(allow_none=True)
+    cancel_requested_at = fields.DateTime(allow_none=True)
+    purged_at = fields.DateTime(
+        allow_none=True, metadata={"description": "When retention deleted inputs and outputs"}
+    )
     created_at = fields.DateTime()
     started_at = fields.DateTime(allow_none=True)
     finished_at = fields.DateTime(allow_none=True)
@@ -126,3 +150,46 @@ class ModelSummarySchema(Schema):
 
 class ModelListSchema(Schema):
     models = fields.List(fields.Nested(ModelSummarySchema))
+
+
+class DeadLetterSchema(Schema):
+    id = fields.Integer()
+    job_id = fields.UUID()
+    model = fields.String()
+    model_version = fields.String()
+    error_code = fields.String()
+    error_class = fields.String()
+    message = fields.String()
+    traceback = fields.String(allow_none=True)
+    attempts = fields.Integer()
+    first_failed_at = fields.DateTime()
+    last_failed_at = fields.DateTime()
+    created_at = fields.DateTime()
+    replayed_at = fields.DateTime(allow_none=True)
+
+
+class DeadLetterFiltersSchema(Schema):
+    model = fields.String()
+    error_code = fields.String()
+    since = fields.AwareDateTime(metadata={"description": "Created at or after"})
+    until = fields.AwareDateTime(metadata={"description": "Created before"})
+    replayed = fields.Boolean()
+
+
+class DeadLetterListArgsSchema(DeadLetterFiltersSchema):
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
+    cursor = fields.Integer(metadata={"description": "next_cursor of the previous page"})
+
+
+class DeadLetterPageSchema(Schema):
+    items = fields.List(fields.Nested(DeadLetterSchema))
+    next_cursor = fields.Integer(allow_none=True)
+
+
+class BulkReplaySchema(DeadLetterFiltersSchema):
+    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
+
+
+class ReplayResultSchema(Schema):
+    replayed = fields.Integer()
+    job_ids = fields.List(fields.UUID())

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -63,11 +64,27 @@ class Job(Base):
         ),
         # GET /jobs: a tenant's jobs, newest first, keyset-paginated on (created_at, id).
         Index("ix_jobs_tenant_created", "tenant_id", text("created_at DESC"), text("id DESC")),
-        # The republish sweep only looks at queued jobs.
+        # The sweeps each read one narrow slice of the table.
         Index(
             "ix_jobs_queued_enqueued",
             "enqueued_at",
             postgresql_where=text("status = 'queued'"),
+        ),
+        Index(
+            "ix_jobs_due",
+            "run_after",
+            postgresql_where=text("status = 'queued' AND enqueued_at IS NULL"),
+        ),
+        Index("ix_jobs_lease", "lease_expires_at", postgresql_where=text("status = 'running'")),
+        Index(
+            "ix_jobs_deadline",
+            "deadline_at",
+            postgresql_where=text("status IN ('queued', 'running') AND deadline_at IS NOT NULL"),
+        ),
+        Index(
+            "ix_jobs_retention",
+            "finished_at",
+            postgresql_where=text("purged_at IS NULL AND finished_at IS NOT NULL"),
         ),
     )
 
@@ -81,10 +98,65 @@ class Job(Base):
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    # The cap on attempts, fixed at submit: a job that crashes its worker every time
+    # stops here, whatever the workers' settings.
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default="3")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    # When the job was last handed to the broker (the republish sweep moves it).
-    enqueued_at: Mapped[datetime] = mapped_column(
+    # When a message for the job was last handed to the broker; NULL while the job
+    # waits for `run_after` (a retry's backoff) with no message outstanding.
+    enqueued_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
+    run_after: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # A running job belongs to the attempt that claimed it until this time; the worker
+    # renews it while it runs, the lease sweep takes back jobs whose worker died.
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    first_failed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Set when retention deleted the job's inputs and outputs.
+    purged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class DeadLetter(Base):
+    """A failed job, kept for a person to inspect, replay or purge."""
+
+    __tablename__ = "dead_letters"
+    __table_args__ = (
+        Index(
+            "ix_dead_letters_tenant_created", "tenant_id", text("created_at DESC"), text("id DESC")
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(100))
+    model_version: Mapped[str] = mapped_column(String(50))
+    error_code: Mapped[str] = mapped_column(String(64))
+    error_class: Mapped[str] = mapped_column(String(200))
+    message: Mapped[str] = mapped_column(Text)
+    traceback: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer)
+    first_failed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_failed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Set once, by the replay that won; a second replay of the same letter is a 409.
+    replayed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class AuditEvent(Base):
+    """Who did what to which job or dead letter (replays, purges)."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    action: Mapped[str] = mapped_column(String(64))
+    subject: Mapped[str] = mapped_column(String(100))
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

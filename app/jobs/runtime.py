@@ -15,7 +15,8 @@ def current_runtime() -> Runtime:
         runtime = Runtime(
             repository=current_app.extensions["models"],
             sessions=SessionPool(settings.ort_provider, settings.ort_intra_op_threads),
-            max_attempts=settings.job_max_attempts,
+            settings=settings,
+            new_session=current_app.extensions["database"].sessionmaker,
         )
         current_app.extensions["runtime"] = runtime
     return runtime

@@ -6,7 +6,7 @@ import base64
 import binascii
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, tuple_
@@ -16,7 +16,7 @@ from app.db.models import Job
 from app.errors import Problem
 from app.inference.repository import ModelRepository, UnknownModel
 from app.inference.tensors import InvalidInputs, parse_inputs, to_json
-from app.jobs import dispatch
+from app.jobs import dispatch, transitions
 
 
 def submit(
@@ -26,11 +26,15 @@ def submit(
     model: str,
     version: str | None,
     inputs: Any,
+    *,
+    max_attempts: int = 3,
+    deadline: datetime | None = None,
 ) -> Job:
     """Check the inputs against the model, store the job, then publish it.
 
     The row is committed before the message is sent, so a worker never sees an
-    id that is not in the database yet.
+    id that is not in the database yet; if the publish fails, the job stays
+    queued and the due sweep sends it. A card may set its own `max_attempts`.
     """
     try:
         card = repository.resolve(model, version)
@@ -53,10 +57,36 @@ def submit(
         status="queued",
         inputs=to_json(arrays),
         attempts=0,
+        max_attempts=int(card.extra.get("max_attempts", max_attempts)),
+        deadline_at=deadline,
     )
     session.add(job)
     session.commit()
-    dispatch.enqueue([job.id])
+    if not dispatch.enqueue([job.id]):
+        transitions.mark_unsent(session, [job.id])
+    return job
+
+
+def deadline(absolute: datetime | None, cancel_after_s: float | None) -> datetime | None:
+    """The earlier of a `deadline` and `Cancel-After` seconds from now."""
+    candidates = [absolute] if absolute else []
+    if cancel_after_s:
+        candidates.append(datetime.now(UTC) + timedelta(seconds=cancel_after_s))
+    return min(candidates, default=None)
+
+
+def cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
+    """Cancel a queued job at once; a running one stops at its next checkpoint
+    (before its result is written). A finished job cannot be cancelled: 409."""
+    if transitions.request_cancel(session, tenant_id, job_id) is None:
+        job = get(session, tenant_id, job_id)
+        raise Problem(
+            "conflict",
+            f"job {job_id} is already {job.status}; only queued or running jobs can be cancelled",
+            job_status=job.status,
+        )
+    job = get(session, tenant_id, job_id)
+    session.refresh(job)
     return job
 
 

@@ -1,9 +1,13 @@
 """Guarded state changes on the job row.
 
 Every change is one conditional UPDATE whose WHERE clause names the state it
-leaves (and, when finishing, the attempt that claimed the job). Celery may
-deliver a message twice; the second delivery then matches no row, so it can
-neither run a job another worker owns nor write a second result.
+leaves and, for a running job, the attempt that owns it. Celery may deliver a
+message twice; the second delivery then matches no row, so it can neither run
+a job another worker owns nor write a second result. A job that fails is given
+its dead letter in the same statement.
+
+The `claim` guard can be switched off (GUARDS_OFF=claim) for the fault suite
+only, to show the duplicates it prevents.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.orm import Session
 
+UUIDS = ARRAY(UUID(as_uuid=True))
+
 
 @dataclass(frozen=True)
 class ClaimedJob:
@@ -25,39 +31,98 @@ class ClaimedJob:
     model_version: str
     inputs: dict[str, Any]
     attempt: int
+    max_attempts: int
 
 
 @dataclass(frozen=True)
 class Outcome:
+    """What an attempt came to. `retry` puts the job back in the queue after `delay_s`."""
+
     job_id: uuid.UUID
     attempt: int
-    status: str  # "succeeded" or "failed"
+    status: str  # "succeeded", "failed" or "retry"
     outputs: dict[str, Any] | None = None
     error_code: str | None = None
     error_message: str | None = None
+    error_class: str | None = None
+    traceback: str | None = None
+    delay_s: float = 0.0
 
 
-_CLAIM = text(
+def claim(
+    session: Session, job_ids: list[uuid.UUID], lease_s: float, *, guarded: bool = True
+) -> list[ClaimedJob]:
+    """Move claimable jobs to running under a lease; returns those this call won.
+
+    Claimable: queued and due, or running with a lease that ran out (its worker
+    died), within the attempt cap and the deadline.
     """
-    UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now()
-    WHERE id = ANY(:ids) AND status = 'queued'
-    RETURNING id, model, model_version, inputs, attempts
-    """
-).bindparams(bindparam("ids", type_=ARRAY(UUID(as_uuid=True))))
-
-
-def claim(session: Session, job_ids: list[uuid.UUID]) -> list[ClaimedJob]:
-    """Move queued jobs to running, in one statement; returns those this call won."""
-    rows = session.execute(_CLAIM, {"ids": job_ids}).all()
+    where = (
+        """
+        AND ((status = 'queued' AND run_after <= now())
+             OR (status = 'running' AND lease_expires_at < now()))
+        AND attempts < max_attempts
+        AND (deadline_at IS NULL OR deadline_at > now())
+        """
+        if guarded
+        else ""
+    )
+    statement = text(
+        f"""
+        UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(),
+               lease_expires_at = now() + make_interval(secs => :lease)
+        WHERE id = ANY(:ids) {where}
+        RETURNING id, model, model_version, inputs, attempts, max_attempts
+        """
+    ).bindparams(bindparam("ids", type_=UUIDS))
+    rows = session.execute(statement, {"ids": job_ids, "lease": lease_s}).all()
     session.commit()
-    return [ClaimedJob(r.id, r.model, r.model_version, r.inputs, r.attempts) for r in rows]
+    return [
+        ClaimedJob(r.id, r.model, r.model_version, r.inputs, r.attempts, r.max_attempts)
+        for r in rows
+    ]
+
+
+def renew_leases(session: Session, jobs: list[ClaimedJob], lease_s: float) -> set[uuid.UUID]:
+    """Extend the leases this worker still holds; returns the ids still owned."""
+    statement = text(
+        """
+        UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease)
+        FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[])) AS o(id, attempt)
+        WHERE jobs.id = o.id AND jobs.status = 'running' AND jobs.attempts = o.attempt
+        RETURNING jobs.id
+        """
+    )
+    params = {
+        "ids": [str(j.id) for j in jobs],
+        "attempts": [j.attempt for j in jobs],
+        "lease": lease_s,
+    }
+    owned = {r.id for r in session.execute(statement, params)}
+    session.commit()
+    return owned
+
+
+# Dead letters for the rows a CTE named `moved` returned with status 'failed'.
+_DEAD_LETTERS = """
+    dead AS (
+        INSERT INTO dead_letters (job_id, tenant_id, model, model_version, error_code,
+                                  error_class, message, traceback, attempts,
+                                  first_failed_at, last_failed_at)
+        SELECT id, tenant_id, model, model_version, error_code, error_class,
+               coalesce(error_message, ''), traceback, attempts,
+               coalesce(first_failed_at, now()), now()
+        FROM moved WHERE status = 'failed'
+    )
+"""
 
 
 def finish(session: Session, outcomes: list[Outcome]) -> set[uuid.UUID]:
-    """Write every outcome in one statement; returns the ids whose result was written.
+    """Write every outcome in one statement; returns the ids whose outcome was written.
 
-    A job is only finished by the attempt that claimed it and only while it is
-    still running, so a late or duplicate writer changes nothing.
+    Only the attempt that claimed a job, while the job is still running, can
+    write it, so a late or duplicate writer changes nothing. A job whose
+    cancellation was requested while it ran ends `cancelled` and keeps no result.
     """
     if not outcomes:
         return set()
@@ -65,7 +130,8 @@ def finish(session: Session, outcomes: list[Outcome]) -> set[uuid.UUID]:
     for i, o in enumerate(outcomes):
         rows.append(
             f"(CAST(:id{i} AS uuid), CAST(:at{i} AS integer), CAST(:st{i} AS text), "
-            f"CAST(:out{i} AS jsonb), CAST(:ec{i} AS text), CAST(:em{i} AS text))"
+            f"CAST(:out{i} AS jsonb), CAST(:ec{i} AS text), CAST(:em{i} AS text), "
+            f"CAST(:cls{i} AS text), CAST(:tb{i} AS text), CAST(:dl{i} AS float8))"
         )
         params.update(
             {
@@ -75,16 +141,37 @@ def finish(session: Session, outcomes: list[Outcome]) -> set[uuid.UUID]:
                 f"out{i}": None if o.outputs is None else json.dumps(o.outputs),
                 f"ec{i}": o.error_code,
                 f"em{i}": o.error_message,
+                f"cls{i}": o.error_class,
+                f"tb{i}": o.traceback,
+                f"dl{i}": o.delay_s,
             }
         )
     statement = text(
         f"""
-        UPDATE jobs AS j SET status = v.status, outputs = v.outputs, error_code = v.error_code,
-               error_message = v.error_message, finished_at = now()
-        FROM (VALUES {", ".join(rows)})
-             AS v(id, attempt, status, outputs, error_code, error_message)
-        WHERE j.id = v.id AND j.status = 'running' AND j.attempts = v.attempt
-        RETURNING j.id
+        WITH v(id, attempt, status, outputs, error_code, error_message, error_class,
+               traceback, delay) AS (VALUES {", ".join(rows)}),
+        moved AS (
+            UPDATE jobs AS j SET
+                status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                              WHEN v.status = 'retry' THEN 'queued' ELSE v.status END,
+                outputs = CASE WHEN j.cancel_requested_at IS NULL THEN v.outputs END,
+                error_code = v.error_code, error_message = v.error_message,
+                finished_at = CASE WHEN v.status = 'retry' AND j.cancel_requested_at IS NULL
+                                   THEN NULL ELSE now() END,
+                lease_expires_at = NULL,
+                enqueued_at = CASE WHEN v.status = 'retry' THEN NULL ELSE j.enqueued_at END,
+                run_after = CASE WHEN v.status = 'retry'
+                                 THEN now() + make_interval(secs => v.delay) ELSE j.run_after END,
+                first_failed_at = CASE WHEN v.status = 'succeeded' THEN j.first_failed_at
+                                       ELSE coalesce(j.first_failed_at, now()) END
+            FROM v
+            WHERE j.id = v.id AND j.status = 'running' AND j.attempts = v.attempt
+            RETURNING j.id, j.status, j.tenant_id, j.model, j.model_version, j.attempts,
+                      j.first_failed_at, j.error_code, j.error_message, v.error_class,
+                      v.traceback
+        ),
+        {_DEAD_LETTERS}
+        SELECT id FROM moved
         """
     )
     written = {r.id for r in session.execute(statement, params)}
@@ -92,21 +179,146 @@ def finish(session: Session, outcomes: list[Outcome]) -> set[uuid.UUID]:
     return written
 
 
-_STALE_QUEUED = text(
-    """
-    UPDATE jobs SET enqueued_at = now()
-    WHERE id IN (
-        SELECT id FROM jobs
-        WHERE status = 'queued' AND enqueued_at < now() - make_interval(secs => :age)
-        ORDER BY enqueued_at LIMIT :limit FOR UPDATE SKIP LOCKED
+def take_back_expired_leases(
+    session: Session, backoff_s: float, backoff_max_s: float, limit: int
+) -> list[uuid.UUID]:
+    """Jobs whose worker died (lease ran out): queue them again after a backoff, or
+    fail them once they used up their attempts. Returns the ids queued again."""
+    statement = text(
+        f"""
+        WITH lost AS (
+            SELECT id FROM jobs WHERE status = 'running' AND lease_expires_at < now()
+            ORDER BY lease_expires_at LIMIT :limit FOR UPDATE SKIP LOCKED
+        ),
+        moved AS (
+            UPDATE jobs AS j SET
+                status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                              WHEN j.attempts >= j.max_attempts THEN 'failed'
+                              ELSE 'queued' END,
+                error_code = CASE WHEN j.attempts >= j.max_attempts
+                                  THEN 'attempts_exhausted' ELSE 'worker_lost' END,
+                error_message = format('the worker running attempt %s of %s stopped '
+                                       'answering (lease expired)', j.attempts, j.max_attempts),
+                lease_expires_at = NULL, enqueued_at = NULL,
+                run_after = now() + make_interval(secs => least(
+                    CAST(:cap AS float8),
+                    CAST(:base AS float8) * power(2, greatest(j.attempts - 1, 0))) * random()),
+                finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                                     OR j.attempts >= j.max_attempts THEN now() END,
+                first_failed_at = coalesce(j.first_failed_at, now())
+            FROM lost WHERE j.id = lost.id
+            RETURNING j.id, j.status, j.tenant_id, j.model, j.model_version, j.attempts,
+                      j.first_failed_at, j.error_code, j.error_message,
+                      'WorkerLost' AS error_class, NULL AS traceback
+        ),
+        {_DEAD_LETTERS}
+        SELECT id FROM moved WHERE status = 'queued'
+        """
     )
-    RETURNING id
-    """
-)
+    params = {"limit": limit, "base": backoff_s, "cap": backoff_max_s}
+    ids = [r.id for r in session.execute(statement, params)]
+    session.commit()
+    return ids
+
+
+def take_due(session: Session, limit: int) -> list[uuid.UUID]:
+    """Queued jobs with no message outstanding whose backoff is over; marks them sent."""
+    statement = text(
+        """
+        UPDATE jobs SET enqueued_at = now()
+        WHERE id IN (
+            SELECT id FROM jobs
+            WHERE status = 'queued' AND enqueued_at IS NULL AND run_after <= now()
+            ORDER BY run_after LIMIT :limit FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id
+        """
+    )
+    ids = [r.id for r in session.execute(statement, {"limit": limit})]
+    session.commit()
+    return ids
+
+
+def mark_unsent(session: Session, job_ids: list[uuid.UUID]) -> None:
+    """The publish failed: the due sweep will send these again."""
+    statement = text(
+        "UPDATE jobs SET enqueued_at = NULL WHERE id = ANY(:ids) AND status = 'queued'"
+    ).bindparams(bindparam("ids", type_=UUIDS))
+    session.execute(statement, {"ids": job_ids})
+    session.commit()
 
 
 def take_stale_queued(session: Session, older_than_s: float, limit: int) -> list[uuid.UUID]:
-    """Queued jobs nobody picked up in time (a lost publish, a flushed broker)."""
-    ids = [r.id for r in session.execute(_STALE_QUEUED, {"age": older_than_s, "limit": limit})]
+    """Queued jobs whose message went out long ago and never arrived (a flushed broker)."""
+    statement = text(
+        """
+        UPDATE jobs SET enqueued_at = now()
+        WHERE id IN (
+            SELECT id FROM jobs
+            WHERE status = 'queued' AND enqueued_at < now() - make_interval(secs => :age)
+            ORDER BY enqueued_at LIMIT :limit FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id
+        """
+    )
+    ids = [r.id for r in session.execute(statement, {"age": older_than_s, "limit": limit})]
     session.commit()
     return ids
+
+
+def expire_overdue(session: Session, limit: int) -> int:
+    """Jobs past their deadline end `expired`; a worker still running one cannot
+    write its result afterwards (the finish guard wants `running`)."""
+    statement = text(
+        """
+        UPDATE jobs SET status = 'expired', finished_at = now(), lease_expires_at = NULL,
+               error_code = 'deadline_exceeded',
+               error_message = format('not finished by its deadline %s', deadline_at)
+        WHERE id IN (
+            SELECT id FROM jobs
+            WHERE status IN ('queued', 'running') AND deadline_at < now()
+            LIMIT :limit FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id
+        """
+    )
+    count = len(session.execute(statement, {"limit": limit}).all())
+    session.commit()
+    return count
+
+
+def purge_old_data(session: Session, older_than_s: float, limit: int) -> int:
+    """Delete inputs and outputs of jobs finished long ago; keep their metadata."""
+    statement = text(
+        """
+        UPDATE jobs SET inputs = NULL, outputs = NULL, purged_at = now()
+        WHERE id IN (
+            SELECT id FROM jobs
+            WHERE purged_at IS NULL AND finished_at < now() - make_interval(secs => :age)
+            LIMIT :limit FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id
+        """
+    )
+    count = len(session.execute(statement, {"age": older_than_s, "limit": limit}).all())
+    session.commit()
+    return count
+
+
+def request_cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> str | None:
+    """Cancel a queued job now, or ask a running one to stop at its next checkpoint.
+
+    Returns the job's status afterwards, or None if it was not queued or running.
+    """
+    statement = text(
+        """
+        UPDATE jobs SET cancel_requested_at = now(),
+               status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+               finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END
+        WHERE id = :id AND tenant_id = :tenant AND status IN ('queued', 'running')
+        RETURNING status
+        """
+    )
+    status = session.execute(statement, {"id": job_id, "tenant": tenant_id}).scalar()
+    session.commit()
+    return status

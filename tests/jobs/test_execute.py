@@ -59,7 +59,7 @@ def test_a_stale_attempt_cannot_overwrite_the_result(
     ctx: None, database: Database, queued_job: uuid.UUID
 ) -> None:
     with database.sessionmaker() as session:
-        [claimed] = claim(session, [queued_job])
+        [claimed] = claim(session, [queued_job], lease_s=60)
         stale = Outcome(queued_job, claimed.attempt - 1, "failed", error_code="x")
         assert finish(session, [stale]) == set()
         good = Outcome(queued_job, claimed.attempt, "succeeded", outputs={"label": [0]})
@@ -77,7 +77,7 @@ def test_concurrent_claims_have_one_winner(
     def contend() -> None:
         with database.sessionmaker() as session:
             barrier.wait()
-            wins.append(len(claim(session, [queued_job])))
+            wins.append(len(claim(session, [queued_job], lease_s=60)))
 
     threads = [threading.Thread(target=contend) for _ in range(8)]
     for t in threads:
@@ -94,21 +94,31 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     statements: list[str] = []
 
     def record(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
-        statements.append(sql.split(None, 1)[0].upper())
+        statements.append(" ".join(sql.split()).upper())
 
     published: list[list[uuid.UUID]] = []
-    monkeypatch.setattr("app.jobs.dispatch.enqueue", published.append)
+
+    def publish(ids: list[uuid.UUID]) -> bool:
+        published.append(ids)
+        return True
+
+    monkeypatch.setattr("app.jobs.dispatch.enqueue", publish)
     event.listen(database.engine, "before_cursor_execute", record)
     try:
         with database.sessionmaker() as session:
             models = app.extensions["models"]
             job = service.submit(session, models, tenant.id, "digits", None, PIXELS)
-            assert statements == ["INSERT"] and published == [[job.id]]
+            assert [q.split()[0] for q in statements] == ["INSERT"]
+            assert published == [[job.id]]
             statements.clear()
             runner.execute(session, current_runtime(), [job.id])
     finally:
         event.remove(database.engine, "before_cursor_execute", record)
-    assert statements == ["UPDATE", "UPDATE"]
+    # Two round trips: the claim, then the finish (one statement that also writes a
+    # dead letter when the job failed).
+    assert len(statements) == 2
+    assert statements[0].startswith("UPDATE JOBS SET STATUS = 'RUNNING'")
+    assert statements[1].startswith("WITH") and "UPDATE JOBS AS J SET" in statements[1]
 
 
 def test_a_bad_row_fails_only_its_own_job(

@@ -12,7 +12,7 @@ from app import create_app
 from app.config import Settings
 from app.db.models import Job
 from app.db.session import Database, current_session
-from app.jobs import dispatch
+from app.jobs import dispatch, sweeps
 from tests.conftest import TenantAuth, insert_queued_job, wait_for_job
 
 
@@ -22,10 +22,10 @@ def test_a_lost_message_is_republished_and_the_job_completes(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
     with app.app_context():
-        assert dispatch.republish_stale(current_session(), older_than_s=60, limit=500) >= 1
+        assert sweeps.republish_lost(current_session(), older_than_s=60) >= 1
     assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
     with app.app_context():  # now fresh again: not republished a second time
-        assert dispatch.republish_stale(current_session(), older_than_s=60, limit=500) == 0
+        assert sweeps.republish_lost(current_session(), older_than_s=60) == 0
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_jobs_waiting_behind_a_backlog_are_not_republished(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
     with backlogged.app_context():
-        assert dispatch.republish_stale(current_session(), older_than_s=60, limit=500) == 0
+        assert sweeps.republish_lost(current_session(), older_than_s=60) == 0
         assert dispatch.queue_depth() == 1
     with database.sessionmaker() as session:
         job = session.get(Job, job_id)
