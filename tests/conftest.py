@@ -10,6 +10,7 @@ queue, so runs never see each other's jobs.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from app.db.models import Job, Tenant
 from app.db.session import Database, engine_url
 from app.inference.builders import ensure_models
 from app.tenants import create_api_key
+from tests.models import build_memhog, build_slow
 
 TEST_VAR = ROOT / "var" / "test"
 RUN_ID = uuid.uuid4().hex[:8]
@@ -79,10 +81,15 @@ def database_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def model_repository() -> Path:
-    root = ROOT / "models"
-    ensure_models(root)
-    return root
+def model_repository() -> Iterator[Path]:
+    """The bundled models plus the test models (`slow`, `memhog`), in a folder of this run."""
+    ensure_models(ROOT / "models")
+    root = TEST_VAR / f"models-{RUN_ID}"
+    shutil.copytree(ROOT / "models" / "digits", root / "digits")
+    build_slow(root)
+    build_memhog(root)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -36,18 +36,20 @@ class SessionPool:
             raise ValueError(f"ORT_PROVIDER must be auto, cpu or cuda, not {provider!r}")
         self.provider = provider
         self.intra_op_threads = intra_op_threads
-        self._sessions: dict[str, ort.InferenceSession] = {}
+        # ref -> (model file's mtime, session): a replaced file is loaded again.
+        self._sessions: dict[str, tuple[int, ort.InferenceSession]] = {}
         self._lock = threading.Lock()
 
     def get(self, card: ModelCard) -> ort.InferenceSession:
-        session = self._sessions.get(card.ref)
-        if session is None:
+        mtime = card.onnx_path.stat().st_mtime_ns
+        cached = self._sessions.get(card.ref)
+        if cached is None or cached[0] != mtime:
             with self._lock:
-                session = self._sessions.get(card.ref)
-                if session is None:
-                    session = self._create(card)
-                    self._sessions[card.ref] = session
-        return session
+                cached = self._sessions.get(card.ref)
+                if cached is None or cached[0] != mtime:
+                    cached = (mtime, self._create(card))
+                    self._sessions[card.ref] = cached
+        return cached[1]
 
     def run(self, card: ModelCard, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self.get(card)
@@ -83,7 +85,7 @@ class SessionPool:
         return session
 
     def providers(self) -> dict[str, str]:
-        return {ref: s.get_providers()[0] for ref, s in self._sessions.items()}
+        return {ref: s.get_providers()[0] for ref, (_, s) in self._sessions.items()}
 
 
 def _check_card(card: ModelCard, session: ort.InferenceSession) -> None:

@@ -29,8 +29,14 @@ from app.jobs.transitions import ClaimedJob, Outcome, claim, finish, renew_lease
 
 logger = logging.getLogger(__name__)
 
-# Errors worth another attempt: the device ran out of memory, or another job held it.
-_TRANSIENT_MARKERS = ("out of memory", "cudaerrormemoryallocation", "cuda failure", "cudnn")
+# Errors worth another attempt: the device (GPU or host) ran out of memory, which
+# ORT reports from its allocator ("Failed to allocate memory") or from CUDA.
+_TRANSIENT_MARKERS = (
+    "failed to allocate memory",
+    "out of memory",
+    "cudaerrormemoryallocation",
+    "cuda failure",
+)
 
 
 @dataclass
@@ -79,8 +85,12 @@ def backoff_delay(settings: Settings, attempt: int) -> float:
 def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob]) -> list[Outcome]:
     try:
         card = runtime.repository.resolve(model, version)
-    except UnknownModel as exc:
-        return [_failed(job, "model_unavailable", exc) for job in jobs]
+    except UnknownModel:
+        runtime.repository.refresh()  # added since this worker started?
+        try:
+            card = runtime.repository.resolve(model, version)
+        except UnknownModel as exc:
+            return [_failed(job, "model_unavailable", exc) for job in jobs]
     outcomes = []
     for job in jobs:
         try:

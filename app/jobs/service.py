@@ -69,10 +69,18 @@ def submit(
 
 def deadline(absolute: datetime | None, cancel_after_s: float | None) -> datetime | None:
     """The earlier of a `deadline` and `Cancel-After` seconds from now."""
+    now = datetime.now(UTC)
     candidates = [absolute] if absolute else []
     if cancel_after_s:
-        candidates.append(datetime.now(UTC) + timedelta(seconds=cancel_after_s))
-    return min(candidates, default=None)
+        candidates.append(now + timedelta(seconds=cancel_after_s))
+    earliest = min(candidates, default=None)
+    if earliest is not None and earliest <= now:
+        raise Problem(
+            "validation-error",
+            f"deadline {earliest.isoformat()} has already passed; send a future time",
+            errors={"deadline": ["must be in the future"]},
+        )
+    return earliest
 
 
 def cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:

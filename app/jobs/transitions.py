@@ -52,7 +52,8 @@ class Outcome:
 def claim(
     session: Session, job_ids: list[uuid.UUID], lease_s: float, *, guarded: bool = True
 ) -> list[ClaimedJob]:
-    """Move claimable jobs to running under a lease; returns those this call won.
+    """Move claimable jobs to running under a lease; returns those this call won,
+    in the order of `job_ids`.
 
     Claimable: queued and due, or running with a lease that ran out (its worker
     died), within the attempt cap and the deadline.
@@ -75,7 +76,11 @@ def claim(
         RETURNING id, model, model_version, inputs, attempts, max_attempts
         """
     ).bindparams(bindparam("ids", type_=UUIDS))
-    rows = session.execute(statement, {"ids": job_ids, "lease": lease_s}).all()
+    position = {job_id: i for i, job_id in enumerate(job_ids)}
+    # RETURNING has no order; callers (a batch streaming results) keep theirs.
+    rows = sorted(
+        session.execute(statement, {"ids": job_ids, "lease": lease_s}), key=lambda r: position[r.id]
+    )
     session.commit()
     return [
         ClaimedJob(r.id, r.model, r.model_version, r.inputs, r.attempts, r.max_attempts)

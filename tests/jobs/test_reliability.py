@@ -1,0 +1,252 @@
+"""Leases, retries, dead letters, deadlines and retention, on the database itself.
+
+These call the execute path and the sweeps the way a worker and beat would,
+in this process, so each race or crash can be staged exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from flask import Flask
+from sqlalchemy import select, text
+
+from app.db.models import DeadLetter, Job
+from app.db.session import Database
+from app.jobs import runner, sweeps, transitions
+from app.jobs.runner import Runtime
+from app.jobs.runtime import current_runtime
+from tests.conftest import TenantAuth, insert_queued_job
+from tests.models import HUGE
+
+SLOW = {"x": [[0.1] * 64]}
+
+
+@pytest.fixture
+def ctx(app: Flask) -> Iterator[None]:
+    with app.app_context():
+        yield
+
+
+def runtime_with(**overrides: Any) -> Runtime:
+    base = current_runtime()
+    return Runtime(
+        base.repository, base.sessions, base.settings.with_overrides(**overrides), base.new_session
+    )
+
+
+def load(database: Database, job_id: uuid.UUID) -> Job:
+    with database.sessionmaker() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def letters_for(database: Database, job_id: uuid.UUID) -> list[DeadLetter]:
+    with database.sessionmaker() as session:
+        return list(session.scalars(select(DeadLetter).where(DeadLetter.job_id == job_id)))
+
+
+def make_due(database: Database, job_id: uuid.UUID) -> None:
+    with database.engine.begin() as conn:
+        conn.execute(text("UPDATE jobs SET run_after = now() WHERE id = :id"), {"id": job_id})
+
+
+def expire_lease(database: Database, job_id: uuid.UUID) -> None:
+    with database.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = :id"),
+            {"id": job_id},
+        )
+
+
+def set_cap(database: Database, job_id: uuid.UUID, cap: int) -> None:
+    with database.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET max_attempts = :c WHERE id = :id"), {"c": cap, "id": job_id}
+        )
+
+
+def test_out_of_memory_is_retried_with_backoff_then_dead_lettered(
+    ctx: None, database: Database, tenant: TenantAuth
+) -> None:
+    job_id = insert_queued_job(database, tenant.id, {"n": [HUGE]}, model="memhog")
+    set_cap(database, job_id, 2)
+    with database.sessionmaker() as session:
+        [first] = runner.execute(session, current_runtime(), [job_id])
+    assert first.status == "retry" and first.error_code == "resource_exhausted"
+    assert "Failed to allocate memory" in (first.error_message or "")
+    job = load(database, job_id)
+    assert job.status == "queued" and job.attempts == 1 and job.enqueued_at is None
+    assert job.run_after > job.started_at  # waits out its backoff before being sent again
+    with database.sessionmaker() as session:
+        assert runner.execute(session, current_runtime(), [job_id]) == [], "not due yet"
+
+    make_due(database, job_id)
+    with database.sessionmaker() as session:
+        [second] = runner.execute(session, current_runtime(), [job_id])
+    assert second.status == "failed" and second.error_code == "retries_exhausted"
+    job = load(database, job_id)
+    assert job.status == "failed" and job.attempts == 2
+    [letter] = letters_for(database, job_id)
+    assert letter.error_code == "retries_exhausted" and letter.attempts == 2
+    assert letter.error_class == "Fail" and "Traceback" in (letter.traceback or "")
+    assert letter.first_failed_at < letter.last_failed_at
+
+
+def test_a_permanent_error_fails_at_once_with_a_dead_letter(
+    ctx: None, database: Database, tenant: TenantAuth
+) -> None:
+    job_id = insert_queued_job(database, tenant.id, {"pixels": [[0.0] * 63]})
+    with database.sessionmaker() as session:
+        [outcome] = runner.execute(session, current_runtime(), [job_id])
+    assert outcome.status == "failed" and outcome.error_code == "inference_error"
+    assert load(database, job_id).attempts == 1
+    [letter] = letters_for(database, job_id)
+    assert letter.error_code == "inference_error" and letter.attempts == 1
+
+
+def test_a_dead_workers_job_is_queued_again_then_capped(
+    ctx: None, database: Database, tenant: TenantAuth
+) -> None:
+    job_id = insert_queued_job(database, tenant.id)
+    set_cap(database, job_id, 2)
+    for attempt in (1, 2):
+        with database.sessionmaker() as session:
+            [claimed] = transitions.claim(session, [job_id], lease_s=60)  # then the worker dies
+        assert claimed.attempt == attempt
+        expire_lease(database, job_id)
+        with database.sessionmaker() as session:
+            requeued = transitions.take_back_expired_leases(session, 0.01, 0.01, 500)
+        job = load(database, job_id)
+        if attempt == 1:
+            assert requeued == [job_id]
+            assert job.status == "queued" and job.error_code == "worker_lost"
+            make_due(database, job_id)
+            with database.sessionmaker() as session:  # what the due sweep would send
+                assert job_id in transitions.take_due(session, 500)
+        else:
+            assert requeued == []
+            assert job.status == "failed" and job.error_code == "attempts_exhausted"
+    [letter] = letters_for(database, job_id)
+    assert letter.error_class == "WorkerLost" and letter.attempts == 2
+
+
+def test_an_old_attempt_cannot_write_after_its_lease_was_taken_back(
+    ctx: None, database: Database, tenant: TenantAuth
+) -> None:
+    job_id = insert_queued_job(database, tenant.id)
+    with database.sessionmaker() as session:
+        [old] = transitions.claim(session, [job_id], lease_s=60)
+        expire_lease(database, job_id)
+        [new] = transitions.claim(session, [job_id], lease_s=60)  # redelivery after the lease
+        late = transitions.Outcome(job_id, old.attempt, "succeeded", outputs={"stale": True})
+        assert transitions.finish(session, [late]) == set()
+        fresh = transitions.Outcome(job_id, new.attempt, "succeeded", outputs={"fresh": True})
+        assert transitions.finish(session, [fresh]) == {job_id}
+    assert load(database, job_id).outputs == {"fresh": True}
+
+
+def slow_inputs(seconds: float) -> dict[str, Any]:
+    return {**SLOW, "steps": [int(seconds / 2e-6)]}
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guard on", "claim guard off"])
+def test_a_running_job_keeps_its_lease_while_it_runs(
+    ctx: None, database: Database, tenant: TenantAuth, guarded: bool
+) -> None:
+    """A second delivery while a long job runs must not claim it (the lease is renewed);
+    with the claim guard off, it does: the job would run twice."""
+    job_id = insert_queued_job(database, tenant.id, slow_inputs(1.5), model="slow")
+    runtime = runtime_with(job_lease_seconds=0.5)
+    outcome: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: outcome.extend(runner.execute(runtime.new_session(), runtime, [job_id]))
+    )
+    worker.start()
+    time.sleep(1.0)  # two lease lengths into the run
+    with database.sessionmaker() as session:
+        second = transitions.claim(session, [job_id], lease_s=0.5, guarded=guarded)
+    worker.join()
+    job = load(database, job_id)
+    if guarded:
+        assert second == [] and job.attempts == 1
+        assert [o.status for o in outcome] == ["succeeded"] and job.status == "succeeded"
+    else:
+        assert len(second) == 1 and job.attempts == 2, "the guard is what prevents this"
+
+
+def test_cancel_while_running_ends_cancelled_without_a_result(
+    ctx: None, database: Database, tenant: TenantAuth
+) -> None:
+    job_id = insert_queued_job(database, tenant.id)
+    with database.sessionmaker() as session:
+        [claimed] = transitions.claim(session, [job_id], lease_s=60)
+        assert transitions.request_cancel(session, tenant.id, job_id) == "running"
+        done = transitions.Outcome(job_id, claimed.attempt, "succeeded", outputs={"label": [1]})
+        assert transitions.finish(session, [done]) == {job_id}
+        assert transitions.request_cancel(session, tenant.id, job_id) is None
+    job = load(database, job_id)
+    assert job.status == "cancelled" and job.outputs is None and job.finished_at is not None
+
+
+def test_overdue_jobs_expire_and_are_not_claimed(
+    ctx: None, database: Database, tenant: TenantAuth
+) -> None:
+    queued = insert_queued_job(database, tenant.id)
+    running = insert_queued_job(database, tenant.id)
+    with database.sessionmaker() as session:
+        [claimed] = transitions.claim(session, [running], lease_s=60)
+    with database.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET deadline_at = now() - interval '1 second' WHERE id IN (:a, :b)"),
+            {"a": queued, "b": running},
+        )
+    with database.sessionmaker() as session:
+        assert transitions.claim(session, [queued], lease_s=60) == []
+        assert transitions.expire_overdue(session, 500) >= 2
+        late = transitions.Outcome(running, claimed.attempt, "succeeded", outputs={"late": 1})
+        assert transitions.finish(session, [late]) == set(), "an expired job keeps no late result"
+    for job_id in (queued, running):
+        job = load(database, job_id)
+        assert job.status == "expired" and job.error_code == "deadline_exceeded"
+
+
+def test_retention_deletes_old_inputs_and_outputs_but_keeps_the_job(
+    ctx: None, database: Database, tenant: TenantAuth
+) -> None:
+    job_id = insert_queued_job(database, tenant.id)
+    with database.sessionmaker() as session:
+        runner.execute(session, current_runtime(), [job_id])
+    with database.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET finished_at = now() - interval '8 days' WHERE id = :id"),
+            {"id": job_id},
+        )
+    with database.sessionmaker() as session:
+        assert sweeps.purge(session, current_runtime().settings)["purged"] >= 1
+    job = load(database, job_id)
+    assert job.inputs is None and job.outputs is None and job.purged_at is not None
+    assert job.status == "succeeded"
+
+
+def test_a_model_added_after_the_worker_started_is_found(
+    ctx: None, database: Database, tenant: TenantAuth, model_repository: Any
+) -> None:
+    import shutil
+
+    job_id = insert_queued_job(database, tenant.id, model="digits-late")
+    target = model_repository / "digits-late"
+    shutil.copytree(model_repository / "digits", target)
+    try:
+        with database.sessionmaker() as session:
+            [outcome] = runner.execute(session, current_runtime(), [job_id])
+    finally:
+        shutil.rmtree(target)
+        current_runtime().repository.refresh()
+    assert outcome.status == "succeeded"

@@ -1,0 +1,103 @@
+"""Small ONNX models made for the tests, so that slow jobs and allocation
+failures are real ONNX Runtime behaviour, not mocks.
+
+- `slow`: `y = tanh(x @ W)` repeated `steps` times in an ONNX Loop (about 2 us a
+  step on one core): a job that takes as long as the test asks.
+- `memhog`: allocates `n` floats and sums them. A huge `n` makes ORT's allocator
+  fail ("Failed to allocate memory"), as a GPU out of memory does; `fixed=True`
+  clamps `n` to 1000, the model a person would deploy to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+
+def _save(root: Path, name: str, model: onnx.ModelProto, inputs: list, outputs: list) -> None:
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    version_dir = root / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    tmp = version_dir / ".model.onnx.tmp"
+    tmp.write_bytes(model.SerializeToString())
+    os.replace(tmp, version_dir / "model.onnx")
+    card = {"description": f"test model {name}", "inputs": inputs, "outputs": outputs}
+    (version_dir / "card.json").write_text(json.dumps(card))
+
+
+def build_slow(root: Path) -> None:
+    weights = numpy_helper.from_array(np.eye(64, dtype=np.float32) * 0.5, "W")
+    body = h.make_graph(
+        [
+            h.make_node("MatMul", ["y_in", "W"], ["product"]),
+            h.make_node("Tanh", ["product"], ["y_out"]),
+            h.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "step",
+        [
+            h.make_tensor_value_info("i", T.INT64, []),
+            h.make_tensor_value_info("cond_in", T.BOOL, []),
+            h.make_tensor_value_info("y_in", T.FLOAT, [None, 64]),
+        ],
+        [
+            h.make_tensor_value_info("cond_out", T.BOOL, []),
+            h.make_tensor_value_info("y_out", T.FLOAT, [None, 64]),
+        ],
+        [weights],
+    )
+    graph = h.make_graph(
+        [
+            h.make_node("Squeeze", ["steps"], ["count"]),
+            h.make_node("Constant", [], ["go"], value=h.make_tensor("t", T.BOOL, [], [True])),
+            h.make_node("Loop", ["count", "go", "x"], ["y"], body=body),
+        ],
+        "slow",
+        [
+            h.make_tensor_value_info("x", T.FLOAT, [None, 64]),
+            h.make_tensor_value_info("steps", T.INT64, [1]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, [None, 64])],
+    )
+    _save(
+        root,
+        "slow",
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]),
+        [{"name": "x", "datatype": "FP32", "shape": [-1, 64]},
+         {"name": "steps", "datatype": "INT64", "shape": [1]}],
+        [{"name": "y", "datatype": "FP32", "shape": [-1, 64]}],
+    )  # fmt: skip
+
+
+def build_memhog(root: Path, *, fixed: bool = False) -> None:
+    nodes = [h.make_node("Constant", [], ["cap"], value=h.make_tensor("c", T.INT64, [1], [1000]))]
+    nodes.append(h.make_node("Min", ["n", "cap"], ["size"]) if fixed
+                 else h.make_node("Identity", ["n"], ["size"]))  # fmt: skip
+    nodes += [
+        h.make_node("ConstantOfShape", ["size"], ["big"],
+                    value=h.make_tensor("one", T.FLOAT, [1], [1.0])),
+        h.make_node("ReduceSum", ["big"], ["total"], keepdims=0),
+    ]  # fmt: skip
+    graph = h.make_graph(
+        nodes,
+        "memhog",
+        [h.make_tensor_value_info("n", T.INT64, [1])],
+        [h.make_tensor_value_info("total", T.FLOAT, [])],
+    )
+    _save(
+        root,
+        "memhog",
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]),
+        [{"name": "n", "datatype": "INT64", "shape": [1]}],
+        [{"name": "total", "datatype": "FP32", "shape": []}],
+    )
+
+
+HUGE = 10**13  # 40 TB of floats: the allocation fails at once, nothing is touched
