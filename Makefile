@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test test-fast lint format models clean-var
+.PHONY: run test test-fast test-faults lint format models clean-var
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,13 +19,17 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 run: $(VENV)/.runtime
 	$(PY) manage.py up
 
-## test: lint, type-check and the whole test suite on real PostgreSQL, Redis and workers
+## test: lint, type-check and the test suite on real PostgreSQL, Redis and workers
 test: $(VENV)/.dev lint
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not faults"
 
 ## test-fast: the suite without the end-to-end `manage.py up` tests
 test-fast: $(VENV)/.dev
-	$(PY) -m pytest -m "not stack"
+	$(PY) -m pytest -m "not stack and not faults"
+
+## test-faults: kill workers, Redis, PostgreSQL mid-run; writes docs/reliability.md
+test-faults: $(VENV)/.dev
+	$(PY) -m pytest -m faults tests/faults
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

@@ -63,10 +63,16 @@ class Settings:
     # BROKER_VISIBILITY_TIMEOUT_SECONDS: Redis hands an unacknowledged message to another
     # worker after this long; keep it above the longest job (leases guard it anyway).
     broker_visibility_timeout_seconds: float = 3600.0
+    # BROKER_RESTORE_INTERVAL_SECONDS: how often workers put back messages whose
+    # visibility timeout passed (kombu's default scan is about every 100 s).
+    broker_restore_interval_seconds: float = 10.0
     # RETENTION_SECONDS: inputs and outputs of finished jobs are deleted after this long
     # (the job's metadata stays). 0 keeps them forever.
     retention_seconds: float = 7 * 24 * 3600.0
-    # GUARDS_OFF: comma list of safety guards to switch off (claim, lease, republish).
+    # GUARDS_OFF: comma list of safety guards to switch off: claim, finish (the state and
+    # attempt checks of those UPDATEs), lease (taking back jobs of dead workers),
+    # republish (sending lost or unsent messages again), cap (the attempt cap on retries),
+    # retry (the task sending its message again when the database went away).
     # Only the fault suite sets it, to show what each guard prevents. Never in production.
     guards_off: frozenset[str] = frozenset()
     # ORT_PROVIDER: auto (CUDA when it works, else CPU), cuda or cpu.
@@ -98,6 +104,9 @@ class Settings:
             ),
             broker_visibility_timeout_seconds=_env_float(
                 "BROKER_VISIBILITY_TIMEOUT_SECONDS", d.broker_visibility_timeout_seconds
+            ),
+            broker_restore_interval_seconds=_env_float(
+                "BROKER_RESTORE_INTERVAL_SECONDS", d.broker_restore_interval_seconds
             ),
             retention_seconds=_env_float("RETENTION_SECONDS", d.retention_seconds),
             guards_off=frozenset(

@@ -6,8 +6,8 @@ message twice; the second delivery then matches no row, so it can neither run
 a job another worker owns nor write a second result. A job that fails is given
 its dead letter in the same statement.
 
-The `claim` guard can be switched off (GUARDS_OFF=claim) for the fault suite
-only, to show the duplicates it prevents.
+The `claim` and `finish` guards can be switched off (GUARDS_OFF) for the fault
+suite only, to show the duplicates they prevent.
 """
 
 from __future__ import annotations
@@ -122,7 +122,10 @@ _DEAD_LETTERS = """
 """
 
 
-def finish(session: Session, outcomes: list[Outcome]) -> set[uuid.UUID]:
+_OWNED = "AND j.status = 'running' AND j.attempts = v.attempt"
+
+
+def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -> set[uuid.UUID]:
     """Write every outcome in one statement; returns the ids whose outcome was written.
 
     Only the attempt that claimed a job, while the job is still running, can
@@ -170,7 +173,7 @@ def finish(session: Session, outcomes: list[Outcome]) -> set[uuid.UUID]:
                 first_failed_at = CASE WHEN v.status = 'succeeded' THEN j.first_failed_at
                                        ELSE coalesce(j.first_failed_at, now()) END
             FROM v
-            WHERE j.id = v.id AND j.status = 'running' AND j.attempts = v.attempt
+            WHERE j.id = v.id {_OWNED if guarded else ""}
             RETURNING j.id, j.status, j.tenant_id, j.model, j.model_version, j.attempts,
                       j.first_failed_at, j.error_code, j.error_message, v.error_class,
                       v.traceback

@@ -1,0 +1,388 @@
+"""A whole service on loopback for fault injection, and a Jepsen-style tally.
+
+Each scenario gets its own stack: a private PostgreSQL (pgserver) and Redis
+(AOF on) under its own folder, the API (gunicorn), Celery workers and beat as
+real processes, with short leases and sweeps so recovery fits in a test. A
+trigger records every change of a job's state, attempt or result into
+`fault_log`; the tally is read from there and from the jobs table, not from
+what the processes say about themselves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pgserver
+import psutil
+import requests
+import sqlalchemy as sa
+
+from app import embedded
+from app.config import ROOT
+from app.db.migrate import upgrade
+from app.db.session import engine_url
+
+TERMINAL = ("succeeded", "failed", "cancelled", "expired")
+# Every legal change of status; a repeated status with a new attempt is a re-claim.
+LEGAL = {
+    ("queued", "running"),
+    ("queued", "cancelled"),
+    ("queued", "expired"),
+    ("running", "running"),
+    ("running", "queued"),
+    ("running", "succeeded"),
+    ("running", "failed"),
+    ("running", "cancelled"),
+    ("running", "expired"),
+    ("failed", "queued"),  # a dead letter replayed
+}
+
+FAULT_LOG = """
+CREATE TABLE fault_log (
+    id bigserial PRIMARY KEY, job_id uuid, old_status text, new_status text,
+    old_attempts int, new_attempts int, lease_was_live boolean, result_changed boolean,
+    at timestamptz DEFAULT clock_timestamp()
+);
+CREATE FUNCTION log_job_change() RETURNS trigger AS $$ BEGIN
+    INSERT INTO fault_log (job_id, old_status, new_status, old_attempts, new_attempts,
+                           lease_was_live, result_changed)
+    VALUES (NEW.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts,
+            OLD.status = 'running' AND OLD.lease_expires_at > now(),
+            OLD.outputs IS DISTINCT FROM NEW.outputs);
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER jobs_fault_log AFTER UPDATE ON jobs FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.attempts IS DISTINCT FROM NEW.attempts
+          OR OLD.outputs IS DISTINCT FROM NEW.outputs)
+    EXECUTE FUNCTION log_job_change();
+"""
+
+# Short timings so that recovery happens within seconds.
+FAST = {
+    "JOB_LEASE_SECONDS": "1.5",
+    "SWEEP_INTERVAL_SECONDS": "0.5",
+    "REPUBLISH_AFTER_SECONDS": "3",
+    "RETRY_BACKOFF_SECONDS": "0.2",
+    "RETRY_BACKOFF_MAX_SECONDS": "1",
+    "BROKER_RESTORE_INTERVAL_SECONDS": "1",
+}
+
+
+@dataclass
+class Tally:
+    scenario: str
+    guard: str
+    jobs: int = 0
+    acknowledged: int = 0
+    completed: int = 0
+    lost: int = 0
+    duplicate_executions: int = 0
+    duplicate_results: int = 0
+    illegal_transitions: int = 0
+    recovery_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Service:
+    """One process of the stack, in its own session so it can be killed as a group."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name, self.args, self.env = name, args, env
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.args,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def wait_for_log(self, needle: bytes, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.log_path.read_bytes():
+            assert self.proc is not None
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def children(self) -> list[psutil.Process]:
+        assert self.proc is not None
+        try:
+            return psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as the OOM killer or a power cut would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+class FaultStack:
+    def __init__(
+        self, root: Path, model_repository: Path, guards_off: str = "", **env: str
+    ) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.redis = embedded.start_redis(root)
+        self.database_url = embedded.start_postgres(root)
+        self.pg = pgserver.get_server(root / "pg")  # the handle start_postgres opened
+        upgrade(self.database_url)
+        self.engine = sa.create_engine(engine_url(self.database_url), pool_size=20)
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(FAULT_LOG)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            **FAST,
+            **env,
+            "DATABASE_URL": self.database_url,
+            "REDIS_URL": embedded.redis_url(root),
+            "MODEL_REPOSITORY": str(model_repository),
+            "VAR_DIR": str(root),
+            "JOBS_QUEUE": "inference",
+            "GUARDS_OFF": guards_off,
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.services: dict[str, Service] = {}
+        self.api_key = self._api_key()
+
+    def _api_key(self) -> str:
+        from app.tenants import create_api_key
+
+        with sa.orm.Session(self.engine) as session:
+            return create_api_key(session, "faults").api_key
+
+    # Processes -----------------------------------------------------------------
+    def start_worker(self, name: str = "worker", concurrency: int = 2) -> Service:
+        service = Service(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.worker",
+                "worker",
+                "--queues",
+                "inference",
+                "--concurrency",
+                str(concurrency),
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--hostname",
+                f"{name}-{uuid.uuid4().hex[:6]}@%h",
+            ],
+            self.env,
+            self.root,
+        ).start()
+        service.wait_for_log(b" ready.")
+        self.services[name] = service
+        return service
+
+    def start_beat(self) -> Service:
+        service = Service(
+            "beat",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.worker",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(self.root / "beat-schedule"),
+                "--max-interval",
+                "1",
+            ],
+            self.env,
+            self.root,
+        ).start()
+        service.wait_for_log(b"beat: Starting")
+        self.services["beat"] = service
+        return service
+
+    def start_api(self) -> Service:
+        service = Service(
+            "api",
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                "--workers",
+                "2",
+                "--worker-class",
+                "gthread",
+                "--threads",
+                "8",
+                "--no-control-socket",
+                "app:create_app()",
+            ],
+            self.env,
+            self.root,
+        ).start()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"{self.base}/v2/health/live", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("API did not start:\n" + service.log_tail())
+            time.sleep(0.1)
+        self.services["api"] = service
+        return service
+
+    def start_all(self, workers: int = 1, concurrency: int = 2) -> None:
+        self.start_api()
+        for i in range(workers):
+            self.start_worker(f"worker{i}", concurrency)
+        self.start_beat()
+
+    def close(self) -> None:
+        for service in self.services.values():
+            service.kill()
+        self.engine.dispose()
+        if self.redis is not None:
+            embedded.stop_redis(self.redis)
+        self.pg.cleanup()  # stops the server: this process holds its only handle
+        atexit.unregister(self.pg._cleanup)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # Faults --------------------------------------------------------------------
+    def kill_redis(self) -> None:
+        assert self.redis is not None
+        self.redis.kill()
+        self.redis.wait()
+
+    def restart_redis(self, *, keep_data: bool = True) -> None:
+        if not keep_data:
+            for path in (self.root / "redis").glob("appendonly*"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        self.redis = embedded.start_redis(self.root)
+
+    def stop_postgres(self) -> None:
+        """`pg_ctl stop -m immediate`: no checkpoint, like a crash."""
+        from pgserver._commands import pg_ctl
+
+        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=self.pg.pgdata, user=self.pg.system_user)
+
+    def start_postgres(self) -> None:
+        with self.pg._lock:
+            self.pg.ensure_postgres_running()
+
+    # Traffic -------------------------------------------------------------------
+    def submit(self, bodies: list[dict[str, Any]], clients: int = 8) -> list[str]:
+        """POST every body; returns the ids of the acknowledged (202) jobs."""
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+
+        def post(body: dict[str, Any]) -> str | None:
+            try:
+                r = requests.post(f"{self.base}/jobs", json=body, headers=headers, timeout=30)
+            except requests.RequestException:
+                return None
+            return str(r.json()["id"]) if r.status_code == 202 else None
+
+        with ThreadPoolExecutor(clients) as pool:
+            return [i for i in pool.map(post, bodies) if i is not None]
+
+    def statuses(self, ids: list[str]) -> dict[str, str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text("SELECT id::text, status FROM jobs WHERE id::text = ANY(:ids)"),
+                {"ids": ids},
+            )
+            return {r[0]: r[1] for r in rows}
+
+    def wait_terminal(self, ids: list[str], timeout: float) -> float | None:
+        """Seconds until every job is terminal, or None if some never got there."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            statuses = self.statuses(ids)
+            if len(statuses) == len(ids) and all(s in TERMINAL for s in statuses.values()):
+                return time.monotonic() - start
+            time.sleep(0.2)
+        return None
+
+    def tally(
+        self, scenario: str, guard: str, ids: list[str], attempted: int, expect: str = "succeeded"
+    ) -> Tally:
+        statuses = self.statuses(ids)
+        with self.engine.connect() as conn:
+            log = conn.execute(
+                sa.text(
+                    "SELECT job_id::text, old_status, new_status, old_attempts, new_attempts, "
+                    "lease_was_live, result_changed FROM fault_log WHERE job_id::text = ANY(:ids)"
+                ),
+                {"ids": ids},
+            ).all()
+        results: dict[str, int] = {}
+        duplicate_executions = illegal = 0
+        for row in log:
+            if row.new_attempts > row.old_attempts and row.lease_was_live:
+                duplicate_executions += 1
+            if row.new_status in TERMINAL and (
+                row.result_changed or row.old_status not in TERMINAL
+            ):
+                results[row.job_id] = results.get(row.job_id, 0) + 1
+            if row.old_status != row.new_status and (row.old_status, row.new_status) not in LEGAL:
+                illegal += 1
+        return Tally(
+            scenario=scenario,
+            guard=guard,
+            jobs=attempted,
+            acknowledged=len(ids),
+            completed=sum(statuses.get(i) == expect for i in ids),
+            lost=sum(statuses.get(i) not in TERMINAL for i in ids),
+            duplicate_executions=duplicate_executions,
+            duplicate_results=sum(count - 1 for count in results.values() if count > 1),
+            illegal_transitions=illegal,
+        )

@@ -1,0 +1,348 @@
+"""The fault suite: every accepted job reaches a terminal state, none twice.
+
+Each scenario runs the real stack (API, workers, beat, PostgreSQL, Redis as
+processes), injects its fault, and tallies from the database what happened.
+Each also runs with the guard that handles its fault switched off, and must
+then show the failure: that is what makes the check able to fail. The figures
+of the last run are written to docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import sqlalchemy as sa
+from sklearn.datasets import load_digits
+
+from app.config import ROOT
+from app.db.models import Job, Tenant
+from app.jobs import transitions
+from tests.faults.harness import FaultStack, Tally
+from tests.faults.report import record
+from tests.models import HUGE, build_memhog
+
+pytestmark = pytest.mark.faults
+
+ROWS = load_digits().data.tolist()
+ON, OFF = True, False
+
+
+def digits(i: int = 0) -> dict[str, Any]:
+    return {"model": "digits", "inputs": {"pixels": [ROWS[i % len(ROWS)]]}}
+
+
+def slow(seconds: float) -> dict[str, Any]:
+    return {"model": "slow", "inputs": {"x": [[0.1] * 64], "steps": [max(1, int(seconds / 2e-6))]}}
+
+
+@pytest.fixture
+def make_stack(model_repository: Path) -> Iterator[Callable[..., FaultStack]]:
+    stacks: list[FaultStack] = []
+
+    def make(guards_off: str = "", **env: str) -> FaultStack:
+        root = ROOT / "var" / "test" / f"fault-{uuid.uuid4().hex[:8]}"
+        stack = FaultStack(root, model_repository, guards_off, **env)
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        stack.close()
+
+
+def check(tally: Tally, guarded: bool, failure: Callable[[Tally], bool]) -> None:
+    record(tally)
+    if guarded:
+        assert tally.lost == 0, tally
+        assert tally.duplicate_results == 0 and tally.illegal_transitions == 0, tally
+        assert tally.completed == tally.acknowledged, tally
+    else:
+        assert failure(tally), f"with its guard off the scenario should fail: {tally}"
+
+
+GUARD = pytest.mark.parametrize("guarded", [ON, OFF], ids=["guard on", "guard off"])
+
+
+@GUARD
+def test_1_sigkill_worker_children_while_jobs_run(
+    make_stack: Callable[..., FaultStack], guarded: bool
+) -> None:
+    stack = make_stack("" if guarded else "lease", JOB_MAX_ATTEMPTS="5")
+    stack.start_all(concurrency=2)
+    ids = stack.submit([slow(0.04) for _ in range(200)])
+    worker, kills = stack.services["worker0"], 0
+    while kills < 8 and stack.wait_terminal(ids, timeout=0.6) is None:
+        children = worker.children()
+        if children:
+            random.choice(children).kill()
+            kills += 1
+    started = time.monotonic()
+    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    tally = stack.tally(
+        "1. SIGKILL a worker child repeatedly", "on" if guarded else "off: lease", ids, 200
+    )
+    tally.recovery_s = None if done is None else round(time.monotonic() - started, 1)
+    tally.notes.append(f"{kills} kills")
+    check(tally, guarded, lambda t: t.lost > 0)
+    assert kills >= 4
+
+
+@GUARD
+def test_2_sigkill_the_whole_worker_and_restart_it(
+    make_stack: Callable[..., FaultStack], guarded: bool
+) -> None:
+    stack = make_stack("" if guarded else "lease,republish")
+    stack.start_all(concurrency=2)
+    ids = stack.submit([slow(0.02) for _ in range(200)])
+    time.sleep(1.0)
+    stack.services["worker0"].kill()
+    time.sleep(1.0)
+    stack.start_worker("worker0")
+    restarted = time.monotonic()
+    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    tally = stack.tally(
+        "2. SIGKILL the whole worker, restart it",
+        "on" if guarded else "off: lease, republish",
+        ids,
+        200,
+    )
+    tally.recovery_s = None if done is None else round(time.monotonic() - restarted, 1)
+    check(tally, guarded, lambda t: t.lost > 0)
+
+
+@GUARD
+def test_3_a_job_longer_than_the_visibility_timeout_runs_once(
+    make_stack: Callable[..., FaultStack], guarded: bool
+) -> None:
+    stack = make_stack("" if guarded else "claim", BROKER_VISIBILITY_TIMEOUT_SECONDS="2")
+    stack.start_all(workers=2, concurrency=1)
+    ids = stack.submit([slow(6.0)])
+    done = stack.wait_terminal(ids, timeout=60)
+    tally = stack.tally(
+        "3. Job longer than the visibility timeout", "on" if guarded else "off: claim", ids, 1
+    )
+    tally.recovery_s = done and round(done, 1)
+    tally.notes.append("6 s job, 2 s visibility timeout, 2 workers")
+    check(tally, guarded, lambda t: t.duplicate_executions > 0)
+    if guarded:
+        assert tally.duplicate_executions == 0, tally
+
+
+@GUARD
+def test_4_kill_redis_and_restart_it(make_stack: Callable[..., FaultStack], guarded: bool) -> None:
+    stack = make_stack("" if guarded else "republish")
+    stack.start_all(concurrency=2)
+    ids = stack.submit([slow(0.02) for _ in range(150)])
+    stack.kill_redis()
+    during = stack.submit([digits(i) for i in range(30)], clients=4)  # accepted, not published
+    time.sleep(1.0)
+    stack.restart_redis(keep_data=guarded)
+    restarted = time.monotonic()
+    done = stack.wait_terminal(ids + during, timeout=90 if guarded else 20)
+    tally = stack.tally(
+        "4. Kill Redis, restart it" + (" from its AOF" if guarded else " empty"),
+        "on" if guarded else "off: republish",
+        ids + during,
+        180,
+    )
+    tally.recovery_s = None if done is None else round(time.monotonic() - restarted, 1)
+    tally.notes.append(f"{len(during)} jobs accepted while Redis was down")
+    check(tally, guarded, lambda t: t.lost > 0)
+
+
+@GUARD
+def test_5_stop_postgres_during_a_run(make_stack: Callable[..., FaultStack], guarded: bool) -> None:
+    stack = make_stack("" if guarded else "lease,retry")
+    stack.start_all(concurrency=2)
+    long_job = stack.submit([slow(2.0)])
+    while stack.statuses(long_job).get(long_job[0]) != "running":
+        time.sleep(0.05)
+    ids = long_job + stack.submit([digits(i) for i in range(50)])
+    stack.stop_postgres()
+    down = requests.post(
+        f"{stack.base}/jobs",
+        json=digits(),
+        timeout=30,
+        headers={"Authorization": f"Bearer {stack.api_key}"},
+    )
+    time.sleep(3.0)
+    stack.start_postgres()
+    restarted = time.monotonic()
+    done = stack.wait_terminal(ids, timeout=60 if guarded else 20)
+    tally = stack.tally(
+        "5. Stop PostgreSQL (immediate), restart it",
+        "on" if guarded else "off: lease, retry",
+        ids,
+        51,
+    )
+    tally.recovery_s = None if done is None else round(time.monotonic() - restarted, 1)
+    assert down.status_code == 503, down.text
+    assert down.headers["Content-Type"] == "application/problem+json"
+    assert int(down.headers["Retry-After"]) > 0
+    tally.notes.append("API answered 503 problem+json with Retry-After while it was down")
+    check(tally, guarded, lambda t: t.lost > 0)
+    assert "running" not in stack.statuses(ids).values() or not guarded
+
+
+@GUARD
+def test_6_api_crash_between_commit_and_publish(
+    make_stack: Callable[..., FaultStack], guarded: bool
+) -> None:
+    """A crash there leaves a committed `queued` row whose message was never sent:
+    that row is written here directly, as the crashed API left it."""
+    stack = make_stack("" if guarded else "republish")
+    stack.start_all(concurrency=2)
+    with sa.orm.Session(stack.engine) as session:
+        tenant = session.scalar(sa.select(Tenant).where(Tenant.name == "faults"))
+        assert tenant is not None
+        orphans = [
+            Job(
+                id=uuid.uuid4(),
+                tenant_id=tenant.id,
+                model="digits",
+                model_version="1",
+                status="queued",
+                inputs={"pixels": [ROWS[i]]},
+                attempts=0,
+            )
+            for i in range(50)
+        ]
+        session.add_all(orphans)
+        session.commit()
+        orphan_ids = [str(job.id) for job in orphans]
+    ids = orphan_ids + stack.submit([digits(i) for i in range(50)])
+    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    tally = stack.tally(
+        "6. API crash after commit, before publish", "on" if guarded else "off: republish", ids, 100
+    )
+    tally.recovery_s = done and round(done, 1)
+    tally.notes.append("50 orphaned rows among 50 normal submits")
+    check(tally, guarded, lambda t: t.lost == 50)
+
+
+@GUARD
+def test_7_concurrent_races_have_one_winner(
+    make_stack: Callable[..., FaultStack], guarded: bool
+) -> None:
+    """500 complete-vs-complete (a duplicate delivery) and 500 complete-vs-cancel races."""
+    stack = make_stack("" if guarded else "finish")
+    with sa.orm.Session(stack.engine) as session:
+        tenant = session.scalar(sa.select(Tenant).where(Tenant.name == "faults"))
+        assert tenant is not None
+        jobs = [
+            Job(
+                id=uuid.uuid4(),
+                tenant_id=tenant.id,
+                model="digits",
+                model_version="1",
+                status="queued",
+                inputs={},
+                attempts=0,
+            )
+            for _ in range(1000)
+        ]
+        session.add_all(jobs)
+        session.commit()
+        claimed = transitions.claim(session, [j.id for j in jobs], lease_s=60)
+        tenant_id = tenant.id
+    assert len(claimed) == 1000
+    wins: dict[uuid.UUID, list[str]] = {c.id: [] for c in claimed}
+    lock = threading.Lock()
+
+    def finisher(job: transitions.ClaimedJob, who: str) -> None:
+        with sa.orm.Session(stack.engine) as session:
+            outcome = transitions.Outcome(job.id, job.attempt, "succeeded", outputs={"by": who})
+            if transitions.finish(session, [outcome], guarded=guarded):
+                with lock:
+                    wins[job.id].append(who)
+
+    def canceller(job: transitions.ClaimedJob) -> None:
+        with sa.orm.Session(stack.engine) as session:
+            if transitions.request_cancel(session, tenant_id, job.id) == "running":
+                with lock:
+                    wins[job.id].append("cancel")
+
+    tasks: list[Callable[[], None]] = []
+    for i, job in enumerate(claimed):
+        tasks.append(lambda j=job: finisher(j, "a"))
+        tasks.append(
+            (lambda j=job: finisher(j, "b")) if i % 2 == 0 else (lambda j=job: canceller(j))
+        )
+    random.shuffle(tasks)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda task: task(), tasks))
+
+    ids = [str(c.id) for c in claimed]
+    tally = stack.tally("7. 1,000 concurrent races", "on" if guarded else "off: finish", ids, 1000)
+    statuses = stack.statuses(ids)
+    tally.completed = sum(s in ("succeeded", "cancelled") for s in statuses.values())
+    double = sum(len([w for w in winners if w != "cancel"]) > 1 for winners in wins.values())
+    tally.notes.append(f"{double} races with two completing writers")
+    record(tally)
+    if guarded:
+        assert double == 0 and tally.duplicate_results == 0 and tally.illegal_transitions == 0
+        for i, job in enumerate(claimed):
+            status, winners = statuses[str(job.id)], wins[job.id]
+            if i % 2 == 0:  # complete vs complete: exactly one writer
+                assert status == "succeeded" and len(winners) == 1, (status, winners)
+            else:  # complete vs cancel: cancelled iff the cancel came while it ran
+                assert status == ("cancelled" if "cancel" in winners else "succeeded")
+    else:
+        assert double > 0 and tally.duplicate_results > 0, tally
+
+
+@GUARD
+def test_8_poison_jobs_among_good_ones(
+    make_stack: Callable[..., FaultStack], model_repository: Path, guarded: bool
+) -> None:
+    stack = make_stack("" if guarded else "cap")
+    stack.start_all(concurrency=2)
+    poison = {"model": "memhog", "inputs": {"n": [HUGE]}}
+    bodies = [digits(i) for i in range(100)] + [poison] * 20
+    random.shuffle(bodies)
+    ids = stack.submit(bodies)
+    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    statuses = stack.statuses(ids)
+    with stack.engine.connect() as conn:
+        retries = conn.execute(
+            sa.text("SELECT coalesce(sum(attempts - 1), 0) FROM jobs WHERE model = 'memhog'")
+        ).scalar()
+        letters = conn.execute(sa.text("SELECT count(*) FROM dead_letters")).scalar()
+    tally = stack.tally("8. Poison jobs among good ones", "on" if guarded else "off: cap", ids, 120)
+    tally.recovery_s = done and round(done, 1)
+    good = [i for i, s in statuses.items() if s == "succeeded"]
+    tally.notes.append(f"{retries} retries, {letters} dead letters, {len(good)} good jobs done")
+    if not guarded:
+        record(tally)
+        assert tally.lost > 0 and letters == 0, tally
+        return
+    assert len(good) == 100 and letters == 20 and retries == 40, tally.notes
+    assert tally.lost == 0 and tally.duplicate_results == 0 and tally.illegal_transitions == 0
+    build_memhog(model_repository, fixed=True)  # an operator deploys the fix ...
+    try:
+        replay = requests.post(
+            f"{stack.base}/dead-letters/replay",
+            json={"model": "memhog"},
+            headers={"Authorization": f"Bearer {stack.api_key}"},
+            timeout=30,
+        )
+        assert replay.status_code == 202 and replay.json()["replayed"] == 20
+        replayed = replay.json()["job_ids"]
+        assert set(replayed) <= set(ids)  # ... and replays the same jobs
+        assert stack.wait_terminal(replayed, timeout=60) is not None
+        assert set(stack.statuses(replayed).values()) == {"succeeded"}
+    finally:
+        build_memhog(model_repository)
+    tally.completed = sum(s == "succeeded" for s in stack.statuses(ids).values())
+    tally.notes.append("replay after the fix: 20/20 succeeded, same ids")
+    record(tally)
+    assert tally.completed == 120
