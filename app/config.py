@@ -70,7 +70,8 @@ class Settings:
     # (the job's metadata stays). 0 keeps them forever.
     retention_seconds: float = 7 * 24 * 3600.0
     # GUARDS_OFF: comma list of safety guards to switch off: claim, finish (the state and
-    # attempt checks of those UPDATEs), lease (taking back jobs of dead workers),
+    # attempt checks of those UPDATEs), lease (taking back jobs of dead workers, by the
+    # sweep or by a redelivered message),
     # republish (sending lost or unsent messages again), cap (the attempt cap on retries),
     # retry (the task sending its message again when the database went away).
     # Only the fault suite sets it, to show what each guard prevents. Never in production.

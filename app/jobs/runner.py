@@ -52,7 +52,11 @@ class Runtime:
 def execute(session: Session, runtime: Runtime, job_ids: list[uuid.UUID]) -> list[Outcome]:
     settings = runtime.settings
     claimed = claim(
-        session, job_ids, settings.job_lease_seconds, guarded="claim" not in settings.guards_off
+        session,
+        job_ids,
+        settings.job_lease_seconds,
+        guarded="claim" not in settings.guards_off,
+        reclaim_expired="lease" not in settings.guards_off,
     )
     if len(claimed) < len(job_ids):
         logger.info("skipped %d job(s) not claimable now", len(job_ids) - len(claimed))

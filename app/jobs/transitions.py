@@ -50,7 +50,12 @@ class Outcome:
 
 
 def claim(
-    session: Session, job_ids: list[uuid.UUID], lease_s: float, *, guarded: bool = True
+    session: Session,
+    job_ids: list[uuid.UUID],
+    lease_s: float,
+    *,
+    guarded: bool = True,
+    reclaim_expired: bool = True,
 ) -> list[ClaimedJob]:
     """Move claimable jobs to running under a lease; returns those this call won,
     in the order of `job_ids`.
@@ -58,10 +63,10 @@ def claim(
     Claimable: queued and due, or running with a lease that ran out (its worker
     died), within the attempt cap and the deadline.
     """
+    expired = "OR (status = 'running' AND lease_expires_at < now())" if reclaim_expired else ""
     where = (
-        """
-        AND ((status = 'queued' AND run_after <= now())
-             OR (status = 'running' AND lease_expires_at < now()))
+        f"""
+        AND ((status = 'queued' AND run_after <= now()) {expired})
         AND attempts < max_attempts
         AND (deadline_at IS NULL OR deadline_at > now())
         """
