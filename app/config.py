@@ -60,8 +60,12 @@ class Settings:
     # jitter between attempts of a job that failed for a transient reason.
     retry_backoff_seconds: float = 2.0
     retry_backoff_max_seconds: float = 300.0
+    # JOB_TIME_LIMIT_SECONDS: the longest a job may run; the worker process running it
+    # is then killed and the job's lease brings it back (and its cap ends it).
+    job_time_limit_seconds: float = 600.0
     # BROKER_VISIBILITY_TIMEOUT_SECONDS: Redis hands an unacknowledged message to another
-    # worker after this long; keep it above the longest job (leases guard it anyway).
+    # worker after this long; keep it above JOB_TIME_LIMIT_SECONDS (a warning says so if
+    # not; leases still keep a second worker from running the job).
     broker_visibility_timeout_seconds: float = 3600.0
     # BROKER_RESTORE_INTERVAL_SECONDS: how often workers put back messages whose
     # visibility timeout passed (kombu's default scan is about every 100 s).
@@ -103,6 +107,7 @@ class Settings:
             retry_backoff_max_seconds=_env_float(
                 "RETRY_BACKOFF_MAX_SECONDS", d.retry_backoff_max_seconds
             ),
+            job_time_limit_seconds=_env_float("JOB_TIME_LIMIT_SECONDS", d.job_time_limit_seconds),
             broker_visibility_timeout_seconds=_env_float(
                 "BROKER_VISIBILITY_TIMEOUT_SECONDS", d.broker_visibility_timeout_seconds
             ),

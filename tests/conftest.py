@@ -192,7 +192,9 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
 class WorkerProcess:
     """A real `celery worker` subprocess on this run's queue."""
 
-    def __init__(self, settings: Settings, log_path: Path, concurrency: int = 2) -> None:
+    def __init__(
+        self, settings: Settings, log_path: Path, concurrency: int = 2, **env: str
+    ) -> None:
         self.log_path = log_path
         self.log = log_path.open("wb")
         self.proc = subprocess.Popen(
@@ -215,7 +217,7 @@ class WorkerProcess:
                 f"test-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h",
             ],
             cwd=ROOT,
-            env=service_env(settings),
+            env=service_env(settings, **env),
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )

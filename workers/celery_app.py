@@ -18,6 +18,8 @@ Broker settings chosen on purpose:
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from typing import Any
 
 from celery import Celery, Task
@@ -39,6 +41,15 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def celery_init_app(app: Flask, settings: Settings) -> Celery:
+    if settings.broker_visibility_timeout_seconds <= settings.job_time_limit_seconds:
+        logger.warning(
+            "BROKER_VISIBILITY_TIMEOUT_SECONDS (%g) should exceed JOB_TIME_LIMIT_SECONDS (%g): "
+            "Redis will hand jobs still running to other workers, whose claims the lease "
+            "then refuses",
+            settings.broker_visibility_timeout_seconds,
+            settings.job_time_limit_seconds,
+        )
+
     class FlaskTask(Task):
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             with app.app_context():
@@ -76,6 +87,9 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
             from app.jobs.runtime import current_runtime
 
             runtime = current_runtime()
+            # A hard time limit: ORT holds the thread in C code, so the child is
+            # killed; Celery starts a new one and the job's lease brings it back.
+            runtime.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)
             for card in runtime.repository.all():
                 runtime.sessions.get(card)
 

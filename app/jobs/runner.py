@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 import traceback
 import uuid
 from collections import defaultdict
@@ -47,6 +48,9 @@ class Runtime:
     sessions: SessionPool
     settings: Settings
     new_session: Callable[[], Session]
+    # Called when jobs outrun JOB_TIME_LIMIT_SECONDS. Worker children kill themselves
+    # there (a hard time limit); elsewhere (tests, the API) nothing is set.
+    on_time_limit: Callable[[list[ClaimedJob]], None] | None = None
 
 
 def execute(session: Session, runtime: Runtime, job_ids: list[uuid.UUID]) -> list[Outcome]:
@@ -144,15 +148,24 @@ def _failed(job: ClaimedJob, code: str, exc: Exception) -> Outcome:
 
 @contextmanager
 def _leases_renewed(runtime: Runtime, jobs: list[ClaimedJob]) -> Iterator[None]:
-    """Renew the leases every third of their length until the block ends.
+    """Renew the leases every third of their length until the block ends, and
+    enforce the time limit.
 
     Short jobs end before the first renewal, so they cost no extra write.
     """
     interval = runtime.settings.job_lease_seconds / 3
+    limit = runtime.settings.job_time_limit_seconds
+    started = time.monotonic()
     stop = threading.Event()
 
     def renew() -> None:
-        while not stop.wait(interval):
+        while not stop.wait(min(interval, max(0.0, limit - (time.monotonic() - started)))):
+            if runtime.on_time_limit and time.monotonic() - started >= limit:
+                logger.error(
+                    "job(s) %s exceeded the time limit of %gs", [str(j.id) for j in jobs], limit
+                )
+                runtime.on_time_limit(jobs)
+                return
             try:
                 with runtime.new_session() as session:
                     renew_leases(session, jobs, runtime.settings.job_lease_seconds)

@@ -1,0 +1,52 @@
+"""A job that kills its worker every time (here: the hard time limit) is stopped
+by the attempt cap kept on its row, with a dead letter, not looped forever."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from app import create_app
+from app.config import Settings
+from app.db.models import DeadLetter
+from app.db.session import current_session
+from app.jobs import sweeps
+from tests.conftest import WorkerProcess, wait_for_job
+
+
+def test_a_job_that_outlives_its_time_limit_every_time_is_capped(
+    settings: Settings, auth: dict[str, str], tmp_path: Path
+) -> None:
+    fast = settings.with_overrides(
+        jobs_queue=f"{settings.jobs_queue}-limit", job_max_attempts=2, job_lease_seconds=1.0,
+        retry_backoff_seconds=0.1, retry_backoff_max_seconds=0.2,
+    )  # fmt: skip
+    app = create_app(fast)
+    client = app.test_client()
+    worker = WorkerProcess(fast, tmp_path / "worker.log", concurrency=1,
+                           JOB_TIME_LIMIT_SECONDS="1", JOB_LEASE_SECONDS="1")  # fmt: skip
+    try:
+        body = {"model": "slow", "inputs": {"x": [[0.1] * 64], "steps": [3_000_000]}}
+        job_id = client.post("/jobs", json=body, headers=auth).json["id"]
+        deadline = time.monotonic() + 60
+        while client.get(f"/jobs/{job_id}", headers=auth).json["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, "the job was never capped"
+            with app.app_context():  # what beat does every SWEEP_INTERVAL_SECONDS
+                sweeps.sweep(current_session(), fast)
+            time.sleep(0.3)
+        job = wait_for_job(client, auth, job_id)
+    finally:
+        worker.stop()
+    assert job["status"] == "failed" and job["attempts"] == 2, job
+    assert job["error"]["code"] == "attempts_exhausted"
+    log = worker.log_path.read_text()
+    assert "exceeded the time limit of 1s" in log and "WorkerLostError" in log
+    with app.app_context():
+        letters = (
+            current_session()
+            .scalars(select(DeadLetter).where(DeadLetter.job_id == job["id"]))
+            .all()
+        )
+    assert [letter.error_class for letter in letters] == ["WorkerLost"]
