@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+import redis
 from flask.testing import FlaskClient
 from sklearn.datasets import load_digits
 
@@ -57,6 +58,17 @@ def test_round_trip_outputs_equal_direct_onnx_runtime(
     assert done["attempts"] == 1 and done["error"] is None
     assert done["started_at"] and done["finished_at"]
     assert done["queued_seconds"] >= 0 and done["running_seconds"] >= 0
+
+
+def test_nothing_piles_up_in_redis(
+    client: FlaskClient, auth: dict[str, str], settings: Settings
+) -> None:
+    """Job state lives in PostgreSQL: no Celery results are stored in Redis."""
+    job = submit(client, auth, {"model": "digits", "inputs": {"pixels": [DIGITS[0].tolist()]}})
+    wait_for_job(client, auth, job["id"])
+    broker = redis.Redis.from_url(settings.redis_url)
+    assert broker.keys("celery-task-meta-*") == []
+    assert broker.llen(settings.jobs_queue) == 0
 
 
 def test_kserve_v2_tensor_form(client: FlaskClient, auth: dict[str, str], app: Any) -> None:

@@ -250,3 +250,32 @@ def test_a_model_added_after_the_worker_started_is_found(
         shutil.rmtree(target)
         current_runtime().repository.refresh()
     assert outcome.status == "succeeded"
+
+
+def test_a_card_sets_its_models_attempt_limit(
+    app: Flask, ctx: None, database: Database, tenant: TenantAuth, model_repository: Any
+) -> None:
+    import json
+
+    from app.jobs import service
+
+    card_path = model_repository / "slow" / "1" / "card.json"
+    original = card_path.read_text()
+    card_path.write_text(json.dumps({**json.loads(original), "max_attempts": 7}))
+    repository = current_runtime().repository
+    repository.refresh()
+    try:
+        with database.sessionmaker() as session:
+            job = service.submit(
+                session,
+                repository,
+                tenant.id,
+                "slow",
+                None,
+                {"x": [[0.0] * 64], "steps": [1]},
+                max_attempts=3,
+            )
+    finally:
+        card_path.write_text(original)
+        repository.refresh()
+    assert load(database, job.id).max_attempts == 7
