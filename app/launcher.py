@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
 import requests
@@ -33,6 +34,29 @@ FAST_EXIT_LIMIT = 3
 
 class LaunchError(RuntimeError):
     pass
+
+
+CELERY = [sys.executable, "-m", "celery", "-A", "workers.worker"]
+
+
+def api_command(bind: str) -> list[str]:
+    """gunicorn serving the API: threads, so slow clients do not hold a process."""
+    return [
+        sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", "2",
+        "--worker-class", "gthread", "--threads", "8", "--graceful-timeout", "10",
+        "--access-logfile", "-", "--no-control-socket", "app:create_app()",
+    ]  # fmt: skip
+
+
+def worker_command(queue: str, concurrency: int, hostname: str, *extra: str) -> list[str]:
+    return [
+        *CELERY, "worker", "--queues", queue, "--concurrency", str(concurrency),
+        "--loglevel", "INFO", "--hostname", hostname, *extra,
+    ]  # fmt: skip
+
+
+def beat_command(schedule: Path, *extra: str) -> list[str]:
+    return [*CELERY, "beat", "--schedule", str(schedule), "--loglevel", "INFO", *extra]
 
 
 @dataclass
@@ -128,24 +152,13 @@ class Launcher:
             database.engine.dispose()
 
     def _start_children(self) -> None:
-        python = sys.executable
-        celery = [python, "-m", "celery", "-A", "workers.worker"]
-        schedule = str(self.settings.var_dir / "celerybeat-schedule")
-        flower = [*celery, "flower", f"--address={self.host}", f"--port={self.flower_port}"]
+        queue, concurrency = self.settings.jobs_queue, self.worker_concurrency
         self.children = [
-            Child("api", [
-                python, "-m", "gunicorn", "--bind", f"{self.host}:{self.port}",
-                "--workers", "2", "--worker-class", "gthread", "--threads", "8",
-                "--graceful-timeout", "10", "--access-logfile", "-", "--no-control-socket",
-                "app:create_app()",
-            ]),
-            Child("worker", [
-                *celery, "worker", "--queues", self.settings.jobs_queue, "--concurrency",
-                str(self.worker_concurrency), "--task-events", "--loglevel", "INFO",
-                "--hostname", "worker@%h",
-            ]),
-            Child("beat", [*celery, "beat", "--schedule", schedule, "--loglevel", "INFO"]),
-            Child("flower", flower),
+            Child("api", api_command(f"{self.host}:{self.port}")),
+            Child("worker", worker_command(queue, concurrency, "worker@%h", "--task-events")),
+            Child("beat", beat_command(self.settings.var_dir / "celerybeat-schedule")),
+            Child("flower", [*CELERY, "flower", f"--address={self.host}",
+                             f"--port={self.flower_port}"]),
         ]  # fmt: skip
         for child in self.children:
             self._spawn(child)

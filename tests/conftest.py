@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +31,7 @@ from app.db.migrate import upgrade
 from app.db.models import Job, Tenant
 from app.db.session import Database, engine_url
 from app.inference.builders import ensure_models
+from app.launcher import worker_command
 from app.tenants import create_api_key
 from tests.models import build_memhog, build_slow
 
@@ -175,6 +176,13 @@ def insert_queued_job(
         return job.id
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -189,6 +197,10 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
+# Test workers need not find each other: skip the start-up chatter.
+QUIET_WORKER = ("--without-gossip", "--without-mingle")
+
+
 class WorkerProcess:
     """A real `celery worker` subprocess on this run's queue."""
 
@@ -197,25 +209,9 @@ class WorkerProcess:
     ) -> None:
         self.log_path = log_path
         self.log = log_path.open("wb")
+        hostname = f"test-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h"
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.worker",
-                "worker",
-                "--queues",
-                settings.jobs_queue,
-                "--concurrency",
-                str(concurrency),
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--hostname",
-                f"test-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h",
-            ],
+            worker_command(settings.jobs_queue, concurrency, hostname, *QUIET_WORKER),
             cwd=ROOT,
             env=service_env(settings, **env),
             stdout=self.log,

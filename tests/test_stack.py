@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,15 +23,9 @@ import pytest
 import requests
 
 from app.config import ROOT
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.stack
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Stack:

@@ -14,9 +14,7 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +30,10 @@ import sqlalchemy as sa
 from app import embedded
 from app.config import ROOT
 from app.db.migrate import upgrade
+from app.db.models import Job, Tenant
 from app.db.session import engine_url
+from app.launcher import api_command, beat_command, worker_command
+from tests.conftest import QUIET_WORKER, free_port
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 # Every legal change of status; a repeated status with a new attempt is a re-claim.
@@ -93,13 +94,6 @@ class Tally:
     illegal_transitions: int = 0
     recovery_s: float | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Service:
@@ -198,78 +192,23 @@ class FaultStack:
 
     # Processes -----------------------------------------------------------------
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> Service:
-        service = Service(
-            name,
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.worker",
-                "worker",
-                "--queues",
-                "inference",
-                "--concurrency",
-                str(concurrency),
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--hostname",
-                f"{name}-{uuid.uuid4().hex[:6]}@%h",
-            ],
-            self.env,
-            self.root,
-        ).start()
+        hostname = f"{name}-{uuid.uuid4().hex[:6]}@%h"
+        args = worker_command("inference", concurrency, hostname, *QUIET_WORKER)
+        service = Service(name, args, self.env, self.root).start()
         service.wait_for_log(b" ready.")
         self.services[name] = service
         return service
 
     def start_beat(self) -> Service:
-        service = Service(
-            "beat",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.worker",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(self.root / "beat-schedule"),
-                "--max-interval",
-                "1",
-            ],
-            self.env,
-            self.root,
-        ).start()
+        args = beat_command(self.root / "beat-schedule", "--max-interval", "1")
+        service = Service("beat", args, self.env, self.root).start()
         service.wait_for_log(b"beat: Starting")
         self.services["beat"] = service
         return service
 
     def start_api(self) -> Service:
-        service = Service(
-            "api",
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "--bind",
-                f"127.0.0.1:{self.port}",
-                "--workers",
-                "2",
-                "--worker-class",
-                "gthread",
-                "--threads",
-                "8",
-                "--no-control-socket",
-                "app:create_app()",
-            ],
-            self.env,
-            self.root,
-        ).start()
+        service = Service("api", api_command(f"127.0.0.1:{self.port}"), self.env, self.root)
+        service.start()
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -332,6 +271,28 @@ class FaultStack:
             self.pg.ensure_postgres_running()
 
     # Traffic -------------------------------------------------------------------
+    def insert_queued(self, inputs: list[dict[str, Any]]) -> list[str]:
+        """Committed `queued` rows with no message sent, as a crash after the commit
+        of POST /jobs leaves them (or as a test stages a race)."""
+        with sa.orm.Session(self.engine) as session:
+            tenant_id = session.scalar(sa.select(Tenant.id).where(Tenant.name == "faults"))
+            assert tenant_id is not None
+            jobs = [
+                Job(
+                    id=uuid.uuid4(),
+                    tenant_id=tenant_id,
+                    model="digits",
+                    model_version="1",
+                    status="queued",
+                    inputs=row,
+                    attempts=0,
+                )
+                for row in inputs
+            ]
+            session.add_all(jobs)
+            session.commit()
+            return [str(job.id) for job in jobs]
+
     def submit(self, bodies: list[dict[str, Any]], clients: int = 8) -> list[str]:
         """POST every body; returns the ids of the acknowledged (202) jobs."""
         headers = {"Authorization": f"Bearer {self.api_key}"}

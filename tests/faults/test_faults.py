@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sklearn.datasets import load_digits
 
 from app.config import ROOT
-from app.db.models import Job, Tenant
+from app.db.models import Tenant
 from app.jobs import transitions
 from tests.faults.harness import FaultStack, Tally
 from tests.faults.report import record
@@ -205,24 +205,7 @@ def test_6_api_crash_between_commit_and_publish(
     that row is written here directly, as the crashed API left it."""
     stack = make_stack("" if guarded else "republish")
     stack.start_all(concurrency=2)
-    with sa.orm.Session(stack.engine) as session:
-        tenant = session.scalar(sa.select(Tenant).where(Tenant.name == "faults"))
-        assert tenant is not None
-        orphans = [
-            Job(
-                id=uuid.uuid4(),
-                tenant_id=tenant.id,
-                model="digits",
-                model_version="1",
-                status="queued",
-                inputs={"pixels": [ROWS[i]]},
-                attempts=0,
-            )
-            for i in range(50)
-        ]
-        session.add_all(orphans)
-        session.commit()
-        orphan_ids = [str(job.id) for job in orphans]
+    orphan_ids = stack.insert_queued([{"pixels": [ROWS[i]]} for i in range(50)])
     ids = orphan_ids + stack.submit([digits(i) for i in range(50)])
     done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
     tally = stack.tally(
@@ -239,26 +222,11 @@ def test_7_concurrent_races_have_one_winner(
 ) -> None:
     """500 complete-vs-complete (a duplicate delivery) and 500 complete-vs-cancel races."""
     stack = make_stack("" if guarded else "finish")
+    job_ids = [uuid.UUID(i) for i in stack.insert_queued([{}] * 1000)]
     with sa.orm.Session(stack.engine) as session:
-        tenant = session.scalar(sa.select(Tenant).where(Tenant.name == "faults"))
-        assert tenant is not None
-        jobs = [
-            Job(
-                id=uuid.uuid4(),
-                tenant_id=tenant.id,
-                model="digits",
-                model_version="1",
-                status="queued",
-                inputs={},
-                attempts=0,
-            )
-            for _ in range(1000)
-        ]
-        session.add_all(jobs)
-        session.commit()
-        claimed = transitions.claim(session, [j.id for j in jobs], lease_s=60)
-        tenant_id = tenant.id
-    assert len(claimed) == 1000
+        claimed = transitions.claim(session, job_ids, lease_s=60)
+        tenant_id = session.scalar(sa.select(Tenant.id).where(Tenant.name == "faults"))
+    assert len(claimed) == 1000 and tenant_id is not None
     wins: dict[uuid.UUID, list[str]] = {c.id: [] for c in claimed}
     lock = threading.Lock()
 
