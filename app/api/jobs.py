@@ -1,14 +1,18 @@
-"""/jobs: submit a job, read it, list them. Handlers only translate HTTP."""
+"""/jobs: submit a job, read it, wait for it, stream its events, cancel it.
+Handlers only translate HTTP."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from flask import current_app
+from flask import Response, current_app, request, stream_with_context
 from flask_smorest import Blueprint
 
+from app.api.event_stream import job_event_stream
 from app.api.schemas import (
+    EventStreamArgsSchema,
+    GetJobArgsSchema,
     JobPageSchema,
     JobSchema,
     ListJobsArgsSchema,
@@ -28,6 +32,7 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 @blp.arguments(SubmitHeadersSchema, location="headers")
 @blp.response(202, JobSchema, description="Accepted; poll the Location URL")
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
+@blp.alt_response(409, response="CONFLICT", description="Same Idempotency-Key still in flight")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
 @authenticated
 def submit(body: dict[str, Any], headers: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
@@ -40,6 +45,7 @@ def submit(body: dict[str, Any], headers: dict[str, Any]) -> tuple[Job, int, dic
         body["inputs"],
         max_attempts=current_app.extensions["settings"].job_max_attempts,
         deadline=service.deadline(body["deadline"], headers.get("cancel_after")),
+        idempotency_key=headers.get("idempotency_key"),
     )
     return job, 202, {"Location": f"/jobs/{job.id}"}
 
@@ -63,8 +69,40 @@ def cancel_job(job_id: uuid.UUID) -> Job:
 
 
 @blp.get("/<uuid:job_id>")
+@blp.arguments(GetJobArgsSchema, location="query")
 @blp.response(200, JobSchema)
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 @authenticated
-def get_job(job_id: uuid.UUID) -> Job:
-    return service.get(current_session(), current_tenant().id, job_id)
+def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
+    bus = current_app.extensions["events"]
+    return service.wait_for_change(
+        current_session(), bus, current_tenant().id, job_id, args["wait"]
+    )
+
+
+@blp.get("/<uuid:job_id>/events")
+@blp.arguments(EventStreamArgsSchema, location="query")
+@blp.doc(
+    responses={
+        "200": {
+            "description": "Server-Sent Events, one per state change; the "
+            "stream ends after the terminal event",
+            "content": {"text/event-stream": {}},
+        }
+    }
+)
+@blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
+@authenticated
+def job_events(args: dict[str, Any], job_id: uuid.UUID) -> Response:
+    service.get(current_session(), current_tenant().id, job_id)  # 404 before streaming
+    current_session().commit()
+    header = request.headers.get("Last-Event-ID", "")
+    after = int(header) if header.isdigit() else args.get("last_event_id", 0)
+    stream = job_event_stream(
+        current_app.extensions["database"], current_app.extensions["events"], job_id, after
+    )
+    return Response(
+        stream_with_context(stream),
+        mimetype="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

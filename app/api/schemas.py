@@ -55,6 +55,35 @@ class SubmitHeadersSchema(Schema):
         validate=validate.Range(min=0, min_inclusive=False),
         metadata={"description": "Seconds: the job expires if not finished by then"},
     )
+    idempotency_key = fields.String(
+        data_key="Idempotency-Key",
+        validate=validate.Length(min=1, max=255),
+        metadata={
+            "description": "Makes a retried POST safe. Scoped to your tenant and kept 24 "
+            "hours: the same key with the same model, version and inputs returns the job "
+            "the first request created (202 again); with a different request it is a 422; "
+            "while the first request is still being processed, a repeat is a 409 with "
+            "Retry-After."
+        },
+    )
+
+
+class GetJobArgsSchema(Schema):
+    wait = fields.Float(
+        load_default=0,
+        validate=validate.Range(min=0),
+        metadata={
+            "description": "Seconds (at most 30) to wait for the job's next change "
+            "while it is unfinished, instead of polling"
+        },
+    )
+
+
+class EventStreamArgsSchema(Schema):
+    last_event_id = fields.Integer(
+        validate=validate.Range(min=0),
+        metadata={"description": "Resume after this event (the Last-Event-ID header wins)"},
+    )
 
 
 class JobErrorSchema(Schema):

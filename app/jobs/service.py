@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -12,11 +14,12 @@ from typing import Any
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
-from app.db.models import Job
+from app.db.models import TERMINAL_STATUSES, Job
 from app.errors import Problem
 from app.inference.repository import ModelRepository, UnknownModel
 from app.inference.tensors import InvalidInputs, parse_inputs, to_json
-from app.jobs import dispatch, transitions
+from app.jobs import dispatch, idempotency, transitions
+from app.jobs.events import EventBus
 
 
 def submit(
@@ -29,12 +32,14 @@ def submit(
     *,
     max_attempts: int = 3,
     deadline: datetime | None = None,
+    idempotency_key: str | None = None,
 ) -> Job:
     """Check the inputs against the model, store the job, then publish it.
 
     The row is committed before the message is sent, so a worker never sees an
     id that is not in the database yet; if the publish fails, the job stays
     queued and the due sweep sends it. A card may set its own `max_attempts`.
+    With an idempotency key, a repeat of the same request returns the first job.
     """
     try:
         card = repository.resolve(model, version)
@@ -49,6 +54,11 @@ def submit(
             errors=exc.errors,
             expected=[spec.to_dict() for spec in card.inputs],
         ) from None
+    if idempotency_key is not None:
+        fingerprint = _fingerprint(model, version, inputs)
+        earlier = idempotency.claim(session, tenant_id, idempotency_key, fingerprint)
+        if earlier is not None:
+            return get(session, tenant_id, earlier)
     job = Job(
         id=uuid.uuid4(),
         tenant_id=tenant_id,
@@ -61,9 +71,37 @@ def submit(
         deadline_at=deadline,
     )
     session.add(job)
+    if idempotency_key is not None:
+        session.flush()
+        idempotency.remember(session, tenant_id, idempotency_key, fingerprint, job.id)
     session.commit()
     if not dispatch.enqueue([job.id]):
         transitions.mark_unsent(session, [job.id])
+    return job
+
+
+def _fingerprint(model: str, version: str | None, inputs: Any) -> str:
+    """What makes two requests the same: the model as asked for, and the inputs.
+    (Not the deadline: Cancel-After gives every retry a new one.)"""
+    canonical = json.dumps([model, version, inputs], sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+MAX_WAIT_S = 30.0
+
+
+def wait_for_change(
+    session: Session, bus: EventBus, tenant_id: int, job_id: uuid.UUID, wait_s: float
+) -> Job:
+    """The job, after waiting up to `wait_s` (capped at 30 s) for its next change
+    while it is unfinished: a polling client need not spin."""
+    seen = bus.version(job_id)
+    job = get(session, tenant_id, job_id)
+    if wait_s <= 0 or job.status in TERMINAL_STATUSES:
+        return job
+    session.commit()  # hold no transaction (or connection) while waiting
+    bus.wait(job_id, seen, min(wait_s, MAX_WAIT_S))
+    session.refresh(job)
     return job
 
 

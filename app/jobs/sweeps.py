@@ -7,7 +7,7 @@ table, safe to run concurrently or twice.
 - lost: jobs whose message vanished (broker flushed) are sent again, checked
   only once the queue has drained, so a backlog is never republished;
 - deadlines: jobs past their deadline expire;
-- retention: old inputs and outputs are deleted.
+- retention: old inputs and outputs are deleted, and idempotency keys after 24 h.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.jobs import dispatch, transitions
+from app.jobs import dispatch, idempotency, transitions
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,10 @@ def republish_lost(session: Session, older_than_s: float) -> int:
 
 
 def purge(session: Session, settings: Settings) -> dict[str, Any]:
+    keys = idempotency.forget_expired(session)
     if settings.retention_seconds <= 0:
-        return {"purged": 0}
+        return {"purged": 0, "idempotency_keys": keys}
     total = 0
     while count := transitions.purge_old_data(session, settings.retention_seconds, BATCH):
         total += count
-    return {"purged": total}
+    return {"purged": total, "idempotency_keys": keys}
