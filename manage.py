@@ -93,6 +93,34 @@ def create_api_key(tenant: str, as_json: bool) -> None:
         )
 
 
+@cli.command("rotate-webhook-secret")
+@click.option("--tenant", required=True)
+@click.option(
+    "--overlap-hours",
+    default=24.0,
+    show_default=True,
+    help="How long the old secret keeps signing too",
+)
+def rotate_webhook_secret(tenant: str, overlap_hours: float) -> None:
+    """Give TENANT a new webhook secret; both sign deliveries during the overlap."""
+    from app.db.session import Database
+    from app.tenants import rotate_webhook_secret as rotate
+
+    database = Database(_settings().database_url)
+    with database.sessionmaker() as session:
+        secret = rotate(session, tenant, overlap_hours)
+    database.engine.dispose()
+    click.echo(
+        json.dumps(
+            {
+                "tenant": tenant,
+                "webhook_secret": secret,
+                "previous_secret_valid_hours": overlap_hours,
+            }
+        )
+    )
+
+
 @cli.group()
 def models() -> None:
     """The model repository."""

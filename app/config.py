@@ -73,6 +73,21 @@ class Settings:
     # RETENTION_SECONDS: inputs and outputs of finished jobs are deleted after this long
     # (the job's metadata stays). 0 keeps them forever.
     retention_seconds: float = 7 * 24 * 3600.0
+    # WEBHOOKS_QUEUE: the Celery queue of webhook deliveries, so slow receivers never
+    # hold inference workers.
+    webhooks_queue: str = "webhooks"
+    # WEBHOOK_TIMEOUT_SECONDS: how long a receiver may take to answer.
+    webhook_timeout_seconds: float = 15.0
+    # WEBHOOK_RETRY_SCHEDULE: seconds before each attempt (comma list); its length is the
+    # number of attempts. Jittered by up to 10%. Default: over about a day.
+    webhook_retry_schedule: tuple[float, ...] = (
+        0, 5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400,
+    )  # fmt: skip
+    # WEBHOOK_ALLOW_PRIVATE_NETWORKS: allow webhook URLs on loopback and private ranges
+    # (development and tests). Off by default: those are where SSRF does harm.
+    webhook_allow_private_networks: bool = False
+    # WEBHOOK_MAX_PAYLOAD_BYTES: a larger job is sent with its outputs replaced by a link.
+    webhook_max_payload_bytes: int = 256 * 1024
     # GUARDS_OFF: comma list of safety guards to switch off: claim, finish (the state and
     # attempt checks of those UPDATEs), lease (taking back jobs of dead workers, by the
     # sweep or by a redelivered message),
@@ -115,6 +130,23 @@ class Settings:
                 "BROKER_RESTORE_INTERVAL_SECONDS", d.broker_restore_interval_seconds
             ),
             retention_seconds=_env_float("RETENTION_SECONDS", d.retention_seconds),
+            webhooks_queue=_env_str("WEBHOOKS_QUEUE", d.webhooks_queue),
+            webhook_timeout_seconds=_env_float(
+                "WEBHOOK_TIMEOUT_SECONDS", d.webhook_timeout_seconds
+            ),
+            webhook_retry_schedule=tuple(
+                float(x)
+                for x in _env_str(
+                    "WEBHOOK_RETRY_SCHEDULE", ",".join(f"{x:g}" for x in d.webhook_retry_schedule)
+                ).split(",")
+            ),
+            webhook_allow_private_networks=_env_str(
+                "WEBHOOK_ALLOW_PRIVATE_NETWORKS", "false"
+            ).lower()
+            in ("1", "true", "yes"),
+            webhook_max_payload_bytes=_env_int(
+                "WEBHOOK_MAX_PAYLOAD_BYTES", d.webhook_max_payload_bytes
+            ),
             guards_off=frozenset(
                 g.strip() for g in _env_str("GUARDS_OFF", "").split(",") if g.strip()
             ),

@@ -156,6 +156,9 @@ class Launcher:
         self.children = [
             Child("api", api_command(f"{self.host}:{self.port}")),
             Child("worker", worker_command(queue, concurrency, "worker@%h", "--task-events")),
+            # Webhook delivery waits on the network: threads, apart from inference.
+            Child("webhooks", worker_command(self.settings.webhooks_queue, 8, "webhooks@%h",
+                                             "--pool", "threads", "--task-events")),
             Child("beat", beat_command(self.settings.var_dir / "celerybeat-schedule")),
             Child("flower", [*CELERY, "flower", f"--address={self.host}",
                              f"--port={self.flower_port}"]),

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -30,14 +31,29 @@ def create_api_key(session: Session, tenant_name: str) -> Credentials:
     """A new key for the tenant, creating the tenant (and its webhook secret) if new."""
     tenant = session.scalar(select(Tenant).where(Tenant.name == tenant_name))
     if tenant is None:
-        secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
-        tenant = Tenant(name=tenant_name, webhook_secret=secret)
+        tenant = Tenant(name=tenant_name, webhook_secret=_new_secret())
         session.add(tenant)
         session.flush()
     api_key = KEY_PREFIX + secrets.token_urlsafe(32)
     session.add(ApiKey(tenant_id=tenant.id, key_hash=hash_key(api_key), prefix=api_key[:10]))
     session.commit()
     return Credentials(tenant.name, api_key, tenant.webhook_secret)
+
+
+def _new_secret() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
+def rotate_webhook_secret(session: Session, tenant_name: str, overlap_hours: float) -> str:
+    """A new signing secret; the old one keeps signing too until the overlap ends."""
+    tenant = session.scalar(select(Tenant).where(Tenant.name == tenant_name))
+    if tenant is None:
+        raise LookupError(f"no tenant named {tenant_name!r}")
+    tenant.previous_webhook_secret = tenant.webhook_secret
+    tenant.previous_secret_expires_at = datetime.now(UTC) + timedelta(hours=overlap_hours)
+    tenant.webhook_secret = _new_secret()
+    session.commit()
+    return tenant.webhook_secret
 
 
 def tenant_for_key(session: Session, api_key: str) -> Tenant | None:

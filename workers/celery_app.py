@@ -28,6 +28,7 @@ from flask import Flask
 
 from app.config import Settings
 from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
+from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     return {
         "sweep-jobs": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_seconds},
         "purge-old-job-data": {"task": PURGE_TASK, "schedule": 3600.0},
+        "send-due-webhooks": {"task": WEBHOOK_SWEEP_TASK, "schedule": 1.0},
     }
 
 

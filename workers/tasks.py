@@ -13,6 +13,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from app.db.session import current_session
 from app.jobs import dispatch, runner, sweeps
 from app.jobs.runtime import current_runtime
+from app.webhooks import delivery
 
 
 @shared_task(name=dispatch.RUN_JOB_TASK, bind=True, max_retries=8)
@@ -36,3 +37,19 @@ def sweep() -> dict[str, int]:
 @shared_task(name=dispatch.PURGE_TASK, ignore_result=True)
 def purge() -> dict[str, Any]:
     return sweeps.purge(current_session(), current_app.extensions["settings"])
+
+
+@shared_task(name=delivery.DELIVER_TASK, ignore_result=True)
+def deliver_webhook(delivery_id: int) -> str | None:
+    return delivery.deliver(current_session(), current_app.extensions["settings"], delivery_id)
+
+
+@shared_task(name=delivery.SWEEP_TASK, ignore_result=True)
+def sweep_webhooks() -> int:
+    """Send due deliveries (and those whose worker died mid-send) to the webhooks queue."""
+    settings = current_app.extensions["settings"]
+    ids = delivery.take_due(current_session(), settings)
+    celery = current_app.extensions["celery"]
+    for delivery_id in ids:
+        celery.send_task(delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue)
+    return len(ids)

@@ -46,6 +46,8 @@ def submit(body: dict[str, Any], headers: dict[str, Any]) -> tuple[Job, int, dic
         max_attempts=current_app.extensions["settings"].job_max_attempts,
         deadline=service.deadline(body["deadline"], headers.get("cancel_after")),
         idempotency_key=headers.get("idempotency_key"),
+        webhook=body["webhook"],
+        allow_private_webhooks=current_app.extensions["settings"].webhook_allow_private_networks,
     )
     return job, 202, {"Location": f"/jobs/{job.id}"}
 

@@ -8,6 +8,7 @@ from typing import Any
 from marshmallow import EXCLUDE, Schema, fields, validate
 
 from app.db.models import JOB_STATUSES, Job
+from app.webhooks.ssrf import DEFAULT_EVENTS, EVENTS
 
 
 class ProblemSchema(Schema):
@@ -19,6 +20,20 @@ class ProblemSchema(Schema):
     detail = fields.String(metadata={"description": "What was wrong, for a person"})
     instance = fields.String(metadata={"description": "The request path"})
     errors = fields.Raw(metadata={"description": "Field or input name -> what was wrong"})
+
+
+class WebhookSchema(Schema):
+    url = fields.String(
+        required=True,
+        validate=validate.Length(max=2000),
+        metadata={"description": "http(s) URL on a public address; checked again at each delivery"},
+    )
+    events = fields.List(
+        fields.String(validate=validate.OneOf(EVENTS)),
+        load_default=list(DEFAULT_EVENTS),
+        validate=validate.Length(min=1),
+        metadata={"description": f"Any of {', '.join(EVENTS)}; default: the terminal ones"},
+    )
 
 
 class SubmitJobSchema(Schema):
@@ -36,6 +51,11 @@ class SubmitJobSchema(Schema):
             "at submit time: a wrong name, shape or datatype is a 422.",
             "example": {"pixels": [[0.0] * 64]},
         },
+    )
+    webhook = fields.Nested(
+        WebhookSchema,
+        load_default=None,
+        metadata={"description": "Push this job's events, signed per Standard Webhooks"},
     )
     deadline = fields.AwareDateTime(
         load_default=None,
@@ -113,6 +133,7 @@ class JobSchema(Schema):
     purged_at = fields.DateTime(
         allow_none=True, metadata={"description": "When retention deleted inputs and outputs"}
     )
+    webhook = fields.Method("get_webhook", metadata={"description": "{url, events}, if any"})
     created_at = fields.DateTime()
     started_at = fields.DateTime(allow_none=True)
     finished_at = fields.DateTime(allow_none=True)
@@ -127,6 +148,11 @@ class JobSchema(Schema):
         if job.error_code is None:
             return None
         return {"code": job.error_code, "message": job.error_message}
+
+    def get_webhook(self, job: Job) -> dict[str, Any] | None:
+        if job.webhook_url is None:
+            return None
+        return {"url": job.webhook_url, "events": job.webhook_events}
 
     def get_queued_seconds(self, job: Job) -> float | None:
         return _seconds(job.created_at, job.started_at or job.finished_at)
@@ -222,3 +248,29 @@ class BulkReplaySchema(DeadLetterFiltersSchema):
 class ReplayResultSchema(Schema):
     replayed = fields.Integer()
     job_ids = fields.List(fields.UUID())
+
+
+class WebhookAttemptSchema(Schema):
+    at = fields.DateTime()
+    url = fields.String()
+    status_code = fields.Integer(allow_none=True)
+    error = fields.String(allow_none=True)
+    latency_ms = fields.Float(allow_none=True)
+
+
+class WebhookDeliverySchema(Schema):
+    id = fields.Integer()
+    event_type = fields.String()
+    message_id = fields.String(metadata={"description": "The webhook-id header"})
+    url = fields.String()
+    status = fields.String(
+        metadata={"enum": ["pending", "sending", "in_flight", "delivered", "failed", "disabled"]}
+    )
+    attempts = fields.Integer()
+    next_attempt_at = fields.DateTime()
+    delivered_at = fields.DateTime(allow_none=True)
+    log = fields.List(fields.Nested(WebhookAttemptSchema))
+
+
+class WebhookDeliveryListSchema(Schema):
+    items = fields.List(fields.Nested(WebhookDeliverySchema))

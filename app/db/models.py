@@ -18,7 +18,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
@@ -36,6 +36,9 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     # Standard Webhooks signing secret (`whsec_...`). It must be readable to sign with.
     webhook_secret: Mapped[str] = mapped_column(String(100))
+    # During a rotation's overlap, deliveries are signed with both secrets.
+    previous_webhook_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_secret_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
@@ -118,6 +121,9 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Set when retention deleted the job's inputs and outputs.
     purged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Where to push this job's events; deliveries are made by the job_events trigger.
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    webhook_events: Mapped[list[str] | None] = mapped_column(ARRAY(String(32)))
 
 
 class DeadLetter(Base):
@@ -147,6 +153,10 @@ class DeadLetter(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     # Set once, by the replay that won; a second replay of the same letter is a 409.
     replayed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Set for a webhook delivery that used up its schedule; replay sends it again.
+    delivery_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("webhook_deliveries.id", ondelete="CASCADE")
+    )
 
 
 class AuditEvent(Base):
@@ -194,4 +204,68 @@ class IdempotencyKey(Base):
     )
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), index=True
+    )
+
+
+class WebhookDelivery(Base):
+    """One event to push to one URL; retried on its schedule, kept as a log."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_job", "job_id", "id"),
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            postgresql_where=text("status IN ('pending', 'sending')"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE")
+    )
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    event_type: Mapped[str] = mapped_column(String(32))
+    # The Standard Webhooks message id: the same on every attempt of this event.
+    message_id: Mapped[str] = mapped_column(String(64), unique=True)
+    url: Mapped[str] = mapped_column(Text)
+    # Fixed at the first attempt, so every retry sends the same body.
+    payload: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_attempt_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WebhookAttempt(Base):
+    """One HTTP attempt of a delivery: the delivery log clients read."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    delivery_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True
+    )
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    url: Mapped[str] = mapped_column(Text)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    latency_ms: Mapped[float | None] = mapped_column()
+
+
+class DisabledWebhookUrl(Base):
+    """A URL that answered 410 Gone: nothing more is sent there for the tenant."""
+
+    __tablename__ = "disabled_webhook_urls"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    url: Mapped[str] = mapped_column(Text, primary_key=True)
+    disabled_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
     )

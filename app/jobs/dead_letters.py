@@ -1,4 +1,5 @@
-"""Dead letters: failed jobs a person can list, replay (same job id) or purge.
+"""Dead letters: failed jobs, and webhook deliveries that used up their schedule,
+which a person can list, replay (same job id; same webhook-id) or purge.
 
 A replay is one statement that marks the letter replayed (only if it was not)
 and puts its job back in the queue with a fresh attempt budget, so of two
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session
 from app.db.models import AuditEvent, DeadLetter
 from app.errors import Problem
 from app.jobs import dispatch, transitions
+from app.webhooks.delivery import redeliver
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ _REPLAY = text(
     WITH letters AS (
         UPDATE dead_letters SET replayed_at = now()
         WHERE id = ANY(:ids) AND tenant_id = :tenant AND replayed_at IS NULL
-          AND EXISTS (SELECT 1 FROM jobs WHERE jobs.id = dead_letters.job_id
+          AND delivery_id IS NULL AND EXISTS (SELECT 1 FROM jobs WHERE jobs.id = dead_letters.job_id
                       AND jobs.status = 'failed' AND jobs.inputs IS NOT NULL)
         RETURNING id, job_id
     ),
@@ -86,8 +88,23 @@ _REPLAY = text(
 )
 
 
+_REPLAY_DELIVERIES = text(
+    """
+    UPDATE dead_letters SET replayed_at = now()
+    WHERE id = ANY(:ids) AND tenant_id = :tenant AND replayed_at IS NULL
+      AND delivery_id IS NOT NULL
+    RETURNING id AS letter_id, job_id, delivery_id
+    """
+)
+
+
 def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str) -> list[uuid.UUID]:
+    """Failed jobs go back to the queue; undeliverable webhooks are sent again."""
     rows = session.execute(_REPLAY, {"ids": letter_ids, "tenant": tenant_id}).all()
+    webhooks = session.execute(_REPLAY_DELIVERIES, {"ids": letter_ids, "tenant": tenant_id}).all()
+    if webhooks:
+        redeliver(session, [row.delivery_id for row in webhooks])
+    rows = [*rows, *webhooks]
     for row in rows:
         session.add(
             AuditEvent(
@@ -98,10 +115,10 @@ def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str)
             )
         )
     session.commit()
-    job_ids = [row.job_id for row in rows]
+    job_ids = [row.job_id for row in rows if getattr(row, "delivery_id", None) is None]
     if job_ids and not dispatch.enqueue(job_ids):
         transitions.mark_unsent(session, job_ids)
-    return job_ids
+    return [row.job_id for row in rows]
 
 
 def replay(session: Session, tenant_id: int, letter_id: int, actor: str) -> uuid.UUID:

@@ -20,6 +20,7 @@ from app.inference.repository import ModelRepository, UnknownModel
 from app.inference.tensors import InvalidInputs, parse_inputs, to_json
 from app.jobs import dispatch, idempotency, transitions
 from app.jobs.events import EventBus
+from app.webhooks.ssrf import UnsafeUrl, check_url
 
 
 def submit(
@@ -33,6 +34,8 @@ def submit(
     max_attempts: int = 3,
     deadline: datetime | None = None,
     idempotency_key: str | None = None,
+    webhook: dict[str, Any] | None = None,
+    allow_private_webhooks: bool = False,
 ) -> Job:
     """Check the inputs against the model, store the job, then publish it.
 
@@ -54,6 +57,13 @@ def submit(
             errors=exc.errors,
             expected=[spec.to_dict() for spec in card.inputs],
         ) from None
+    if webhook is not None:
+        try:
+            check_url(webhook["url"], allow_private=allow_private_webhooks)
+        except UnsafeUrl as exc:
+            raise Problem(
+                "validation-error", str(exc), errors={"webhook": {"url": [str(exc)]}}
+            ) from None
     if idempotency_key is not None:
         fingerprint = _fingerprint(model, version, inputs)
         earlier = idempotency.claim(session, tenant_id, idempotency_key, fingerprint)
@@ -69,6 +79,8 @@ def submit(
         attempts=0,
         max_attempts=int(card.extra.get("max_attempts", max_attempts)),
         deadline_at=deadline,
+        webhook_url=webhook["url"] if webhook else None,
+        webhook_events=list(webhook["events"]) if webhook else None,
     )
     session.add(job)
     if idempotency_key is not None:

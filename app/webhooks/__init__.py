@@ -1,0 +1,1 @@
+"""Webhooks: SSRF-safe URLs, Standard Webhooks signing, delivery with retries."""
