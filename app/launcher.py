@@ -40,10 +40,11 @@ CELERY = [sys.executable, "-m", "celery", "-A", "workers.worker"]
 
 
 def api_command(bind: str) -> list[str]:
-    """gunicorn serving the API: threads, so slow clients do not hold a process."""
+    """gunicorn serving the API: threads, so slow clients and open event streams do
+    not hold a process."""
     return [
         sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", "2",
-        "--worker-class", "gthread", "--threads", "8", "--graceful-timeout", "10",
+        "--worker-class", "gthread", "--threads", "16", "--graceful-timeout", "10",
         "--access-logfile", "-", "--no-control-socket", "app:create_app()",
     ]  # fmt: skip
 

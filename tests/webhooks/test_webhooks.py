@@ -336,3 +336,24 @@ def test_receiver_helper_verifies_and_deduplicates(
         Receiver(secret_of(database, tenant)).receive(hit.body.replace(b"succeeded", b"failed"),
                                                       hit.headers)  # fmt: skip
     assert json.loads(hit.body)["type"] == "job.succeeded"
+
+
+def test_the_url_is_checked_again_at_delivery(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings
+) -> None:
+    """Accepted while private networks were allowed; a worker that refuses them does
+    not send, and the delivery ends as a dead letter instead of being retried."""
+    job = submit(app_, tenant, f"{receiver.base}/inside", events=["job.succeeded"])
+    wait_for_job(app_.test_client(), tenant.headers, job["id"])
+    strict = hooks.with_overrides(webhook_allow_private_networks=False)
+    with app_.app_context():
+        session = current_session()
+        due = delivery.take_due(session, strict)
+        [mine] = [d for d in deliveries(app_, tenant, job["id"]) if d["id"] in due]
+        assert delivery.deliver(session, strict, mine["id"]) == "failed"
+    assert receiver.at("/inside") == []
+    [logged] = deliveries(app_, tenant, job["id"])
+    assert "not a public address" in logged["log"][0]["error"]
+    letters = app_.test_client().get("/dead-letters?error_code=webhook_undeliverable",
+                                     headers=tenant.headers).json["items"]  # fmt: skip
+    assert any(x["job_id"] == job["id"] for x in letters)
