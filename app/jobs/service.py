@@ -107,9 +107,11 @@ def wait_for_change(
 ) -> Job:
     """The job, after waiting up to `wait_s` (capped at 30 s) for its next change
     while it is unfinished: a polling client need not spin."""
-    seen = bus.version(job_id)
+    if wait_s <= 0:
+        return get(session, tenant_id, job_id)
+    seen = bus.version(job_id)  # before the read, so a change in between is not missed
     job = get(session, tenant_id, job_id)
-    if wait_s <= 0 or job.status in TERMINAL_STATUSES:
+    if job.status in TERMINAL_STATUSES:
         return job
     session.commit()  # hold no transaction (or connection) while waiting
     bus.wait(job_id, seen, min(wait_s, MAX_WAIT_S))
