@@ -19,13 +19,23 @@ from app.webhooks.delivery import redeliver
 blp = Blueprint("deliveries", __name__, url_prefix="/jobs", description="Webhook deliveries")
 
 
-def _with_log(delivery: WebhookDelivery) -> dict[str, Any]:
-    log = current_session().scalars(
-        select(WebhookAttempt).where(WebhookAttempt.delivery_id == delivery.id)
-        .order_by(WebhookAttempt.id)
-    ).all()  # fmt: skip
-    return {**{c: getattr(delivery, c) for c in WebhookDeliverySchema().fields if c != "log"},
-            "log": log}  # fmt: skip
+def _with_logs(deliveries: list[WebhookDelivery]) -> list[dict[str, Any]]:
+    """Each delivery with its attempts, read in one query."""
+    attempts = (
+        current_session()
+        .scalars(
+            select(WebhookAttempt)
+            .where(WebhookAttempt.delivery_id.in_([d.id for d in deliveries]))
+            .order_by(WebhookAttempt.id)
+        )
+        .all()
+    )
+    fields = [name for name in WebhookDeliverySchema().fields if name != "log"]
+    return [
+        {**{name: getattr(d, name) for name in fields},
+         "log": [a for a in attempts if a.delivery_id == d.id]}
+        for d in deliveries
+    ]  # fmt: skip
 
 
 @blp.get("/<uuid:job_id>/deliveries")
@@ -38,7 +48,7 @@ def list_deliveries(job_id: uuid.UUID) -> dict[str, Any]:
     deliveries = session.scalars(
         select(WebhookDelivery).where(WebhookDelivery.job_id == job_id).order_by(WebhookDelivery.id)
     ).all()
-    return {"items": [_with_log(d) for d in deliveries]}
+    return {"items": _with_logs(list(deliveries))}
 
 
 @blp.post("/<uuid:job_id>/deliveries/<int:delivery_id>/redeliver")
@@ -58,4 +68,4 @@ def redeliver_one(job_id: uuid.UUID, delivery_id: int) -> dict[str, Any]:
                       "answered 410 Gone and is disabled for your tenant")  # fmt: skip
     session.commit()
     session.refresh(delivery)
-    return _with_log(delivery)
+    return _with_logs([delivery])[0]

@@ -100,12 +100,12 @@ _REPLAY_DELIVERIES = text(
 
 def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str) -> list[uuid.UUID]:
     """Failed jobs go back to the queue; undeliverable webhooks are sent again."""
-    rows = session.execute(_REPLAY, {"ids": letter_ids, "tenant": tenant_id}).all()
-    webhooks = session.execute(_REPLAY_DELIVERIES, {"ids": letter_ids, "tenant": tenant_id}).all()
+    params = {"ids": letter_ids, "tenant": tenant_id}
+    jobs = session.execute(_REPLAY, params).all()
+    webhooks = session.execute(_REPLAY_DELIVERIES, params).all()
     if webhooks:
         redeliver(session, [row.delivery_id for row in webhooks])
-    rows = [*rows, *webhooks]
-    for row in rows:
+    for row in [*jobs, *webhooks]:
         session.add(
             AuditEvent(
                 tenant_id=tenant_id,
@@ -115,10 +115,10 @@ def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str)
             )
         )
     session.commit()
-    job_ids = [row.job_id for row in rows if getattr(row, "delivery_id", None) is None]
+    job_ids = [row.job_id for row in jobs]
     if job_ids and not dispatch.enqueue(job_ids):
         transitions.mark_unsent(session, job_ids)
-    return [row.job_id for row in rows]
+    return job_ids + [row.job_id for row in webhooks]
 
 
 def replay(session: Session, tenant_id: int, letter_id: int, actor: str) -> uuid.UUID:

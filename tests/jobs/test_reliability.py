@@ -52,24 +52,22 @@ def letters_for(database: Database, job_id: uuid.UUID) -> list[DeadLetter]:
         return list(session.scalars(select(DeadLetter).where(DeadLetter.job_id == job_id)))
 
 
-def make_due(database: Database, job_id: uuid.UUID) -> None:
+def update_job(database: Database, job_id: uuid.UUID, assignment: str, **params: Any) -> None:
+    """Stage a job's state directly: `assignment` is the SET clause."""
     with database.engine.begin() as conn:
-        conn.execute(text("UPDATE jobs SET run_after = now() WHERE id = :id"), {"id": job_id})
+        conn.execute(text(f"UPDATE jobs SET {assignment} WHERE id = :id"), {"id": job_id, **params})
+
+
+def make_due(database: Database, job_id: uuid.UUID) -> None:
+    update_job(database, job_id, "run_after = now()")
 
 
 def expire_lease(database: Database, job_id: uuid.UUID) -> None:
-    with database.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = :id"),
-            {"id": job_id},
-        )
+    update_job(database, job_id, "lease_expires_at = now() - interval '1 second'")
 
 
 def set_cap(database: Database, job_id: uuid.UUID, cap: int) -> None:
-    with database.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE jobs SET max_attempts = :c WHERE id = :id"), {"c": cap, "id": job_id}
-        )
+    update_job(database, job_id, "max_attempts = :cap", cap=cap)
 
 
 def test_out_of_memory_is_retried_with_backoff_then_dead_lettered(
@@ -223,11 +221,7 @@ def test_retention_deletes_old_inputs_and_outputs_but_keeps_the_job(
     job_id = insert_queued_job(database, tenant.id)
     with database.sessionmaker() as session:
         runner.execute(session, current_runtime(), [job_id])
-    with database.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE jobs SET finished_at = now() - interval '8 days' WHERE id = :id"),
-            {"id": job_id},
-        )
+    update_job(database, job_id, "finished_at = now() - interval '8 days'")
     with database.sessionmaker() as session:
         assert sweeps.purge(session, current_runtime().settings)["purged"] >= 1
     job = load(database, job_id)
