@@ -15,6 +15,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.embedded import resolve_urls
     from app.errors import register_error_handlers
     from app.inference.repository import ModelRepository
+    from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
     from workers.celery_app import celery_init_app
 
@@ -25,11 +26,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.extensions["settings"] = settings
-    app.extensions["database"] = database = Database(settings.database_url)
+    app.extensions["database"] = database = Database(settings.database_url, settings.db_pool_size)
     app.extensions["events"] = EventBus(database.engine)
     app.extensions["models"] = ModelRepository(settings.model_repository)
     app.teardown_appcontext(close_session)
     register_error_handlers(app)
-    celery_init_app(app, settings)
+    celery = celery_init_app(app, settings)
+    app.extensions["dispatch"] = Dispatcher(celery, settings.redis_url, settings.jobs_queue)
     register_api(app)
     return app

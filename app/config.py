@@ -46,10 +46,16 @@ class Settings:
     max_request_bytes: int = 8 * 1024 * 1024
     # JOBS_QUEUE: the Celery queue that inference jobs travel on.
     jobs_queue: str = "inference"
+    # DRAIN_SECONDS: how long one wake-up may keep a worker process on one model's jobs
+    # before it hands the rest to another wake-up, so other models get their turn.
+    drain_seconds: float = 1.0
+    # DB_POOL_SIZE: database connections each process keeps; at least the API's threads,
+    # so a busy API never opens and closes connections per request.
+    db_pool_size: int = 20
     # JOB_MAX_ATTEMPTS: how many times a job may be claimed by a worker before it fails.
     job_max_attempts: int = 3
-    # REPUBLISH_AFTER_SECONDS: a queued job not picked up for this long, with the queue
-    # drained, has lost its message and is published again.
+    # REPUBLISH_AFTER_SECONDS: a queued job not picked up for this long may have lost
+    # its wake-up with the broker; the sweep wakes its model's workers again.
     republish_after_seconds: float = 60.0
     # JOB_LEASE_SECONDS: a running job's lease; the worker renews it while the job runs,
     # and a job whose lease ran out (its worker died) is queued again by the sweep.
@@ -112,6 +118,8 @@ class Settings:
             model_repository=Path(_env_str("MODEL_REPOSITORY", str(d.model_repository))),
             max_request_bytes=_env_int("MAX_REQUEST_BYTES", d.max_request_bytes),
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),
+            drain_seconds=_env_float("DRAIN_SECONDS", d.drain_seconds),
+            db_pool_size=_env_int("DB_POOL_SIZE", d.db_pool_size),
             job_max_attempts=_env_int("JOB_MAX_ATTEMPTS", d.job_max_attempts),
             republish_after_seconds=_env_float(
                 "REPUBLISH_AFTER_SECONDS", d.republish_after_seconds

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import random
-import uuid
 from typing import Any
 
 from celery import Task, shared_task
 from flask import current_app
+from redis.exceptions import RedisError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.db.session import current_session
@@ -16,13 +16,18 @@ from app.jobs.runtime import current_runtime
 from app.webhooks import delivery
 
 
-@shared_task(name=dispatch.RUN_JOB_TASK, bind=True, max_retries=8)
-def run_job(self: Task, job_id: str) -> None:
+@shared_task(name=dispatch.DRAIN_TASK, bind=True, max_retries=8)
+def drain(self: Task, model: str) -> int:
+    """A wake-up for `model`: run its queued jobs (see app.jobs.dispatch)."""
+    dispatcher = dispatch.current()
     try:
-        runner.execute(current_session(), current_runtime(), [uuid.UUID(job_id)])
-    except (OperationalError, InterfaceError) as exc:
-        # The database went away: send the message again with backoff and jitter. If
-        # the job was claimed meanwhile, its lease brings it back even without this.
+        dispatcher.taken(model)
+        return runner.drain(
+            current_session(), current_runtime(), model, lambda: dispatcher.wake(model)
+        )
+    except (OperationalError, InterfaceError, RedisError) as exc:
+        # The database or Redis went away: take the wake-up again later, with backoff
+        # and jitter. Jobs claimed meanwhile come back through their leases.
         if "retry" in current_app.extensions["settings"].guards_off:
             raise
         countdown = random.uniform(0, min(60, 2 ** (self.request.retries + 1)))

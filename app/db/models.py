@@ -67,6 +67,8 @@ class Job(Base):
         ),
         # GET /jobs: a tenant's jobs, newest first, keyset-paginated on (created_at, id).
         Index("ix_jobs_tenant_created", "tenant_id", text("created_at DESC"), text("id DESC")),
+        # Workers claim a model's queued jobs, oldest first.
+        Index("ix_jobs_claim", "model", "created_at", postgresql_where=text("status = 'queued'")),
         # The sweeps each read one narrow slice of the table.
         Index(
             "ix_jobs_queued_enqueued",

@@ -21,11 +21,11 @@ def engine_url(url: str) -> str:
 
 
 class Database:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pool_size: int = 5) -> None:
         self.engine: Engine = create_engine(
             engine_url(url),
             pool_pre_ping=True,
-            pool_size=5,
+            pool_size=pool_size,
             max_overflow=10,
         )
         self.sessionmaker = sessionmaker(self.engine, expire_on_commit=False)

@@ -39,6 +39,27 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class Batching:
+    """How a worker batches jobs of this model, like Triton's dynamic batcher.
+
+    With `max_batch_size` > 0 the first dimension of every input and output is
+    the batch: jobs are concatenated along it, up to that many rows per ONNX
+    Runtime call, after the worker waited up to `max_queue_delay_ms` for more.
+    0 runs each job in a call of its own (inputs without a batch dimension).
+    """
+
+    max_batch_size: int = 0
+    max_queue_delay_ms: float = 0.0
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Batching:
+        size, delay = int(raw.get("max_batch_size", 0)), float(raw.get("max_queue_delay_ms", 0))
+        if size < 0 or not 0 <= delay <= 1000:
+            raise ValueError("batching: max_batch_size >= 0 and 0 <= max_queue_delay_ms <= 1000")
+        return cls(size, delay)
+
+
+@dataclass(frozen=True)
 class ModelCard:
     name: str
     version: str
@@ -48,6 +69,7 @@ class ModelCard:
     platform: str = "onnxruntime_onnx"
     description: str = ""
     labels: tuple[str, ...] = ()
+    batching: Batching = field(default_factory=Batching)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -70,13 +92,18 @@ class ModelCard:
             "inputs": [s.to_dict() for s in self.inputs],
             "outputs": [s.to_dict() for s in self.outputs],
             "labels": list(self.labels),
+            "batching": {
+                "max_batch_size": self.batching.max_batch_size,
+                "max_queue_delay_ms": self.batching.max_queue_delay_ms,
+            },
             **self.extra,
         }
 
     @classmethod
     def load(cls, version_dir: Path) -> ModelCard:
         raw = json.loads((version_dir / "card.json").read_text())
-        known = {"name", "version", "platform", "description", "inputs", "outputs", "labels"}
+        known = {"name", "version", "platform", "description", "inputs", "outputs", "labels",
+                 "batching"}  # fmt: skip
         return cls(
             name=version_dir.parent.name,
             version=version_dir.name,
@@ -86,6 +113,7 @@ class ModelCard:
             platform=raw.get("platform", "onnxruntime_onnx"),
             description=raw.get("description", ""),
             labels=tuple(raw.get("labels", ())),
+            batching=Batching.from_dict(raw.get("batching", {})),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

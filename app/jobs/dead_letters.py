@@ -80,9 +80,9 @@ _REPLAY = text(
                first_failed_at = NULL, lease_expires_at = NULL, cancel_requested_at = NULL,
                enqueued_at = now(), run_after = now()
         FROM letters WHERE jobs.id = letters.job_id AND jobs.status = 'failed'
-        RETURNING jobs.id
+        RETURNING jobs.id, jobs.model
     )
-    SELECT letters.id AS letter_id, letters.job_id FROM letters
+    SELECT letters.id AS letter_id, letters.job_id, jobs_back.model FROM letters
     JOIN jobs_back ON jobs_back.id = letters.job_id
     """
 )
@@ -116,8 +116,9 @@ def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str)
         )
     session.commit()
     job_ids = [row.job_id for row in jobs]
-    if job_ids and not dispatch.enqueue(job_ids):
-        transitions.mark_unsent(session, job_ids)
+    for model in {row.model for row in jobs}:
+        if not dispatch.current().wake(model):
+            transitions.mark_unsent(session, [row.job_id for row in jobs if row.model == model])
     return job_ids + [row.job_id for row in webhooks]
 
 

@@ -1,44 +1,71 @@
-"""Handing job ids to the broker. Messages carry ids only; PostgreSQL has the job."""
+"""Waking workers for a model's queued jobs. PostgreSQL holds every queued job;
+a Celery message is only a wake-up for one model, never a copy of a job.
+
+At most one wake-up per model is pending: a Redis key marks it, set with NX by
+whoever publishes and deleted by the worker that takes it *before* it claims.
+So a job committed while a wake-up is pending is found by that wake-up's
+claims, and a job committed after the key was deleted publishes a new one:
+under load, one message covers every job that arrived while workers were busy.
+The key expires (WAKE_FLAG_TTL_S), and the sweep wakes models whose jobs wait
+too long regardless of it, so a lost message delays jobs but loses none.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import uuid
 
+import redis
+from celery import Celery
 from flask import current_app
-from kombu.exceptions import ChannelError
 
 logger = logging.getLogger(__name__)
 
-RUN_JOB_TASK = "jobs.run"
+DRAIN_TASK = "jobs.drain"
 SWEEP_TASK = "jobs.sweep"
 PURGE_TASK = "jobs.purge"
 
-
-def enqueue(job_ids: list[uuid.UUID]) -> bool:
-    """Publish one run message per job, after the job row is committed.
-
-    Returns False when the broker refused; the caller leaves the jobs queued in
-    PostgreSQL for the sweeps, so a broker outage delays work but loses none.
-    """
-    celery = current_app.extensions["celery"]
-    queue = current_app.extensions["settings"].jobs_queue
-    try:
-        for job_id in job_ids:
-            celery.send_task(RUN_JOB_TASK, args=[str(job_id)], queue=queue)
-    except Exception as exc:  # kombu / redis-py raise many kinds; all mean "not sent"
-        logger.warning("could not publish %d job(s): %s", len(job_ids), exc)
-        return False
-    return True
+WAKE_FLAG_TTL_S = 30
 
 
-def queue_depth() -> int:
-    """Messages waiting in the jobs queue (not counting those a worker holds)."""
-    celery = current_app.extensions["celery"]
-    queue = current_app.extensions["settings"].jobs_queue
-    with celery.connection_for_read() as conn:
+def redis_client(url: str) -> redis.Redis:
+    """A client for the broker's Redis (`unix://` sockets too)."""
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+
+class Dispatcher:
+    def __init__(self, celery: Celery, redis_url: str, queue: str) -> None:
+        self._celery = celery
+        self._redis = redis_client(redis_url)
+        self._queue = queue
+
+    def _flag(self, model: str) -> str:
+        return f"inference:wake:{self._queue}:{model}"
+
+    def wake(self, model: str, *, force: bool = False) -> bool:
+        """Make sure a wake-up for `model` is pending; `force` publishes one even
+        if the flag says one is. Returns False when Redis refused: the caller
+        leaves its jobs for the sweep, so an outage delays work but loses none."""
+        flag = self._flag(model)
         try:
-            depth: int = conn.default_channel.queue_declare(queue, passive=True).message_count
-        except ChannelError:  # the queue does not exist: nothing was ever left in it
-            return 0
-    return depth
+            if not self._redis.set(flag, "1", nx=True, ex=WAKE_FLAG_TTL_S) and not force:
+                return True
+            self._celery.send_task(DRAIN_TASK, args=[model], queue=self._queue)
+        except Exception as exc:  # redis-py and kombu raise many kinds; all mean "not sent"
+            logger.warning("could not wake workers for %s: %s", model, exc)
+            self._forget(flag)
+            return False
+        return True
+
+    def taken(self, model: str) -> None:
+        """A worker took the wake-up: jobs committed from now on need a new one."""
+        self._redis.delete(self._flag(model))
+
+    def _forget(self, flag: str) -> None:
+        with contextlib.suppress(redis.RedisError):  # else it expires by itself
+            self._redis.delete(flag)
+
+
+def current() -> Dispatcher:
+    dispatcher: Dispatcher = current_app.extensions["dispatch"]
+    return dispatcher

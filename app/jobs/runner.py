@@ -1,10 +1,13 @@
 """The one path that runs jobs. Every door (async jobs today; sync, batch and
-beat later) reaches `execute`; a door only decides how the answer returns.
+beat later) reaches `run_claimed`; a door only decides how the answer returns.
 
-It takes a list of job ids from the start so that micro-batching can hand it
-several jobs of one model: claim them in one UPDATE, run them, write every
-outcome in one UPDATE. A bad row fails only its own job. While the jobs run, a
-background thread renews their leases, so only a worker that died loses them.
+`drain` serves a wake-up for one model: it claims that model's queued jobs
+from PostgreSQL in batches (one UPDATE ... SKIP LOCKED each), runs each batch
+through the one inference function (`app.inference.engine.infer`, one ONNX
+Runtime call for many jobs where the model allows), and writes every outcome
+in one UPDATE. A bad row fails only its own job. While jobs run, a background
+thread renews their leases, so only a worker that died loses them.
+`execute` does the same for jobs named by id.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.inference.repository import ModelRepository, UnknownModel
+from app.inference.engine import NonFiniteOutput, infer
+from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.sessions import SessionPool
 from app.inference.tensors import from_json, to_json
-from app.jobs.transitions import ClaimedJob, Outcome, claim, finish, renew_leases
+from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish, renew_leases
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +57,41 @@ class Runtime:
     on_time_limit: Callable[[list[ClaimedJob]], None] | None = None
 
 
+def drain(session: Session, runtime: Runtime, model: str, wake: Callable[[], object]) -> int:
+    """Run queued jobs of `model` until none is left or DRAIN_SECONDS passed.
+
+    The batching delay is waited once, before the first claim, so a lone job
+    waits at most that long for company. A full batch calls `wake` first, so an
+    idle worker process claims the next batch alongside this one; so does
+    stopping on time with work left, so no job waits for the sweep.
+    Returns the number of jobs run.
+    """
+    settings = runtime.settings
+    card = _card(runtime, model, None)
+    batching = card.batching if card else None
+    limit = max(1, batching.max_batch_size) if batching else 1
+    if batching and batching.max_queue_delay_ms:
+        time.sleep(batching.max_queue_delay_ms / 1000)
+    stop_at = time.monotonic() + settings.drain_seconds
+    done = 0
+    while True:
+        claimed = claim_next(
+            session, model, limit, settings.job_lease_seconds,
+            guarded="claim" not in settings.guards_off,
+        )  # fmt: skip
+        if not claimed:
+            return done
+        if len(claimed) == limit:
+            wake()
+        run_claimed(session, runtime, claimed)
+        done += len(claimed)
+        if time.monotonic() >= stop_at:
+            wake()
+            return done
+
+
 def execute(session: Session, runtime: Runtime, job_ids: list[uuid.UUID]) -> list[Outcome]:
+    """Claim these jobs (those claimable now) and run them."""
     settings = runtime.settings
     claimed = claim(
         session,
@@ -64,6 +102,11 @@ def execute(session: Session, runtime: Runtime, job_ids: list[uuid.UUID]) -> lis
     )
     if len(claimed) < len(job_ids):
         logger.info("skipped %d job(s) not claimable now", len(job_ids) - len(claimed))
+    return run_claimed(session, runtime, claimed)
+
+
+def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -> list[Outcome]:
+    """Run claimed jobs, grouped by model version, and write every outcome at once."""
     if not claimed:
         return []
     groups: dict[tuple[str, str], list[ClaimedJob]] = defaultdict(list)
@@ -71,7 +114,7 @@ def execute(session: Session, runtime: Runtime, job_ids: list[uuid.UUID]) -> lis
         groups[(job.model, job.model_version)].append(job)
     with _leases_renewed(runtime, claimed):
         outcomes = [o for (m, v), jobs in groups.items() for o in _run_group(runtime, m, v, jobs)]
-    written = finish(session, outcomes, guarded="finish" not in settings.guards_off)
+    written = finish(session, outcomes, guarded="finish" not in runtime.settings.guards_off)
     for outcome in outcomes:
         if outcome.job_id not in written:
             logger.warning(
@@ -90,29 +133,43 @@ def backoff_delay(settings: Settings, attempt: int) -> float:
     return random.uniform(0, cap)
 
 
-def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob]) -> list[Outcome]:
+def _card(runtime: Runtime, model: str, version: str | None) -> ModelCard | None:
     try:
-        card = runtime.repository.resolve(model, version)
+        return runtime.repository.resolve(model, version)
     except UnknownModel:
         runtime.repository.refresh()  # added since this worker started?
-        try:
-            card = runtime.repository.resolve(model, version)
-        except UnknownModel as exc:
-            return [_failed(job, "model_unavailable", exc) for job in jobs]
-    outcomes = []
+    try:
+        return runtime.repository.resolve(model, version)
+    except UnknownModel:
+        return None
+
+
+def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob]) -> list[Outcome]:
+    card = _card(runtime, model, version)
+    if card is None:
+        exc = UnknownModel(model, version, runtime.repository.names())
+        return [_failed(job, "model_unavailable", exc) for job in jobs]
+    outcomes: dict[uuid.UUID, Outcome] = {}
+    runnable, requests = [], []
     for job in jobs:
         try:
-            outputs = runtime.sessions.run(card, from_json(card, job.inputs))
-        # ONNX Runtime raises its own exception types; whatever this input did, the
-        # outcome is recorded on the job's row (retried or failed), never swallowed.
-        except Exception as exc:
-            outcomes.append(_after_error(runtime.settings, job, exc))
-            continue
-        outcomes.append(Outcome(job.id, job.attempt, "succeeded", outputs=to_json(outputs)))
-    return outcomes
+            requests.append(from_json(card, job.inputs))
+            runnable.append(job)
+        except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
+            outcomes[job.id] = _failed(job, "invalid_input", exc)
+    for job, result in zip(runnable, infer(runtime.sessions, card, requests), strict=True):
+        outcomes[job.id] = (
+            _after_error(runtime.settings, job, result)
+            if isinstance(result, Exception)
+            else Outcome(job.id, job.attempt, "succeeded", outputs=to_json(result))
+        )
+    return [outcomes[job.id] for job in jobs]
 
 
 def _after_error(settings: Settings, job: ClaimedJob, exc: Exception) -> Outcome:
+    if isinstance(exc, NonFiniteOutput):
+        logger.warning("job %s failed: %s", job.id, exc)
+        return _failed(job, "non_finite_output", exc)
     transient = any(marker in str(exc).lower() for marker in _TRANSIENT_MARKERS)
     if not transient:
         logger.warning("job %s failed: %s", job.id, exc)

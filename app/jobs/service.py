@@ -39,9 +39,9 @@ def submit(
 ) -> Job:
     """Check the inputs against the model, store the job, then publish it.
 
-    The row is committed before the message is sent, so a worker never sees an
-    id that is not in the database yet; if the publish fails, the job stays
-    queued and the due sweep sends it. A card may set its own `max_attempts`.
+    The row is committed before its model's workers are woken, so a claim
+    always sees it; if the wake-up fails, the job stays queued and the sweep
+    wakes them. A card may set its own `max_attempts`.
     With an idempotency key, a repeat of the same request returns the first job.
     """
     try:
@@ -87,7 +87,7 @@ def submit(
         session.flush()
         idempotency.remember(session, tenant_id, idempotency_key, fingerprint, job.id)
     session.commit()
-    if not dispatch.enqueue([job.id]):
+    if not dispatch.current().wake(job.model):
         transitions.mark_unsent(session, [job.id])
     return job
 

@@ -3,9 +3,9 @@ broker only a hint. Each sweep is a guarded UPDATE on one slice of the jobs
 table, safe to run concurrently or twice.
 
 - leases: jobs whose worker died go back to the queue (or fail at their cap);
-- due: jobs waiting out a retry backoff, or whose publish failed, are sent;
-- lost: jobs whose message vanished (broker flushed) are sent again, checked
-  only once the queue has drained, so a backlog is never republished;
+- waiting: models with jobs back from a retry's backoff, jobs whose wake-up
+  failed to publish, or jobs queued too long (a wake-up lost with the broker)
+  get a wake-up; wake-ups are per model, so a backlog costs one message;
 - deadlines: jobs past their deadline expire;
 - retention: old inputs and outputs are deleted, and idempotency keys after 24 h.
 """
@@ -35,32 +35,19 @@ def sweep(session: Session, settings: Settings) -> dict[str, int]:
         )
     counts["expired"] = transitions.expire_overdue(session, BATCH)
     if "republish" not in settings.guards_off:
-        counts["published_due"] = publish_due(session)
-        counts["republished_lost"] = republish_lost(session, settings.republish_after_seconds)
+        counts["woken_for"] = wake_waiting(session, settings.republish_after_seconds)
     if any(counts.values()):
         logger.info("sweep: %s", counts)
     return counts
 
 
-def publish_due(session: Session) -> int:
-    ids = transitions.take_due(session, BATCH)
-    if ids and not dispatch.enqueue(ids):
-        transitions.mark_unsent(session, ids)
-        return 0
-    return len(ids)
-
-
-def republish_lost(session: Session, older_than_s: float) -> int:
-    """A job that waits behind a backlog is not lost; with the queue drained, a job
-    still queued after `older_than_s` has no message left. A job a worker reserved
-    but has not claimed yet may get a second message; the claim guard makes it a no-op."""
-    if dispatch.queue_depth() > 0:
-        return 0
-    ids = transitions.take_stale_queued(session, older_than_s, BATCH)
-    if ids:
-        logger.info("republishing %d queued job(s) whose message was lost", len(ids))
-        dispatch.enqueue(ids)
-    return len(ids)
+def wake_waiting(session: Session, older_than_s: float) -> int:
+    """Wake every model whose due jobs no wake-up may be on its way for; returns
+    how many jobs that concerned."""
+    waiting = transitions.models_waiting(session, older_than_s)
+    for model in waiting:
+        dispatch.current().wake(model, force=True)
+    return sum(waiting.values())
 
 
 def purge(session: Session, settings: Settings) -> dict[str, Any]:

@@ -49,6 +49,15 @@ class Outcome:
     delay_s: float = 0.0
 
 
+_CLAIMED = "id, model, model_version, inputs, attempts, max_attempts, created_at"
+_LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
+_CLAIMABLE = """
+    AND ((status = 'queued' AND run_after <= now()) {expired})
+    AND attempts < max_attempts
+    AND (deadline_at IS NULL OR deadline_at > now())
+"""
+
+
 def claim(
     session: Session,
     job_ids: list[uuid.UUID],
@@ -57,28 +66,19 @@ def claim(
     guarded: bool = True,
     reclaim_expired: bool = True,
 ) -> list[ClaimedJob]:
-    """Move claimable jobs to running under a lease; returns those this call won,
-    in the order of `job_ids`.
+    """Move these jobs to running under a lease, where claimable; returns those
+    this call won, in the order of `job_ids`.
 
     Claimable: queued and due, or running with a lease that ran out (its worker
     died), within the attempt cap and the deadline.
     """
     expired = "OR (status = 'running' AND lease_expires_at < now())" if reclaim_expired else ""
-    where = (
-        f"""
-        AND ((status = 'queued' AND run_after <= now()) {expired})
-        AND attempts < max_attempts
-        AND (deadline_at IS NULL OR deadline_at > now())
-        """
-        if guarded
-        else ""
-    )
+    where = _CLAIMABLE.format(expired=expired) if guarded else ""
     statement = text(
         f"""
-        UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(),
-               lease_expires_at = now() + make_interval(secs => :lease)
+        UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(), {_LEASE}
         WHERE id = ANY(:ids) {where}
-        RETURNING id, model, model_version, inputs, attempts, max_attempts
+        RETURNING {_CLAIMED}
         """
     ).bindparams(bindparam("ids", type_=UUIDS))
     position = {job_id: i for i, job_id in enumerate(job_ids)}
@@ -87,10 +87,40 @@ def claim(
         session.execute(statement, {"ids": job_ids, "lease": lease_s}), key=lambda r: position[r.id]
     )
     session.commit()
-    return [
-        ClaimedJob(r.id, r.model, r.model_version, r.inputs, r.attempts, r.max_attempts)
-        for r in rows
-    ]
+    return [_claimed(r) for r in rows]
+
+
+def claim_next(
+    session: Session, model: str, limit: int, lease_s: float, *, guarded: bool = True
+) -> list[ClaimedJob]:
+    """Claim up to `limit` queued, due jobs of `model`, oldest first, under a lease.
+
+    SKIP LOCKED lets worker processes claim side by side without waiting on each
+    other. Unguarded (the fault suite only) a running job can be claimed again.
+    """
+    states = (
+        "status = 'queued' AND run_after <= now()" if guarded else "status IN ('queued', 'running')"
+    )
+    statement = text(
+        f"""
+        UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(), {_LEASE}
+        WHERE id IN (
+            SELECT id FROM jobs
+            WHERE model = :model AND {states} AND attempts < max_attempts
+              AND (deadline_at IS NULL OR deadline_at > now())
+            ORDER BY created_at LIMIT :limit FOR UPDATE SKIP LOCKED
+        )
+        RETURNING {_CLAIMED}
+        """
+    )
+    params = {"model": model, "limit": limit, "lease": lease_s}
+    rows = sorted(session.execute(statement, params), key=lambda r: r.created_at)
+    session.commit()
+    return [_claimed(r) for r in rows]
+
+
+def _claimed(r: Any) -> ClaimedJob:
+    return ClaimedJob(r.id, r.model, r.model_version, r.inputs, r.attempts, r.max_attempts)
 
 
 def renew_leases(session: Session, jobs: list[ClaimedJob], lease_s: float) -> set[uuid.UUID]:
@@ -139,30 +169,27 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
     """
     if not outcomes:
         return set()
-    rows, params = [], {}
-    for i, o in enumerate(outcomes):
-        rows.append(
-            f"(CAST(:id{i} AS uuid), CAST(:at{i} AS integer), CAST(:st{i} AS text), "
-            f"CAST(:out{i} AS jsonb), CAST(:ec{i} AS text), CAST(:em{i} AS text), "
-            f"CAST(:cls{i} AS text), CAST(:tb{i} AS text), CAST(:dl{i} AS float8))"
-        )
-        params.update(
-            {
-                f"id{i}": str(o.job_id),
-                f"at{i}": o.attempt,
-                f"st{i}": o.status,
-                f"out{i}": None if o.outputs is None else json.dumps(o.outputs),
-                f"ec{i}": o.error_code,
-                f"em{i}": o.error_message,
-                f"cls{i}": o.error_class,
-                f"tb{i}": o.traceback,
-                f"dl{i}": o.delay_s,
-            }
-        )
+    params = {
+        "ids": [str(o.job_id) for o in outcomes],
+        "attempts": [o.attempt for o in outcomes],
+        "statuses": [o.status for o in outcomes],
+        "outputs": [None if o.outputs is None else json.dumps(o.outputs) for o in outcomes],
+        "codes": [o.error_code for o in outcomes],
+        "messages": [o.error_message for o in outcomes],
+        "classes": [o.error_class for o in outcomes],
+        "tracebacks": [o.traceback for o in outcomes],
+        "delays": [o.delay_s for o in outcomes],
+    }
     statement = text(
         f"""
-        WITH v(id, attempt, status, outputs, error_code, error_message, error_class,
-               traceback, delay) AS (VALUES {", ".join(rows)}),
+        WITH v AS (
+            SELECT * FROM unnest(
+                CAST(:ids AS uuid[]), CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
+                CAST(:outputs AS jsonb[]), CAST(:codes AS text[]), CAST(:messages AS text[]),
+                CAST(:classes AS text[]), CAST(:tracebacks AS text[]), CAST(:delays AS float8[])
+            ) AS v(id, attempt, status, outputs, error_code, error_message, error_class,
+                   traceback, delay)
+        ),
         moved AS (
             UPDATE jobs AS j SET
                 status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
@@ -234,22 +261,35 @@ def take_back_expired_leases(
     return ids
 
 
-def take_due(session: Session, limit: int) -> list[uuid.UUID]:
-    """Queued jobs with no message outstanding whose backoff is over; marks them sent."""
+def models_waiting(session: Session, older_than_s: float) -> dict[str, int]:
+    """Models with due queued jobs that no wake-up may be on its way for: jobs back
+    from a retry's backoff or a failed publish (`enqueued_at` NULL; now marked sent),
+    and jobs queued longer than `older_than_s` (a wake-up lost with the broker).
+    Returns how many such jobs each model has."""
     statement = text(
         """
-        UPDATE jobs SET enqueued_at = now()
-        WHERE id IN (
-            SELECT id FROM jobs
-            WHERE status = 'queued' AND enqueued_at IS NULL AND run_after <= now()
-            ORDER BY run_after LIMIT :limit FOR UPDATE SKIP LOCKED
+        WITH unsent AS (
+            UPDATE jobs SET enqueued_at = now()
+            WHERE id IN (
+                SELECT id FROM jobs
+                WHERE status = 'queued' AND enqueued_at IS NULL AND run_after <= now()
+                LIMIT 5000 FOR UPDATE SKIP LOCKED
+            )
+            RETURNING model
+        ),
+        stale AS (
+            SELECT model FROM jobs
+            WHERE status = 'queued' AND enqueued_at < now() - make_interval(secs => :age)
+              AND run_after <= now()
         )
-        RETURNING id
+        SELECT model, count(*) AS jobs FROM (
+            SELECT model FROM unsent UNION ALL SELECT model FROM stale
+        ) AS waiting GROUP BY model
         """
     )
-    ids = [r.id for r in session.execute(statement, {"limit": limit})]
+    waiting = {r.model: r.jobs for r in session.execute(statement, {"age": older_than_s})}
     session.commit()
-    return ids
+    return waiting
 
 
 def mark_unsent(session: Session, job_ids: list[uuid.UUID]) -> None:
@@ -259,24 +299,6 @@ def mark_unsent(session: Session, job_ids: list[uuid.UUID]) -> None:
     ).bindparams(bindparam("ids", type_=UUIDS))
     session.execute(statement, {"ids": job_ids})
     session.commit()
-
-
-def take_stale_queued(session: Session, older_than_s: float, limit: int) -> list[uuid.UUID]:
-    """Queued jobs whose message went out long ago and never arrived (a flushed broker)."""
-    statement = text(
-        """
-        UPDATE jobs SET enqueued_at = now()
-        WHERE id IN (
-            SELECT id FROM jobs
-            WHERE status = 'queued' AND enqueued_at < now() - make_interval(secs => :age)
-            ORDER BY enqueued_at LIMIT :limit FOR UPDATE SKIP LOCKED
-        )
-        RETURNING id
-        """
-    )
-    ids = [r.id for r in session.execute(statement, {"age": older_than_s, "limit": limit})]
-    session.commit()
-    return ids
 
 
 def expire_overdue(session: Session, limit: int) -> int:

@@ -98,18 +98,18 @@ def test_bad_deadlines_are_422(
     assert field in str(response.json["errors"])
 
 
-def test_a_failed_publish_leaves_the_job_for_the_due_sweep(
+def test_a_failed_wake_up_leaves_the_job_for_the_sweep(
     settings: Settings, auth: dict[str, str], app: Flask, worker: Any
 ) -> None:
     """The broker is unreachable when the job is accepted: 202 all the same, and the
-    job runs once the sweep can publish it (a crash between commit and publish
-    leaves the same state)."""
+    job runs once the sweep wakes its model (a crash between commit and wake-up
+    leaves the same state, which the sweep finds by the job's age)."""
     broken = create_app(settings.with_overrides(redis_url="redis://127.0.0.1:1/0"))
     job = post_job(broken.test_client(), auth)
     with app.app_context():
         row = current_session().get(Job, uuid.UUID(job["id"]))
         assert row is not None and row.status == "queued" and row.enqueued_at is None
-        assert sweeps.publish_due(current_session()) >= 1
+        assert sweeps.wake_waiting(current_session(), older_than_s=60) >= 1
     assert wait_for_job(app.test_client(), auth, job["id"])["status"] == "succeeded"
 
 

@@ -96,20 +96,20 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     def record(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
         statements.append(" ".join(sql.split()).upper())
 
-    published: list[list[uuid.UUID]] = []
+    woken: list[str] = []
 
-    def publish(ids: list[uuid.UUID]) -> bool:
-        published.append(ids)
+    def wake(_self: object, model: str, force: bool = False) -> bool:
+        woken.append(model)
         return True
 
-    monkeypatch.setattr("app.jobs.dispatch.enqueue", publish)
+    monkeypatch.setattr("app.jobs.dispatch.Dispatcher.wake", wake)
     event.listen(database.engine, "before_cursor_execute", record)
     try:
         with database.sessionmaker() as session:
             models = app.extensions["models"]
             job = service.submit(session, models, tenant.id, "digits", None, PIXELS)
             assert [q.split()[0] for q in statements] == ["INSERT"]
-            assert published == [[job.id]]
+            assert woken == ["digits"]
             statements.clear()
             runner.execute(session, current_runtime(), [job.id])
     finally:

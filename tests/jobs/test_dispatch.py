@@ -1,0 +1,125 @@
+"""Wake-ups: one Celery message per model and burst, not per job; none lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import sqlalchemy as sa
+from flask import Flask
+from sklearn.datasets import load_digits
+
+from app import create_app
+from app.config import Settings
+from app.db.models import Job
+from app.db.session import Database, current_session
+from app.inference.sessions import SessionPool
+from app.jobs import dispatch, sweeps
+from tests.conftest import TenantAuth, insert_queued_job, wait_for_job
+
+PIXELS = load_digits().data.astype(np.float32)
+
+
+@pytest.fixture
+def idle(settings: Settings) -> Iterator[Flask]:
+    """An app on a queue no worker reads, so its wake-ups can be counted."""
+    app = create_app(settings.with_overrides(jobs_queue=f"{settings.jobs_queue}-wake"))
+    yield app
+    client = redis.Redis.from_url(settings.redis_url)
+    client.delete(app.extensions["settings"].jobs_queue)
+    client.delete(*client.keys("inference:wake:*-wake:*") or ["none"])
+
+
+def waiting_messages(app: Flask) -> int:
+    settings = app.extensions["settings"]
+    return int(redis.Redis.from_url(settings.redis_url).llen(settings.jobs_queue))
+
+
+def row(i: int) -> dict[str, Any]:
+    return {"pixels": [PIXELS[i].tolist()]}
+
+
+def submit(app: Flask, auth: dict[str, str], i: int = 0, model: str = "digits") -> Any:
+    body = {"model": model, "inputs": {"pixels": [PIXELS[i].tolist()]}}
+    response = app.test_client().post("/jobs", json=body, headers=auth)
+    assert response.status_code == 202, response.json
+    return response.json
+
+
+def test_jobs_submitted_while_a_wake_up_is_pending_share_it(
+    idle: Flask, auth: dict[str, str]
+) -> None:
+    for i in range(20):
+        submit(idle, auth, i)
+    assert waiting_messages(idle) == 1
+    with idle.app_context():
+        dispatch.current().taken("digits")  # a worker took it and is about to claim
+    submit(idle, auth)
+    assert waiting_messages(idle) == 2, "a job after the take needs a wake-up of its own"
+
+
+@pytest.mark.usefixtures("worker")
+def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
+    app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    ids = [
+        insert_queued_job(database, tenant.id, {"pixels": [PIXELS[i].tolist()]}) for i in range(100)
+    ]
+    with app.app_context():
+        assert dispatch.current().wake("digits")
+    for job_id in ids[-3:]:
+        assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
+    with database.sessionmaker() as session:
+        jobs = {j.id: j for j in session.scalars(sa.select(Job).where(Job.id.in_(ids)))}
+    assert all(job.status == "succeeded" for job in jobs.values())
+    # Jobs claimed in one UPDATE share its transaction's now(): the batches.
+    claims = {job.started_at for job in jobs.values()}
+    assert 2 <= len(claims) <= 10, len(claims)
+    card = app.extensions["models"].resolve("digits")
+    direct = SessionPool("cpu", 1).run(card, {"pixels": PIXELS[:100]})
+    for i, job_id in enumerate(ids):
+        outputs = jobs[job_id].outputs
+        assert outputs is not None and outputs["label"] == [int(direct["label"][i])]
+        assert np.array_equal(
+            np.asarray(outputs["probabilities"], np.float32), direct["probabilities"][i : i + 1]
+        )
+
+
+@pytest.mark.usefixtures("worker")
+def test_non_finite_outputs_fail_that_job_at_once_and_not_its_batch(
+    app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    poison = insert_queued_job(database, tenant.id, {"pixels": [[3e38] * 64]})
+    good = [
+        insert_queued_job(database, tenant.id, {"pixels": [PIXELS[i].tolist()]}) for i in range(5)
+    ]
+    with app.app_context():
+        assert dispatch.current().wake("digits")
+    failed = wait_for_job(app.test_client(), tenant.headers, str(poison))
+    assert failed["status"] == "failed" and failed["attempts"] == 1
+    assert failed["error"]["code"] == "non_finite_output"
+    for job_id in good:
+        assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
+
+
+@pytest.mark.usefixtures("worker")
+def test_a_job_whose_wake_up_was_lost_is_woken_by_the_sweep(
+    app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    job_id = insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
+    with app.app_context():
+        assert sweeps.wake_waiting(current_session(), older_than_s=60) >= 1
+    assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
+
+
+def test_the_sweep_wakes_a_backlog_with_one_message_per_model(
+    idle: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    for _ in range(30):
+        insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
+    with idle.app_context():
+        assert sweeps.wake_waiting(current_session(), older_than_s=60) >= 30
+    assert waiting_messages(idle) <= 3  # digits, and any other model a test left waiting
