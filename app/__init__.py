@@ -17,6 +17,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.inference.repository import ModelRepository
     from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
+    from app.tenants import KeyCache
     from workers.celery_app import celery_init_app
 
     settings = resolve_urls(settings or Settings.from_env())
@@ -29,6 +30,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["database"] = database = Database(settings.database_url, settings.db_pool_size)
     app.extensions["events"] = EventBus(database.engine)
     app.extensions["models"] = ModelRepository(settings.model_repository)
+    app.extensions["api_keys"] = KeyCache(settings.api_key_cache_seconds)
     app.teardown_appcontext(close_session)
     register_error_handlers(app)
     celery = celery_init_app(app, settings)

@@ -6,13 +6,12 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import g, request
+from flask import current_app, g, request
 from flask_smorest import Blueprint
 
-from app.db.models import Tenant
 from app.db.session import current_session
 from app.errors import Problem
-from app.tenants import tenant_for_key
+from app.tenants import KeyCache, TenantRef
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,8 +21,8 @@ SECURITY_SCHEME = {"type": "http", "scheme": "bearer", "description": "API key"}
 _docs = Blueprint("auth", __name__)
 
 
-def current_tenant() -> Tenant:
-    tenant: Tenant = g.tenant
+def current_tenant() -> TenantRef:
+    tenant: TenantRef = g.tenant
     return tenant
 
 
@@ -45,7 +44,8 @@ def authenticated(view: F) -> F:
                 "send the header `Authorization: Bearer <api key>`",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        tenant = tenant_for_key(current_session(), key.strip())
+        keys: KeyCache = current_app.extensions["api_keys"]
+        tenant = keys.lookup(current_session(), key.strip())
         if tenant is None:
             raise Problem(
                 "unauthorized",

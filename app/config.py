@@ -52,6 +52,9 @@ class Settings:
     # DB_POOL_SIZE: database connections each process keeps; at least the API's threads,
     # so a busy API never opens and closes connections per request.
     db_pool_size: int = 20
+    # API_KEY_CACHE_SECONDS: how long an API process trusts a key it looked up; a
+    # revoked key stops working within this time. 0 looks every key up every time.
+    api_key_cache_seconds: float = 5.0
     # JOB_MAX_ATTEMPTS: how many times a job may be claimed by a worker before it fails.
     job_max_attempts: int = 3
     # REPUBLISH_AFTER_SECONDS: a queued job not picked up for this long may have lost
@@ -120,6 +123,7 @@ class Settings:
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),
             drain_seconds=_env_float("DRAIN_SECONDS", d.drain_seconds),
             db_pool_size=_env_int("DB_POOL_SIZE", d.db_pool_size),
+            api_key_cache_seconds=_env_float("API_KEY_CACHE_SECONDS", d.api_key_cache_seconds),
             job_max_attempts=_env_int("JOB_MAX_ATTEMPTS", d.job_max_attempts),
             republish_after_seconds=_env_float(
                 "REPUBLISH_AFTER_SECONDS", d.republish_after_seconds

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -62,6 +64,45 @@ def tenant_for_key(session: Session, api_key: str) -> Tenant | None:
         .join(ApiKey, ApiKey.tenant_id == Tenant.id)
         .where(ApiKey.key_hash == hash_key(api_key), ApiKey.revoked_at.is_(None))
     )
+
+
+@dataclass(frozen=True)
+class TenantRef:
+    """Who a request comes from: all a request needs of its tenant."""
+
+    id: int
+    name: str
+
+
+class KeyCache:
+    """Tenants by API key hash, kept `ttl_s` seconds, so a busy client costs one
+    key query per few seconds rather than one per request. A revoked key keeps
+    working at most that long. Unknown keys are never cached (a client trying
+    random keys cannot fill memory); the cache holds at most `max_keys`."""
+
+    def __init__(self, ttl_s: float = 5.0, max_keys: int = 10_000) -> None:
+        self.ttl_s, self.max_keys = ttl_s, max_keys
+        self._entries: dict[str, tuple[float, TenantRef]] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, session: Session, api_key: str) -> TenantRef | None:
+        digest = hash_key(api_key)
+        now = time.monotonic()
+        entry = self._entries.get(digest)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        tenant = tenant_for_key(session, api_key)
+        if tenant is None:
+            self._entries.pop(digest, None)
+            return None
+        ref = TenantRef(tenant.id, tenant.name)
+        with self._lock:
+            if len(self._entries) >= self.max_keys:
+                self._entries = {k: v for k, v in self._entries.items() if v[0] > now}
+                if len(self._entries) >= self.max_keys:
+                    self._entries.clear()
+            self._entries[digest] = (now + self.ttl_s, ref)
+        return ref
 
 
 def has_tenants(session: Session) -> bool:
