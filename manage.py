@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The service's command line: up, db, create-api-key, models."""
+"""The service's command line: up, db, create-api-key, models, bench."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import click
 
 from app.config import Settings
 from app.embedded import resolve_urls
+from bench.cli import bench as bench_command
 
 
 def _settings() -> Settings:
@@ -135,8 +136,7 @@ def models_build(force: bool) -> None:
     root = Settings.from_env().model_repository
     built = ensure_models(root, force=force)
     for path in built:
-        card = json.loads((path / "card.json").read_text())
-        click.echo(f"built {path} (held-out accuracy {card['metrics']['heldout_accuracy']})")
+        click.echo(f"built {path}")
     if not built:
         click.echo(f"models already built in {root} (use --force to rebuild)")
 
@@ -150,24 +150,7 @@ def models_list() -> None:
         click.echo(f"{card.ref}\t{Path(card.onnx_path)}")
 
 
-@cli.command()
-@click.option("--base", default="http://127.0.0.1:8000", show_default=True, help="API URL")
-@click.option("--key", envvar="API_KEY", help="API key (default: a new tenant 'bench')")
-@click.option("--jobs", default=500, show_default=True)
-@click.option("--clients", default=16, show_default=True)
-def bench(base: str, key: str | None, jobs: int, clients: int) -> None:
-    """Measure end-to-end job throughput against a running service."""
-    from bench.e2e import run
-
-    if key is None:
-        from app.db.session import Database
-        from app.tenants import create_api_key as create
-
-        database = Database(_settings().database_url)
-        with database.sessionmaker() as session:
-            key = create(session, "bench").api_key
-        database.engine.dispose()
-    click.echo(json.dumps(run(base, key, jobs, clients), indent=2))
+cli.add_command(bench_command)
 
 
 if __name__ == "__main__":
