@@ -31,7 +31,7 @@ def _filters(args: dict[str, Any]) -> Filters:
 
 
 @blp.get("")
-@blp.arguments(DeadLetterListArgsSchema, location="query")
+@blp.arguments(DeadLetterListArgsSchema(), location="query")
 @blp.response(200, DeadLetterPageSchema)
 @authenticated
 def list_letters(args: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def replay_letter(letter_id: int) -> dict[str, Any]:
 
 
 @blp.post("/replay")
-@blp.arguments(BulkReplaySchema)
+@blp.arguments(BulkReplaySchema())
 @blp.response(202, ReplayResultSchema, description="Every matching letter not yet replayed")
 @authenticated
 def replay_matching(body: dict[str, Any]) -> dict[str, Any]:

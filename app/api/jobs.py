@@ -28,8 +28,8 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 
 
 @blp.post("")
-@blp.arguments(SubmitJobSchema)
-@blp.arguments(SubmitHeadersSchema, location="headers")
+@blp.arguments(SubmitJobSchema())
+@blp.arguments(SubmitHeadersSchema(), location="headers")
 @blp.response(202, JobSchema, description="Accepted; poll the Location URL")
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
 @blp.alt_response(409, response="CONFLICT", description="Same Idempotency-Key still in flight")
@@ -53,7 +53,7 @@ def submit(body: dict[str, Any], headers: dict[str, Any]) -> tuple[Job, int, dic
 
 
 @blp.get("")
-@blp.arguments(ListJobsArgsSchema, location="query")
+@blp.arguments(ListJobsArgsSchema(), location="query")
 @blp.response(200, JobPageSchema)
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad filter or cursor")
 @authenticated
@@ -71,7 +71,7 @@ def cancel_job(job_id: uuid.UUID) -> Job:
 
 
 @blp.get("/<uuid:job_id>")
-@blp.arguments(GetJobArgsSchema, location="query")
+@blp.arguments(GetJobArgsSchema(), location="query")
 @blp.response(200, JobSchema)
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 @authenticated
@@ -83,7 +83,7 @@ def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
 
 
 @blp.get("/<uuid:job_id>/events")
-@blp.arguments(EventStreamArgsSchema, location="query")
+@blp.arguments(EventStreamArgsSchema(), location="query")
 @blp.doc(
     responses={
         "200": {

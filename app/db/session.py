@@ -8,8 +8,16 @@ context ends; services own their transactions (they commit), callers never do.
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, create_engine, text
+import time
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, exc, text
 from sqlalchemy.orm import Session, sessionmaker
+
+# A connection that sat unused this long is pinged before use: PostgreSQL may
+# have restarted meanwhile. Busy connections are not, which saves a round trip
+# per request (SQLAlchemy's pool_pre_ping pings every checkout).
+PING_AFTER_IDLE_S = 5.0
 
 
 def engine_url(url: str) -> str:
@@ -24,10 +32,11 @@ class Database:
     def __init__(self, url: str, pool_size: int = 5) -> None:
         self.engine: Engine = create_engine(
             engine_url(url),
-            pool_pre_ping=True,
             pool_size=pool_size,
             max_overflow=10,
         )
+        event.listen(self.engine, "checkout", _ping_if_idle)
+        event.listen(self.engine, "checkin", _note_last_use)
         self.sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
 
     def after_fork(self) -> None:
@@ -37,6 +46,20 @@ class Database:
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+
+
+def _note_last_use(_dbapi_conn: Any, record: Any) -> None:
+    record.info["last_use"] = time.monotonic()
+
+
+def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+    if time.monotonic() - record.info.get("last_use", 0.0) < PING_AFTER_IDLE_S:
+        return
+    try:
+        with dbapi_conn.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as error:  # any failure: the pool replaces the connection
+        raise exc.DisconnectionError() from error
 
 
 def current_session() -> Session:
