@@ -17,6 +17,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.inference.repository import ModelRepository
     from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
+    from app.jobs.inserts import JobInserter
     from app.tenants import KeyCache
     from workers.celery_app import celery_init_app
 
@@ -34,6 +35,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.teardown_appcontext(close_session)
     register_error_handlers(app)
     celery = celery_init_app(app, settings)
-    app.extensions["dispatch"] = Dispatcher(celery, settings.redis_url, settings.jobs_queue)
+    app.extensions["dispatch"] = dispatcher = Dispatcher(
+        celery, settings.redis_url, settings.jobs_queue
+    )
+    app.extensions["inserts"] = JobInserter(database.engine, dispatcher.wake)
     register_api(app)
     return app

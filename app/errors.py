@@ -166,9 +166,9 @@ def register_error_handlers(app: Flask) -> None:
     def _unexpected(exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
             return problem_response(problem_from_http_exception(exc))
-        from sqlalchemy.exc import OperationalError
+        from app.db.session import database_unavailable
 
-        if isinstance(exc, OperationalError):
+        if database_unavailable(exc):
             app.logger.warning("database unavailable: %s", exc)
             return problem_response(
                 Problem(

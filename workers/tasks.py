@@ -8,9 +8,9 @@ from typing import Any
 from celery import Task, shared_task
 from flask import current_app
 from redis.exceptions import RedisError
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
-from app.db.session import current_session
+from app.db.session import current_session, database_unavailable
 from app.jobs import dispatch, runner, sweeps
 from app.jobs.runtime import current_runtime
 from app.webhooks import delivery
@@ -25,10 +25,12 @@ def drain(self: Task, model: str) -> int:
         return runner.drain(
             current_session(), current_runtime(), model, lambda: dispatcher.wake(model)
         )
-    except (OperationalError, InterfaceError, RedisError) as exc:
+    except (DBAPIError, RedisError) as exc:
         # The database or Redis went away: take the wake-up again later, with backoff
         # and jitter. Jobs claimed meanwhile come back through their leases.
         if "retry" in current_app.extensions["settings"].guards_off:
+            raise
+        if isinstance(exc, DBAPIError) and not database_unavailable(exc):
             raise
         countdown = random.uniform(0, min(60, 2 ** (self.request.retries + 1)))
         raise self.retry(exc=exc, countdown=countdown) from exc

@@ -48,6 +48,7 @@ def submit(body: dict[str, Any], headers: dict[str, Any]) -> tuple[Job, int, dic
         idempotency_key=headers.get("idempotency_key"),
         webhook=body["webhook"],
         allow_private_webhooks=current_app.extensions["settings"].webhook_allow_private_networks,
+        inserter=current_app.extensions["inserts"],
     )
     return job, 202, {"Location": f"/jobs/{job.id}"}
 

@@ -48,6 +48,15 @@ class Database:
             conn.execute(text("SELECT 1"))
 
 
+def database_unavailable(error: BaseException) -> bool:
+    """The database did not answer or dropped the connection (a restart, a failover):
+    worth a 503 or a retry, unlike an error in the statement itself. A dropped
+    connection can surface as psycopg2's DatabaseError, which SQLAlchemy flags."""
+    return isinstance(error, exc.OperationalError | exc.InterfaceError) or (
+        isinstance(error, exc.DBAPIError) and error.connection_invalidated
+    )
+
+
 def _note_last_use(_dbapi_conn: Any, record: Any) -> None:
     record.info["last_use"] = time.monotonic()
 

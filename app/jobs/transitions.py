@@ -292,12 +292,14 @@ def models_waiting(session: Session, older_than_s: float) -> dict[str, int]:
     return waiting
 
 
+MARK_UNSENT = text(
+    "UPDATE jobs SET enqueued_at = NULL WHERE id = ANY(:ids) AND status = 'queued'"
+).bindparams(bindparam("ids", type_=UUIDS))
+
+
 def mark_unsent(session: Session, job_ids: list[uuid.UUID]) -> None:
-    """The publish failed: the due sweep will send these again."""
-    statement = text(
-        "UPDATE jobs SET enqueued_at = NULL WHERE id = ANY(:ids) AND status = 'queued'"
-    ).bindparams(bindparam("ids", type_=UUIDS))
-    session.execute(statement, {"ids": job_ids})
+    """The wake-up failed: the sweep wakes these jobs' model at its next run."""
+    session.execute(MARK_UNSENT, {"ids": job_ids})
     session.commit()
 
 
