@@ -102,6 +102,9 @@ class Job(Base):
     outputs: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
+    # Rows along the model's batch dimension (1 for models that do not batch): a
+    # worker claims jobs until their rows fill one ONNX Runtime call.
+    batch_rows: Mapped[int] = mapped_column(Integer, server_default="1")
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     # The cap on attempts, fixed at submit: a job that crashes its worker every time
     # stops here, whatever the workers' settings.

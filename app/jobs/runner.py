@@ -60,28 +60,30 @@ class Runtime:
 def drain(session: Session, runtime: Runtime, model: str, wake: Callable[[], object]) -> int:
     """Run queued jobs of `model` until none is left or DRAIN_SECONDS passed.
 
-    The batching delay is waited once, before the first claim, so a lone job
-    waits at most that long for company. A full batch calls `wake` first, so an
-    idle worker process claims the next batch alongside this one; so does
-    stopping on time with work left, so no job waits for the sweep.
+    Each claim takes jobs until their rows fill one call (the card's
+    max_batch_size). The batching delay is waited once, before the first claim,
+    so a lone job waits at most that long for company. When more jobs wait than
+    one claim took, `wake` is called first, so an idle worker process claims the
+    next batch alongside this one; so does stopping on time with work left, so
+    no job waits for the sweep.
     Returns the number of jobs run.
     """
     settings = runtime.settings
     card = _card(runtime, model, None)
     batching = card.batching if card else None
-    limit = max(1, batching.max_batch_size) if batching else 1
+    max_rows = max(1, batching.max_batch_size) if batching else 1
     if batching and batching.max_queue_delay_ms:
         time.sleep(batching.max_queue_delay_ms / 1000)
     stop_at = time.monotonic() + settings.drain_seconds
     done = 0
     while True:
-        claimed = claim_next(
-            session, model, limit, settings.job_lease_seconds,
+        claimed, more = claim_next(
+            session, model, max_rows, settings.job_lease_seconds,
             guarded="claim" not in settings.guards_off,
         )  # fmt: skip
         if not claimed:
             return done
-        if len(claimed) == limit:
+        if more:
             wake()
         run_claimed(session, runtime, claimed)
         done += len(claimed)

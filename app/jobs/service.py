@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import TERMINAL_STATUSES, Job
 from app.errors import Problem
-from app.inference.repository import ModelRepository, UnknownModel
+from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.tensors import InvalidInputs, parse_inputs, to_json
 from app.jobs import dispatch, idempotency, transitions
 from app.jobs.events import EventBus
@@ -79,6 +79,7 @@ def submit(
         "model_version": card.version,
         "status": "queued",
         "inputs": to_json(arrays),
+        "batch_rows": batch_rows(card, arrays),
         "attempts": 0,
         "max_attempts": int(card.extra.get("max_attempts", max_attempts)),
         "deadline_at": deadline,
@@ -97,6 +98,13 @@ def submit(
     if not dispatch.current().wake(job.model):
         transitions.mark_unsent(session, [job.id])
     return job
+
+
+def batch_rows(card: ModelCard, arrays: dict[str, Any]) -> int:
+    """How many rows the job adds to a micro-batch of its model."""
+    if card.batching.max_batch_size <= 0:
+        return 1
+    return max(1, int(next(iter(arrays.values())).shape[0]))
 
 
 def _fingerprint(model: str, version: str | None, inputs: Any) -> str:

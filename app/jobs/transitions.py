@@ -91,32 +91,45 @@ def claim(
 
 
 def claim_next(
-    session: Session, model: str, limit: int, lease_s: float, *, guarded: bool = True
-) -> list[ClaimedJob]:
-    """Claim up to `limit` queued, due jobs of `model`, oldest first, under a lease.
+    session: Session, model: str, max_rows: int, lease_s: float, *, guarded: bool = True
+) -> tuple[list[ClaimedJob], bool]:
+    """Claim the oldest queued, due jobs of `model` whose rows fit in `max_rows`
+    (a job bigger than that alone), under a lease. Returns them, oldest first,
+    and whether more were waiting.
 
     SKIP LOCKED lets worker processes claim side by side without waiting on each
-    other. Unguarded (the fault suite only) a running job can be claimed again.
+    other; candidates left over are unlocked when this transaction commits.
+    Unguarded (the fault suite only) a running job can be claimed again.
     """
-    states = (
-        "status = 'queued' AND run_after <= now()" if guarded else "status IN ('queued', 'running')"
-    )
+    states = "status = 'queued' AND run_after <= now()"
+    if not guarded:
+        states = "status IN ('queued', 'running')"
     statement = text(
         f"""
-        UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(), {_LEASE}
-        WHERE id IN (
-            SELECT id FROM jobs
+        WITH candidates AS (
+            SELECT id, batch_rows, created_at FROM jobs
             WHERE model = :model AND {states} AND attempts < max_attempts
               AND (deadline_at IS NULL OR deadline_at > now())
-            ORDER BY created_at LIMIT :limit FOR UPDATE SKIP LOCKED
+            ORDER BY created_at LIMIT :max_rows FOR UPDATE SKIP LOCKED
+        ),
+        picked AS (
+            SELECT id FROM (
+                SELECT id, sum(batch_rows) OVER (ORDER BY created_at, id) AS running,
+                       row_number() OVER (ORDER BY created_at, id) AS position
+                FROM candidates
+            ) AS c
+            WHERE running <= :max_rows OR position = 1
         )
-        RETURNING {_CLAIMED}
+        UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(), {_LEASE}
+        WHERE id IN (SELECT id FROM picked)
+        RETURNING {_CLAIMED}, (SELECT count(*) FROM candidates) AS candidates
         """
     )
-    params = {"model": model, "limit": limit, "lease": lease_s}
+    params = {"model": model, "max_rows": max_rows, "lease": lease_s}
     rows = sorted(session.execute(statement, params), key=lambda r: r.created_at)
     session.commit()
-    return [_claimed(r) for r in rows]
+    more = bool(rows) and (rows[0].candidates > len(rows) or len(rows) == max_rows)
+    return [_claimed(r) for r in rows], more
 
 
 def _claimed(r: Any) -> ClaimedJob:

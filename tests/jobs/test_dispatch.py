@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from app.config import Settings
 from app.db.models import Job
 from app.db.session import Database, current_session
 from app.inference.sessions import SessionPool
-from app.jobs import dispatch, sweeps
+from app.jobs import dispatch, sweeps, transitions
 from tests.conftest import TenantAuth, insert_queued_job, wait_for_job
 
 PIXELS = load_digits().data.astype(np.float32)
@@ -123,3 +124,41 @@ def test_the_sweep_wakes_a_backlog_with_one_message_per_model(
     with idle.app_context():
         assert sweeps.wake_waiting(current_session(), older_than_s=60) >= 30
     assert waiting_messages(idle) <= 3  # digits, and any other model a test left waiting
+
+
+def test_claims_fill_one_call_by_rows_and_say_when_more_wait(
+    database: Database, tenant: TenantAuth
+) -> None:
+    model = f"rows-{uuid.uuid4().hex[:6]}"  # no worker serves it: the test claims
+    sizes = [100, 16, 16, 16, 16, 16, 16]
+    ids = [insert_queued_job(database, tenant.id, model=model) for _ in sizes]
+    with database.engine.begin() as conn:
+        for job_id, rows in zip(ids, sizes, strict=True):
+            conn.execute(
+                sa.text("UPDATE jobs SET batch_rows = :rows WHERE id = :id"),
+                {"rows": rows, "id": job_id},
+            )
+    claims = []
+    with database.sessionmaker() as session:
+        while True:
+            claimed, more = transitions.claim_next(session, model, 64, lease_s=60)
+            if not claimed:
+                break
+            claims.append(([ids.index(job.id) for job in claimed], more))
+    # The oversized job alone, then four of 16 rows (64), then the last two.
+    assert claims == [([0], True), ([1, 2, 3, 4], True), ([5, 6], False)]
+
+
+def test_a_job_records_the_rows_it_adds_to_a_batch(
+    idle: Flask, database: Database, auth: dict[str, str]
+) -> None:
+    three = {"model": "digits", "inputs": {"pixels": PIXELS[:3].tolist()}}
+    unbatched = {"model": "slow", "inputs": {"x": [[0.1] * 64] * 3, "steps": [1]}}
+    ids = []
+    for body in (three, unbatched):
+        response = idle.test_client().post("/jobs", json=body, headers=auth)
+        assert response.status_code == 202, response.json
+        ids.append(response.json["id"])
+    with database.sessionmaker() as session:
+        rows = [session.get(Job, uuid.UUID(i)) for i in ids]
+    assert [job.batch_rows for job in rows if job] == [3, 1]
