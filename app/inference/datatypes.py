@@ -17,6 +17,8 @@ V2_TO_NUMPY: dict[str, np.dtype] = {
     "FP64": np.dtype(np.float64),
 }
 
+NUMPY_TO_V2: dict[np.dtype, str] = {dtype: name for name, dtype in V2_TO_NUMPY.items()}
+
 # ONNX Runtime's type strings -> v2 datatype
 ORT_TO_V2: dict[str, str] = {
     "tensor(bool)": "BOOL",

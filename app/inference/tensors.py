@@ -8,12 +8,14 @@ bad job is refused with 422 instead of failing later in a worker.
 
 from __future__ import annotations
 
+import json
 import math
+import struct
 from typing import Any
 
 import numpy as np
 
-from app.inference.datatypes import V2_TO_NUMPY, is_float
+from app.inference.datatypes import NUMPY_TO_V2, V2_TO_NUMPY, is_float
 from app.inference.repository import ModelCard, TensorSpec
 
 _ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
@@ -68,6 +70,36 @@ def parse_inputs(card: ModelCard, raw: Any) -> dict[str, np.ndarray]:
 def to_json(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """Nested lists, as stored in the job row and returned to clients."""
     return {name: array.tolist() for name, array in arrays.items()}
+
+
+def pack(arrays: dict[str, np.ndarray]) -> bytes:
+    """Tensors as stored with a job: a length-prefixed JSON header naming each
+    tensor's datatype and shape, then their raw little-endian bytes in order.
+    About the raw size (float32 stays 4 bytes a value); `unpack` reads it
+    without parsing a number."""
+    header = [
+        {"name": name, "datatype": NUMPY_TO_V2[array.dtype], "shape": list(array.shape)}
+        for name, array in arrays.items()
+    ]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    parts = [struct.pack("<I", len(head)), head]
+    parts += [np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes() for a in arrays.values()]
+    return b"".join(parts)
+
+
+def unpack(data: bytes | memoryview) -> dict[str, np.ndarray]:
+    (length,) = struct.unpack_from("<I", data)
+    offset = 4 + length
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in json.loads(bytes(data[4:offset])):
+        dtype = V2_TO_NUMPY[tensor["datatype"]].newbyteorder("<")
+        count = math.prod(tensor["shape"])
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+        arrays[tensor["name"]] = array.reshape(tensor["shape"])
+        offset += count * dtype.itemsize
+    if offset != len(data):
+        raise ValueError(f"packed tensors: {len(data) - offset} bytes left over")
+    return arrays
 
 
 def from_json(card: ModelCard, stored: dict[str, Any]) -> dict[str, np.ndarray]:

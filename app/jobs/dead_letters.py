@@ -71,7 +71,7 @@ _REPLAY = text(
         UPDATE dead_letters SET replayed_at = now()
         WHERE id = ANY(:ids) AND tenant_id = :tenant AND replayed_at IS NULL
           AND delivery_id IS NULL AND EXISTS (SELECT 1 FROM jobs WHERE jobs.id = dead_letters.job_id
-                      AND jobs.status = 'failed' AND jobs.inputs IS NOT NULL)
+                      AND jobs.status = 'failed' AND jobs.purged_at IS NULL)
         RETURNING id, job_id
     ),
     jobs_back AS (

@@ -23,13 +23,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.inference.engine import NonFiniteOutput, infer
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.sessions import SessionPool
-from app.inference.tensors import from_json, to_json
+from app.inference.tensors import from_json, to_json, unpack
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish, renew_leases
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob
     runnable, requests = [], []
     for job in jobs:
         try:
-            requests.append(from_json(card, job.inputs))
+            requests.append(_inputs(card, job))
             runnable.append(job)
         except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
             outcomes[job.id] = _failed(job, "invalid_input", exc)
@@ -166,6 +167,13 @@ def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob
             else Outcome(job.id, job.attempt, "succeeded", outputs=to_json(result))
         )
     return [outcomes[job.id] for job in jobs]
+
+
+def _inputs(card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:
+    if job.input_data is not None:
+        arrays = unpack(job.input_data)
+        return {spec.name: arrays[spec.name] for spec in card.inputs}
+    return from_json(card, job.inputs or {})
 
 
 def _after_error(settings: Settings, job: ClaimedJob, exc: Exception) -> Outcome:

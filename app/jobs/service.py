@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.db.models import TERMINAL_STATUSES, Job
 from app.errors import Problem
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
-from app.inference.tensors import InvalidInputs, parse_inputs, to_json
+from app.inference.tensors import InvalidInputs, pack, parse_inputs
 from app.jobs import dispatch, idempotency, transitions
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOB, JobInserter
@@ -78,7 +78,7 @@ def submit(
         "model": card.name,
         "model_version": card.version,
         "status": "queued",
-        "inputs": to_json(arrays),
+        "input_data": pack(arrays),
         "batch_rows": batch_rows(card, arrays),
         "attempts": 0,
         "max_attempts": int(card.extra.get("max_attempts", max_attempts)),

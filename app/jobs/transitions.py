@@ -29,7 +29,8 @@ class ClaimedJob:
     id: uuid.UUID
     model: str
     model_version: str
-    inputs: dict[str, Any]
+    inputs: dict[str, Any] | None  # JSON, for rows written before input_data
+    input_data: bytes | None
     attempt: int
     max_attempts: int
 
@@ -49,7 +50,7 @@ class Outcome:
     delay_s: float = 0.0
 
 
-_CLAIMED = "id, model, model_version, inputs, attempts, max_attempts, created_at"
+_CLAIMED = "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at"
 _LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
 _CLAIMABLE = """
     AND ((status = 'queued' AND run_after <= now()) {expired})
@@ -133,7 +134,9 @@ def claim_next(
 
 
 def _claimed(r: Any) -> ClaimedJob:
-    return ClaimedJob(r.id, r.model, r.model_version, r.inputs, r.attempts, r.max_attempts)
+    return ClaimedJob(
+        r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts
+    )
 
 
 def renew_leases(session: Session, jobs: list[ClaimedJob], lease_s: float) -> set[uuid.UUID]:
@@ -341,7 +344,7 @@ def purge_old_data(session: Session, older_than_s: float, limit: int) -> int:
     """Delete inputs and outputs of jobs finished long ago; keep their metadata."""
     statement = text(
         """
-        UPDATE jobs SET inputs = NULL, outputs = NULL, purged_at = now()
+        UPDATE jobs SET inputs = NULL, input_data = NULL, outputs = NULL, purged_at = now()
         WHERE id IN (
             SELECT id FROM jobs
             WHERE purged_at IS NULL AND finished_at < now() - make_interval(secs => :age)

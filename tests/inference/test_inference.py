@@ -12,7 +12,7 @@ import pytest
 
 from app.inference.repository import ModelRepository, UnknownModel
 from app.inference.sessions import ModelMismatch, SessionPool
-from app.inference.tensors import InvalidInputs, from_json, parse_inputs, to_json
+from app.inference.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +90,23 @@ def test_one_session_per_model_version(repo: ModelRepository) -> None:
 def test_unknown_provider_setting_is_refused() -> None:
     with pytest.raises(ValueError, match="auto, cpu or cuda"):
         SessionPool("tpu")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int64", "int8", "bool"])
+def test_packed_tensors_round_trip_at_their_raw_size(dtype: str) -> None:
+    arrays = {
+        "a": (np.arange(1024).reshape(16, 64) % 7).astype(dtype),
+        "b": np.array([3], dtype="int64"),
+    }
+    data = pack(arrays)
+    raw = sum(a.nbytes for a in arrays.values())
+    assert raw <= len(data) <= raw + 128
+    back = unpack(memoryview(data))  # as psycopg2 hands bytea back
+    assert list(back) == ["a", "b"]
+    for name, array in arrays.items():
+        assert back[name].dtype == array.dtype and np.array_equal(back[name], array)
+
+
+def test_packed_tensors_with_bytes_left_over_are_refused() -> None:
+    with pytest.raises(ValueError, match="left over"):
+        unpack(pack({"a": np.zeros(4, np.float32)}) + b"\0")

@@ -162,3 +162,19 @@ def test_a_job_records_the_rows_it_adds_to_a_batch(
     with database.sessionmaker() as session:
         rows = [session.get(Job, uuid.UUID(i)) for i in ids]
     assert [job.batch_rows for job in rows if job] == [3, 1]
+
+
+def test_inputs_are_stored_at_their_declared_precision(
+    idle: Flask, database: Database, auth: dict[str, str]
+) -> None:
+    rows = PIXELS[:100]
+    body = {"model": "digits", "inputs": {"pixels": rows.tolist()}}
+    response = idle.test_client().post("/jobs", json=body, headers=auth)
+    assert response.status_code == 202
+    with database.engine.connect() as conn:
+        stored = conn.execute(
+            sa.text("SELECT inputs, input_data FROM jobs WHERE id = :id"),
+            {"id": response.json["id"]},
+        ).one()
+    assert stored.inputs is None
+    assert rows.astype(np.float32).nbytes <= len(stored.input_data) <= 1.1 * 4 * rows.size

@@ -225,8 +225,12 @@ def test_retention_deletes_old_inputs_and_outputs_but_keeps_the_job(
     with database.sessionmaker() as session:
         assert sweeps.purge(session, current_runtime().settings)["purged"] >= 1
     job = load(database, job_id)
-    assert job.inputs is None and job.outputs is None and job.purged_at is not None
-    assert job.status == "succeeded"
+    assert job.outputs is None and job.purged_at is not None and job.status == "succeeded"
+    with database.engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT inputs, input_data FROM jobs WHERE id = :id"), {"id": job_id}
+        ).one()
+    assert stored.inputs is None and stored.input_data is None
 
 
 def test_a_model_added_after_the_worker_started_is_found(
