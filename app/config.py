@@ -49,6 +49,9 @@ class Settings:
     # DRAIN_SECONDS: how long one wake-up may keep a worker process on one model's jobs
     # before it hands the rest to another wake-up, so other models get their turn.
     drain_seconds: float = 1.0
+    # DRAIN_LINGER_MS: how long a worker keeps looking (every quarter of it) for a
+    # model's new jobs after its queue ran empty, before it lets the wake-up go.
+    drain_linger_ms: float = 20.0
     # DB_POOL_SIZE: database connections each process keeps; at least the API's threads,
     # so a busy API never opens and closes connections per request.
     db_pool_size: int = 20
@@ -122,6 +125,7 @@ class Settings:
             max_request_bytes=_env_int("MAX_REQUEST_BYTES", d.max_request_bytes),
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),
             drain_seconds=_env_float("DRAIN_SECONDS", d.drain_seconds),
+            drain_linger_ms=_env_float("DRAIN_LINGER_MS", d.drain_linger_ms),
             db_pool_size=_env_int("DB_POOL_SIZE", d.db_pool_size),
             api_key_cache_seconds=_env_float("API_KEY_CACHE_SECONDS", d.api_key_cache_seconds),
             job_max_attempts=_env_int("JOB_MAX_ATTEMPTS", d.job_max_attempts),
@@ -172,7 +176,14 @@ class Settings:
 
     @property
     def broker_url(self) -> str:
-        """The Redis URL in kombu's spelling (unix sockets are `redis+socket://`)."""
+        """The Redis URL in kombu's spelling: unix sockets are `redis+socket://`, and
+        their database is `?virtual_host=N` (kombu ignores redis-py's `?db=N`)."""
         if self.redis_url.startswith("unix://"):
-            return "redis+socket://" + self.redis_url[len("unix://") :]
+            path, _, query = self.redis_url[len("unix://") :].partition("?")
+            params = [
+                "virtual_host=" + p[len("db=") :] if p.startswith("db=") else p
+                for p in query.split("&")
+                if p
+            ]
+            return "redis+socket://" + path + ("?" + "&".join(params) if params else "")
         return self.redis_url

@@ -36,6 +36,7 @@ from app.tenants import create_api_key
 from tests.models import build_memhog, build_slow
 
 TEST_VAR = ROOT / "var" / "test"
+STAGED = "staged"
 RUN_ID = uuid.uuid4().hex[:8]
 
 
@@ -87,6 +88,9 @@ def model_repository() -> Iterator[Path]:
     ensure_models(ROOT / "models")
     root = TEST_VAR / f"models-{RUN_ID}"
     shutil.copytree(ROOT / "models" / "digits", root / "digits")
+    # The same model under the name of the jobs tests stage by hand: no worker is
+    # woken for it unless a test does so, so a background worker never takes them.
+    shutil.copytree(ROOT / "models" / "digits", root / STAGED)
     build_slow(root)
     build_memhog(root)
     yield root
@@ -135,6 +139,19 @@ def make_tenant(database: Database) -> TenantAuth:
     return TenantAuth(tenant_id, {"Authorization": f"Bearer {creds.api_key}"})
 
 
+@pytest.fixture(autouse=True)
+def no_jobs_left_queued(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test's queued leftovers are put out of reach after it (due never, which
+    fires no event), so a later test that wakes every waiting model (the sweep)
+    does not set workers on them while it stages jobs of its own."""
+    uses_database = "database_url" in request.fixturenames
+    database: Database | None = request.getfixturevalue("database") if uses_database else None
+    yield
+    if database is not None:
+        with database.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET run_after = 'infinity' WHERE status = 'queued'"))
+
+
 @pytest.fixture
 def tenant(database: Database) -> TenantAuth:
     return make_tenant(database)
@@ -150,7 +167,7 @@ def insert_queued_job(
     tenant_id: int,
     inputs: dict[str, Any] | None = None,
     *,
-    model: str = "digits",
+    model: str = STAGED,
     enqueued_seconds_ago: float = 0,
 ) -> uuid.UUID:
     """A queued job row with no broker message: the test plays the delivery."""
@@ -239,7 +256,10 @@ class WorkerProcess:
 
 @pytest.fixture(scope="session")
 def worker(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    process = WorkerProcess(settings, tmp_path_factory.mktemp("worker") / "worker.log")
+    # No lingering: a drain ends at its first empty claim, as soon as a test's jobs are done.
+    process = WorkerProcess(
+        settings, tmp_path_factory.mktemp("worker") / "worker.log", DRAIN_LINGER_MS="0"
+    )
     yield process
     process.stop()
 

@@ -63,3 +63,13 @@ def test_a_port_in_use_is_refused_before_anything_starts() -> None:
         with pytest.raises(LaunchError, match=rf"127.0.0.1:{port} is not free.*PORT="):
             subject._check_ports()
     assert subject.children == []
+
+
+def test_a_unix_socket_redis_url_keeps_its_database_for_celery() -> None:
+    from app.config import Settings
+
+    plain = Settings(redis_url="unix:///run/redis.sock")
+    assert plain.broker_url == "redis+socket:///run/redis.sock"
+    numbered = Settings(redis_url="unix:///run/redis.sock?db=3")
+    assert numbered.broker_url == "redis+socket:///run/redis.sock?virtual_host=3"
+    assert Settings(redis_url="redis://h:6379/2").broker_url == "redis://h:6379/2"

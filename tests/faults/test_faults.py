@@ -102,9 +102,11 @@ def test_2_sigkill_the_whole_worker_and_restart_it(
 ) -> None:
     stack = make_stack("" if guarded else "lease,republish")
     stack.start_all(concurrency=2)
-    ids = stack.submit([slow(0.02) for _ in range(200)])
-    time.sleep(1.0)
-    stack.services["worker0"].kill()
+    ids = stack.submit([slow(0.05) for _ in range(200)])
+    deadline = time.monotonic() + 30
+    while "running" not in stack.statuses(ids).values() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stack.services["worker0"].kill()  # with jobs running
     time.sleep(1.0)
     stack.start_worker("worker0")
     restarted = time.monotonic()
@@ -209,6 +211,7 @@ def test_6_api_crash_between_commit_and_publish(
     stack.start_all(concurrency=2)
     submitted = stack.submit([digits(i) for i in range(50)])
     assert stack.wait_terminal(submitted, timeout=60) is not None
+    time.sleep(0.5)  # the workers stopped looking (DRAIN_LINGER_MS) before the crash
     orphan_ids = stack.insert_queued([{"pixels": [ROWS[i]]} for i in range(50)])
     ids = submitted + orphan_ids
     done = stack.wait_terminal(ids, timeout=60 if guarded else 15)

@@ -19,7 +19,7 @@ from app.db.models import Job
 from app.db.session import Database, current_session
 from app.inference.sessions import SessionPool
 from app.jobs import dispatch, sweeps, transitions
-from tests.conftest import TenantAuth, insert_queued_job, wait_for_job
+from tests.conftest import STAGED, TenantAuth, insert_queued_job, wait_for_job
 
 PIXELS = load_digits().data.astype(np.float32)
 
@@ -70,7 +70,7 @@ def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
         insert_queued_job(database, tenant.id, {"pixels": [PIXELS[i].tolist()]}) for i in range(100)
     ]
     with app.app_context():
-        assert dispatch.current().wake("digits")
+        assert dispatch.current().wake(STAGED)
     for job_id in ids[-3:]:
         assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
     with database.sessionmaker() as session:
@@ -79,7 +79,7 @@ def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
     # Jobs claimed in one UPDATE share its transaction's now(): the batches.
     claims = {job.started_at for job in jobs.values()}
     assert 2 <= len(claims) <= 10, len(claims)
-    card = app.extensions["models"].resolve("digits")
+    card = app.extensions["models"].resolve(STAGED)
     direct = SessionPool("cpu", 1).run(card, {"pixels": PIXELS[:100]})
     for i, job_id in enumerate(ids):
         outputs = jobs[job_id].outputs
@@ -98,7 +98,7 @@ def test_non_finite_outputs_fail_that_job_at_once_and_not_its_batch(
         insert_queued_job(database, tenant.id, {"pixels": [PIXELS[i].tolist()]}) for i in range(5)
     ]
     with app.app_context():
-        assert dispatch.current().wake("digits")
+        assert dispatch.current().wake(STAGED)
     failed = wait_for_job(app.test_client(), tenant.headers, str(poison))
     assert failed["status"] == "failed" and failed["attempts"] == 1
     assert failed["error"]["code"] == "non_finite_output"

@@ -21,7 +21,7 @@ from app.db.session import Database
 from app.jobs import runner, sweeps, transitions
 from app.jobs.runner import Runtime
 from app.jobs.runtime import current_runtime
-from tests.conftest import TenantAuth, insert_queued_job
+from tests.conftest import STAGED, TenantAuth, insert_queued_job
 from tests.models import HUGE
 
 SLOW = {"x": [[0.1] * 64]}
@@ -127,7 +127,7 @@ def test_a_dead_workers_job_is_queued_again_then_capped(
             assert job.status == "queued" and job.error_code == "worker_lost"
             make_due(database, job_id)
             with database.sessionmaker() as session:  # the sweep wakes its model again
-                assert transitions.models_waiting(session, 60).get("digits", 0) >= 1
+                assert transitions.models_waiting(session, 60).get(STAGED, 0) >= 1
         else:
             assert requeued == []
             assert job.status == "failed" and job.error_code == "attempts_exhausted"
