@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 from sqlalchemy import select as sql_select
 from sqlalchemy.orm import Session
 
+from app.background import LazyThread
 from app.db.models import JobEvent
 
 logger = logging.getLogger(__name__)
@@ -34,8 +35,7 @@ class EventBus:
         self._engine = engine
         self._changes: dict[str, int] = defaultdict(int)
         self._condition = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._listener = LazyThread(self._listen_forever, "job-events")
         self._listening = threading.Event()
 
     def version(self, job_id: uuid.UUID) -> int:
@@ -51,17 +51,10 @@ class EventBus:
             return self._changes[key]
 
     def _ensure_listening(self) -> None:
-        # Started lazily: after gunicorn forked this process, and only where needed.
-        if self._thread is None or not self._thread.is_alive():
-            with self._lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._listen_forever, name="job-events", daemon=True
-                    )
-                    self._thread.start()
-            # A change before LISTEN would be missed; a waiter would then only see it
-            # when its wait times out. Let the first caller wait for the listener.
-            self._listening.wait(5)
+        self._listener.ensure()
+        # A change before LISTEN would be missed; a waiter would then only see it
+        # when its wait times out. Let the first caller wait for the listener.
+        self._listening.wait(5)
 
     def _listen_forever(self) -> None:
         backoff = 1.0

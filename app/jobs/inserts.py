@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, insert
 
+from app.background import LazyThread
 from app.db.models import Job
 from app.jobs.transitions import MARK_UNSENT
 
@@ -52,13 +53,12 @@ class JobInserter:
         self._engine = engine
         self._wake = wake
         self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._writer = LazyThread(self._run, "job-inserts")
 
     def insert(self, values: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         """Insert one job row (committed when this returns); the server defaults."""
         pending = _Pending(values)
-        self._ensure_thread()
+        self._writer.ensure()
         self._queue.put(pending)
         if not pending.done.wait(timeout):
             raise TimeoutError("the job writer did not answer")
@@ -66,15 +66,6 @@ class JobInserter:
             raise pending.error
         assert pending.defaults is not None
         return pending.defaults
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            with self._lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="job-inserts", daemon=True
-                    )
-                    self._thread.start()
 
     def _run(self) -> None:
         while True:
