@@ -1,0 +1,84 @@
+"""`python manage.py bench`: the command, kept apart so manage.py only wires it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from bench.report import CONTENDERS
+
+
+@click.command("bench")
+@click.option("--quick", is_flag=True, help="Smaller workloads, one repeat (under 3 minutes)")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("bench/results"),
+    show_default=True,
+    help="Where <timestamp>.{json,md,png} and latest.{md,png} go",
+)
+@click.option("--repeat", type=click.IntRange(1), help="Repeats, medians reported [3; quick 1]")
+@click.option("--heavy-model", default="heavy", show_default=True, help="Model for (b)")
+@click.option("--heavy-rows", default=16, show_default=True, help="Rows per job in (b)")
+@click.option(
+    "--only",
+    multiple=True,
+    type=click.Choice(CONTENDERS),
+    help="Run only these contenders (repeatable)",
+)
+@click.option("--no-plot", is_flag=True, help="Skip the PNG (no matplotlib needed)")
+@click.option("--jobs", type=click.IntRange(1), hidden=True, help="Jobs in (a)")
+@click.option("--clients", type=click.IntRange(1), multiple=True, hidden=True)
+@click.option("--burst-seconds", type=float, hidden=True)
+@click.option("--open-seconds", type=float, hidden=True)
+@click.option("--heavy-jobs", type=click.IntRange(1), hidden=True)
+def bench(
+    quick: bool,
+    out: Path,
+    repeat: int | None,
+    heavy_model: str,
+    heavy_rows: int,
+    only: tuple[str, ...],
+    no_plot: bool,
+    jobs: int | None,
+    clients: tuple[int, ...],
+    burst_seconds: float | None,
+    open_seconds: float | None,
+    heavy_jobs: int | None,
+) -> None:
+    """Benchmark this service against raw ONNX Runtime, a bare Celery round trip,
+    the textbook Flask + Celery design and BentoML tasks, each in turn on this
+    machine; writes a JSON, a markdown table and a plot (see bench/README.md)."""
+    if not no_plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.ClickException(
+                "the plot needs matplotlib: .venv/bin/pip install -r bench/requirements.txt "
+                "(or run with --no-plot)"
+            ) from None
+    from bench.runner import Options, run
+
+    data = run(
+        Options(
+            quick=quick,
+            out=out,
+            repeat=repeat,
+            heavy_model=heavy_model,
+            heavy_rows=heavy_rows,
+            only=only,
+            plot=not no_plot,
+            argv=tuple(sys.argv[2:]),
+            jobs=jobs,
+            clients=clients,
+            burst_s=burst_seconds,
+            open_s=open_seconds,
+            heavy_jobs=heavy_jobs,
+        )
+    )
+    for target in data["targets"]:
+        met = {True: "met", False: "NOT met", None: "n/a"}[target["met"]]
+        click.echo(f"{met:8} {target['target']}: {target['value']} (goal {target['goal']})")
+    click.echo(f"report: {out / (data['run']['stamp'] + '.md')}")

@@ -1,0 +1,83 @@
+"""What every contender served over HTTP gives the workloads: where to submit,
+where its jobs are recorded, and which processes are its roles."""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from bench.completion import JobStore
+from bench.cpu import RoleMeter
+from bench.infra import Servers
+from bench.load import Endpoint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Shared by every contender of one run."""
+
+    servers: Servers
+    run_id: str
+    log_dir: Path
+    model_repository: Path
+    # Roles every contender shares: the PostgreSQL postmaster tree and Redis.
+    postgres_pid: int | None
+    redis_pid: int | None
+
+    def shared_trees(self, postgres: bool = True) -> dict[int, str]:
+        trees: dict[int, str] = {}
+        if postgres and self.postgres_pid:
+            trees[self.postgres_pid] = "postgres"
+        if self.redis_pid:
+            trees[self.redis_pid] = "redis"
+        return trees
+
+
+class HttpContender(abc.ABC):
+    """Started once per run; the workloads then submit to `endpoint`, wait on
+    `store` and sample `meter`. Use as a context manager: stop() always runs."""
+
+    name: str = ""
+    description: str = ""
+    runs_heavy_model: bool = True
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.endpoint: Endpoint | None = None
+        self.store: JobStore | None = None
+        self.meter = RoleMeter()
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def log_path(self, part: str) -> Path:
+        return self.ctx.log_dir / f"{self.name}-{part}.log"
+
+    def __enter__(self) -> HttpContender:
+        try:
+            self.start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.stop()
+        finally:
+            if self.store is not None:
+                self.store.close()
+                self.store = None

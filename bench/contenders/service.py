@@ -1,0 +1,80 @@
+"""This service, started the way `make run` starts it: `python manage.py up`, with
+its own fresh database and everything else at its defaults."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+from app.config import ROOT
+from bench import procs
+from bench.completion import PostgresJobs
+from bench.contenders.base import Context, HttpContender
+from bench.infra import Database
+from bench.load import Endpoint
+
+READY_TIMEOUT_S = 180
+
+
+def classify(cmdline: list[str]) -> str | None:
+    """The launcher's children, named by what they run (their children inherit)."""
+    text = " ".join(cmdline)
+    if "gunicorn" in text:
+        return "api"
+    if "celery" not in text:
+        return None
+    if "flower" in cmdline:
+        return "flower"
+    if "beat" in cmdline:
+        return "beat"
+    if "worker" in cmdline:
+        return "webhooks" if "webhooks" in text else "worker"
+    return None
+
+
+class Service(HttpContender):
+    name = "service"
+    description = "this service: manage.py up (gunicorn API, Celery workers, beat, Flower)"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.database: Database | None = None
+
+    def start(self) -> None:
+        servers = self.ctx.servers
+        self.database = servers.create_database(self.name, self.ctx.run_id)
+        redis_db = servers.service_redis()
+        if servers.embedded_redis:
+            redis_db.client().flushdb()  # the bench's own Redis: nothing to keep
+        port, flower_port = procs.free_port(), procs.free_port()
+        env = procs.child_env(
+            DATABASE_URL=self.database.url,
+            REDIS_URL=redis_db.base_url,
+            VAR_DIR=str(ROOT / "var" / "bench" / "service"),
+        )
+        log = self.log_path("up")
+        self.proc = procs.spawn(
+            [sys.executable, "manage.py", "up", "--port", str(port),
+             "--flower-port", str(flower_port)],
+            env=env, cwd=ROOT, log_path=log,
+        )  # fmt: skip
+        procs.wait_http(port, "/v2/health/ready", self.proc, READY_TIMEOUT_S, log)
+        key = subprocess.run(
+            [sys.executable, "manage.py", "create-api-key", "--tenant", "bench", "--json"],
+            env=env, cwd=ROOT, capture_output=True, check=True, timeout=120,
+        )  # fmt: skip
+        api_key = json.loads(key.stdout.decode().strip().splitlines()[-1])["api_key"]
+        self.endpoint = Endpoint(port, "/jobs", "id", {"Authorization": f"Bearer {api_key}"})
+        self.store = PostgresJobs(self.database)
+        self.meter.trees = {self.proc.pid: "launcher", **self.ctx.shared_trees()}
+        self.meter.classify = classify
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            # Ctrl-C, as a person stops `make run`; the launcher stops its children.
+            procs.stop(self.proc, signal.SIGINT, timeout=60)
+        if self.database is not None:
+            self.ctx.servers.drop_database(self.database)

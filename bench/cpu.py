@@ -1,0 +1,81 @@
+"""CPU seconds spent by each role of a contender (API, worker, PostgreSQL, ...).
+
+Throughput alone does not say where a job's time goes; CPU per job per role does,
+and on a machine with two cores it is what decides throughput. Each role is a
+set of process trees. A process's CPU is its own user+system time plus that of
+its children it has reaped (`/proc/<pid>/stat` cutime/cstime), so a backend or a
+worker child that exits between two samples is still counted, by its parent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import psutil
+
+# Names a process's role from its command line; None means "its parent's role".
+Classifier = Callable[[list[str]], str | None]
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system + t.children_user + t.children_system)
+
+
+def _tree(root: psutil.Process) -> Iterable[tuple[psutil.Process, psutil.Process | None]]:
+    """(process, parent) for `root` and every descendant, parents first."""
+    yield root, None
+    stack = [root]
+    while stack:
+        parent = stack.pop()
+        try:
+            children = parent.children()
+        except psutil.Error:
+            continue
+        for child in children:
+            yield child, parent
+            stack.append(child)
+
+
+@dataclass
+class RoleMeter:
+    """Samples CPU seconds per role. `trees` maps a root pid to its default role;
+    `classify` may give a descendant a role of its own (gunicorn → api, ...)."""
+
+    trees: dict[int, str] = field(default_factory=dict)
+    classify: Classifier = lambda _cmdline: None
+    client: bool = True  # count this process's own CPU as the role "client"
+
+    def sample(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for pid, default_role in self.trees.items():
+            try:
+                root = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            roles: dict[int, str] = {}
+            for proc, parent in _tree(root):
+                try:
+                    role = self.classify(proc.cmdline()) if parent is not None else None
+                    inherited = roles.get(parent.pid, default_role) if parent else default_role
+                    roles[proc.pid] = role or inherited
+                    totals[roles[proc.pid]] = totals.get(roles[proc.pid], 0.0) + _cpu_seconds(proc)
+                except psutil.Error:
+                    continue
+        if self.client:
+            own = psutil.Process(os.getpid()).cpu_times()
+            totals["client"] = float(own.user + own.system)
+        return totals
+
+
+def per_job_ms(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
+    """CPU milliseconds per job for each role between two samples."""
+    if jobs <= 0:
+        return {}
+    roles = sorted(set(before) | set(after))
+    deltas = {r: max(0.0, after.get(r, 0.0) - before.get(r, 0.0)) for r in roles}
+    result = {r: round(1000 * d / jobs, 3) for r, d in deltas.items()}
+    result["total"] = round(sum(v for k, v in result.items() if k != "client"), 3)
+    return result

@@ -1,0 +1,232 @@
+"""The load generator: raw `http.client` keep-alive connections, one per thread.
+
+Client and service share two cores, so every microsecond the client spends is
+taken from the service: no `requests` (about 1 ms of CPU per POST here), bodies
+encoded once before the clock starts, and the client's own CPU per request is
+measured and reported. Three shapes:
+
+- closed loop: C threads submit N jobs in total, each as soon as its last answer came;
+- open loop: a fixed Poisson arrival rate; latency counts from the *scheduled*
+  send time, so a slow answer that delays the next send is charged to the
+  service (no coordinated omission);
+- burst: C threads as fast as they can for T seconds.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.stats import percentile, rounded
+
+REFUSED = (429, 503)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to submit one job: POST `path` with `headers`; the job's id is
+    `id_field` in the JSON answer."""
+
+    port: int
+    path: str
+    id_field: str = "id"
+    headers: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+
+
+@dataclass
+class LoadResult:
+    sent: int = 0
+    accepted: int = 0
+    refused: int = 0
+    refused_with_retry_after: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)  # accepted requests only
+    ids: list[str] = field(default_factory=list)
+    first_send: float = 0.0  # epoch seconds
+    last_answer: float = 0.0  # epoch seconds
+    client_cpu_s: float = 0.0
+
+    def merge(self, other: LoadResult) -> None:
+        self.sent += other.sent
+        self.accepted += other.accepted
+        self.refused += other.refused
+        self.refused_with_retry_after += other.refused_with_retry_after
+        self.errors += other.errors
+        self.error_samples.extend(other.error_samples[: max(0, 5 - len(self.error_samples))])
+        self.latencies_ms.extend(other.latencies_ms)
+        self.ids.extend(other.ids)
+
+    def summary(self) -> dict[str, Any]:
+        lat = self.latencies_ms
+        return {
+            "sent": self.sent,
+            "accepted": self.accepted,
+            "refused": self.refused,
+            "refused_with_retry_after": self.refused_with_retry_after,
+            "errors": self.errors,
+            "error_samples": self.error_samples,
+            "post_ms": {
+                "p50": rounded(percentile(lat, 0.50), 2),
+                "p99": rounded(percentile(lat, 0.99), 2),
+                "max": rounded(max(lat) if lat else None, 2),
+            },
+            "client_cpu_ms_per_request": rounded(
+                1000 * self.client_cpu_s / self.sent if self.sent else None, 3
+            ),
+        }
+
+
+class _Client:
+    """One keep-alive connection; reconnects after any transport error."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.headers = {"Content-Type": "application/json", **endpoint.headers}
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes, tally: LoadResult, started: float) -> None:
+        """Send one job and record the answer; latency counts from `started`
+        (perf_counter), which is the scheduled time in an open loop."""
+        tally.sent += 1
+        try:
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(
+                    self.endpoint.host, self.endpoint.port, timeout=60
+                )
+            self.conn.request("POST", self.endpoint.path, body, self.headers)
+            response = self.conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            tally.errors += 1
+            if len(tally.error_samples) < 5:
+                tally.error_samples.append(f"{type(exc).__name__}: {exc}")
+            self.close()
+            return
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        if 200 <= response.status < 300:
+            tally.accepted += 1
+            tally.latencies_ms.append(elapsed_ms)
+            tally.ids.append(str(json.loads(data)[self.endpoint.id_field]))
+        elif response.status in REFUSED:
+            tally.refused += 1
+            if response.getheader("Retry-After") is not None:
+                tally.refused_with_retry_after += 1
+        else:
+            tally.errors += 1
+            if len(tally.error_samples) < 5:
+                tally.error_samples.append(f"{response.status}: {data[:200]!r}")
+        if response.getheader("Connection", "").lower() == "close":
+            self.close()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+# A thread's next piece of work: (body, perf_counter time to send at or None), or
+# None when there is no more.
+NextWork = Callable[[], tuple[bytes, float | None] | None]
+
+
+def _drive(endpoint: Endpoint, threads: int, next_work: NextWork) -> LoadResult:
+    total = LoadResult()
+    lock = threading.Lock()
+    first_send: list[float] = []
+
+    def worker() -> None:
+        client, tally = _Client(endpoint), LoadResult()
+        try:
+            while (work := next_work()) is not None:
+                body, at = work
+                if at is not None:
+                    delay = at - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                if not first_send:
+                    first_send.append(time.time())
+                client.post(body, tally, at if at is not None else time.perf_counter())
+        finally:
+            client.close()
+            with lock:
+                total.merge(tally)
+
+    cpu_start = time.process_time()
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    started = time.time()
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    total.last_answer = time.time()
+    total.client_cpu_s = time.process_time() - cpu_start
+    total.first_send = min(first_send) if first_send else started
+    return total
+
+
+def closed_loop(endpoint: Endpoint, bodies: Sequence[bytes], jobs: int, clients: int) -> LoadResult:
+    counter = itertools.count()  # next() on a count is atomic under the GIL
+
+    def next_work() -> tuple[bytes, float | None] | None:
+        i = next(counter)
+        return (bodies[i % len(bodies)], None) if i < jobs else None
+
+    return _drive(endpoint, clients, next_work)
+
+
+def open_loop(
+    endpoint: Endpoint,
+    bodies: Sequence[bytes],
+    rate: float,
+    seconds: float,
+    clients: int,
+    seed: int = 0,
+) -> LoadResult:
+    """Poisson arrivals at `rate`/s for `seconds`; `clients` threads must exceed
+    rate x latency, or sends start late (and that lateness is counted)."""
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            break
+        offsets.append(t)
+    counter = itertools.count()
+    start = time.perf_counter() + 0.05
+
+    def next_work() -> tuple[bytes, float | None] | None:
+        i = next(counter)
+        return (bodies[i % len(bodies)], start + offsets[i]) if i < len(offsets) else None
+
+    return _drive(endpoint, clients, next_work)
+
+
+def burst(endpoint: Endpoint, bodies: Sequence[bytes], seconds: float, clients: int) -> LoadResult:
+    counter = itertools.count()
+    deadline = time.perf_counter() + seconds
+
+    def next_work() -> tuple[bytes, float | None] | None:
+        i = next(counter)
+        return (bodies[i % len(bodies)], None) if time.perf_counter() < deadline else None
+
+    return _drive(endpoint, clients, next_work)
+
+
+def job_bodies(model: str, rows: Sequence[Sequence[float]], rows_per_job: int) -> list[bytes]:
+    """Request bodies, encoded once: `{"model", "inputs": {"pixels": [...]}}`, the
+    service's own format, sent unchanged to every contender."""
+    bodies = []
+    for start in range(0, len(rows), rows_per_job):
+        chunk = [list(map(float, r)) for r in rows[start : start + rows_per_job]]
+        if len(chunk) == rows_per_job:
+            bodies.append(json.dumps({"model": model, "inputs": {"pixels": chunk}}).encode())
+    return bodies

@@ -1,0 +1,222 @@
+"""The four workloads, run against any `HttpContender`.
+
+(a) async digits: N single-row jobs from C closed-loop clients; jobs/s from the
+    first submit to the last job's own `finished_at`.
+(b) compute-bound: the same with a heavy model and many rows per job; rows/s.
+(c) burst: clients submit as fast as they can for T seconds; what was accepted,
+    refused, lost, and how long the backlog took to drain.
+(d) open loop: Poisson arrivals at half the rate (a) sustained; POST latency.
+(e) after idle: single jobs, each after the contender sat idle; how long the
+    first job waits before it starts (the cost of waking a worker).
+
+Every workload waits for the contender to drain before the next starts, and
+samples CPU per role around itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench import load
+from bench.completion import PostgresJobs, wait_until_done
+from bench.contenders.base import HttpContender
+from bench.cpu import per_job_ms
+from bench.stats import rounded
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    jobs: int  # (a)
+    clients: tuple[int, ...]  # (a), one row each
+    heavy_model: str | None  # (b), None when the model is not built
+    heavy_rows: int
+    heavy_jobs: int
+    heavy_clients: int
+    burst_s: float  # (c)
+    burst_clients: int
+    open_s: float  # (d)
+    open_clients: int
+    drain_timeout_s: float
+    repeat: int
+    raw_ort_s: float  # seconds per raw ORT measurement
+
+
+@dataclass(frozen=True)
+class Bodies:
+    digits: Sequence[bytes]
+    heavy: Sequence[bytes]
+
+
+def _measure_closed(
+    c: HttpContender, bodies: Sequence[bytes], jobs: int, clients: int, timeout: float
+) -> dict[str, Any]:
+    assert c.endpoint is not None and c.store is not None
+    before = c.store.progress(time.time())
+    cpu0 = c.meter.sample()
+    since = time.time() - 1
+    result = load.closed_loop(c.endpoint, bodies, jobs, clients)
+    progress, drained = wait_until_done(c.store, before.terminal + result.accepted, since, timeout)
+    cpu1 = c.meter.sample()
+    span = (progress.last_finished or result.last_answer) - result.first_send
+    return {
+        "jobs": result.accepted,
+        "clients": clients,
+        "jobs_per_s": rounded(result.accepted / span if span > 0 else None),
+        "seconds": rounded(span, 2),
+        # the same span from the first row's created_at (None where not recorded)
+        "seconds_from_first_created": rounded(
+            progress.last_finished - progress.first_created
+            if progress.first_created and progress.last_finished
+            else None,
+            2,
+        ),
+        **result.summary(),
+        "failed": progress.failed - before.failed,
+        "max_queued_s": rounded(progress.max_queued_s, 3),
+        "drained": drained,
+        "cpu_ms_per_job": per_job_ms(cpu0, cpu1, result.accepted),
+    }
+
+
+def async_jobs(c: HttpContender, bodies: Bodies, plan: Plan, clients: int) -> dict[str, Any]:
+    row = _measure_closed(c, bodies.digits, plan.jobs, clients, plan.drain_timeout_s)
+    return {"workload": "a", "variant": f"{clients} clients", **row}
+
+
+def compute_bound(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any]:
+    row = _measure_closed(
+        c, bodies.heavy, plan.heavy_jobs, plan.heavy_clients, plan.drain_timeout_s
+    )
+    per_s = row["jobs_per_s"]
+    return {
+        "workload": "b",
+        "variant": f"{plan.heavy_model} x{plan.heavy_rows} rows",
+        **row,
+        "rows_per_s": rounded(per_s * plan.heavy_rows if per_s else None),
+    }
+
+
+def burst(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any]:
+    assert c.endpoint is not None and c.store is not None
+    before = c.store.progress(time.time())
+    cpu0 = c.meter.sample()
+    since = time.time() - 1
+    result = load.burst(c.endpoint, bodies.digits, plan.burst_s, plan.burst_clients)
+    burst_end = result.last_answer
+    progress, drained = wait_until_done(
+        c.store, before.terminal + result.accepted, since, plan.drain_timeout_s
+    )
+    cpu1 = c.meter.sample()
+    finished = c.store.terminal_among(result.ids)
+    last = progress.last_finished or burst_end
+    return {
+        "workload": "c",
+        "variant": f"{plan.burst_s:g}s x {plan.burst_clients} clients",
+        **result.summary(),
+        "submit_per_s": rounded(result.sent / max(burst_end - result.first_send, 1e-9)),
+        "jobs_per_s": rounded(result.accepted / max(last - result.first_send, 1e-9)),
+        "lost": result.accepted - finished,
+        "drain_s": rounded(max(0.0, last - burst_end), 2),
+        "drained": drained,
+        "failed": progress.failed - before.failed,
+        "max_queued_s": rounded(progress.max_queued_s, 3),
+        "cpu_ms_per_job": per_job_ms(cpu0, cpu1, result.accepted),
+    }
+
+
+def open_loop(c: HttpContender, bodies: Bodies, plan: Plan, rate: float) -> dict[str, Any]:
+    assert c.endpoint is not None and c.store is not None
+    before = c.store.progress(time.time())
+    cpu0 = c.meter.sample()
+    since = time.time() - 1
+    result = load.open_loop(c.endpoint, bodies.digits, rate, plan.open_s, plan.open_clients)
+    progress, drained = wait_until_done(
+        c.store, before.terminal + result.accepted, since, plan.drain_timeout_s
+    )
+    cpu1 = c.meter.sample()
+    return {
+        "workload": "d",
+        "variant": f"{rate:.0f}/s for {plan.open_s:g}s",
+        "rate_per_s": rounded(rate),
+        **result.summary(),
+        "failed": progress.failed - before.failed,
+        "max_queued_s": rounded(progress.max_queued_s, 3),
+        "drained": drained,
+        "cpu_ms_per_job": per_job_ms(cpu0, cpu1, result.accepted),
+    }
+
+
+IDLE_PROBES, IDLE_S = 5, 1.5
+
+
+def after_idle(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any] | None:
+    """One job at a time, each after IDLE_S of quiet (workers have stopped
+    looking); its own started_at - created_at is the wake-up's cost."""
+    assert c.endpoint is not None
+    if not isinstance(c.store, PostgresJobs):
+        return None  # BentoML's store keeps whole seconds
+    queued, total, ids = [], [], []
+    for i in range(IDLE_PROBES):
+        time.sleep(IDLE_S)
+        before = c.store.progress(time.time())
+        result = load.closed_loop(c.endpoint, bodies.digits[i:], 1, 1)
+        wait_until_done(c.store, before.terminal + result.accepted, time.time() - 1, 30)
+        ids += result.ids
+    for q, t in c.store.timings(ids):
+        queued.append(q)
+        total.append(t)
+    return {
+        "workload": "e",
+        "variant": f"{IDLE_PROBES} jobs, each after {IDLE_S:g} s idle",
+        "jobs": len(ids),
+        "max_queued_s": rounded(max(queued, default=None), 4),
+        "finished_ms": {
+            "p50": rounded(statistics.median(total) * 1000 if total else None, 2),
+            "max": rounded(max(total) * 1000 if total else None, 2),
+        },
+    }
+
+
+def run_all(
+    c: HttpContender, bodies: Bodies, plan: Plan, repeat: int, rows: list[dict[str, Any]]
+) -> None:
+    """(a) for each client count, (b) if the heavy model is built, (c), then (d)
+    at half of (a)'s rate with the fewest clients; each row appended to `rows`."""
+    assert c.endpoint is not None and c.store is not None
+
+    def record(row: dict[str, Any]) -> dict[str, Any]:
+        row = {"contender": c.name, "repeat": repeat, **row}
+        logger.info("%s", _brief(row))
+        rows.append(row)
+        return row
+
+    if repeat == 0:  # first requests pay for imports, pools and sessions: not measured
+        warm = load.closed_loop(c.endpoint, bodies.digits, 8 * plan.clients[0], plan.clients[0])
+        wait_until_done(c.store, 0, time.time(), plan.drain_timeout_s)
+        logger.info("%s warmed up with %d jobs", c.name, warm.accepted)
+    first_rate: float | None = None
+    for clients in plan.clients:
+        row = record(async_jobs(c, bodies, plan, clients))
+        if first_rate is None:
+            first_rate = row["jobs_per_s"]
+    if plan.heavy_model and c.runs_heavy_model:
+        record(compute_bound(c, bodies, plan))
+    record(burst(c, bodies, plan))
+    if first_rate:
+        record(open_loop(c, bodies, plan, first_rate / 2))
+    idle = after_idle(c, bodies, plan)
+    if idle:
+        record(idle)
+
+
+def _brief(row: dict[str, Any]) -> str:
+    keys = ("jobs_per_s", "rows_per_s", "post_ms", "lost", "drain_s", "refused", "errors")
+    shown = {k: row[k] for k in keys if k in row}
+    return f"{row['contender']} ({row['workload']}) {row['variant']}: {shown}"
