@@ -1,7 +1,9 @@
 """RFC 9457 problem details: every error the API returns is shaped here.
 
-Domain code raises `Problem` (or a subclass); Werkzeug / webargs errors are
-translated by `problem_from_http_exception`. The `type` of each problem is a
+Services raise plain domain exceptions (`app.domain`, and `UnknownModel` of the
+model repository), each mapped to its problem type here, once; handlers at the
+edge may raise `Problem` directly; Werkzeug / webargs errors are translated by
+`problem_from_http_exception`. The `type` of each problem is a
 relative URI under `/problems/`, which the API serves as documentation.
 """
 
@@ -11,6 +13,9 @@ from typing import Any
 
 from flask import Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
+
+from app.domain import DomainError
+from app.inference.repository import UnknownModel
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -159,8 +164,20 @@ def _flatten(messages: Any, path: str = "") -> list[str]:
     return [f"{path}: {messages}" if path else str(messages)]
 
 
+def problem_from_domain_error(exc: DomainError) -> Problem:
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return Problem(exc.problem_type, exc.detail, headers=headers, **exc.extra)
+
+
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(Problem, problem_response)
+    app.register_error_handler(
+        DomainError, lambda exc: problem_response(problem_from_domain_error(exc))
+    )
+    app.register_error_handler(
+        UnknownModel,
+        lambda exc: problem_response(Problem("unknown-model", str(exc), known_models=exc.known)),
+    )
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:

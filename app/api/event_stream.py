@@ -14,10 +14,10 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from app.api.schemas import JobSchema
 from app.db.models import TERMINAL_STATUSES, Job
 from app.db.session import Database
 from app.jobs.events import EventBus, events_after
+from app.jobs.representation import JobSchema
 
 KEEPALIVE_S = 15.0
 MAX_STREAM_S = 600.0  # then the client reconnects with Last-Event-ID

@@ -8,8 +8,7 @@ from flask import current_app
 from flask_smorest import Blueprint
 
 from app.api.schemas import ModelListSchema, ModelMetadataSchema
-from app.errors import Problem
-from app.inference.repository import ModelCard, ModelRepository, UnknownModel
+from app.inference.repository import ModelCard, ModelRepository
 
 blp = Blueprint("models", __name__, description="Models served")
 
@@ -20,10 +19,7 @@ def _repository() -> ModelRepository:
 
 
 def _resolve(name: str, version: str | None = None) -> ModelCard:
-    try:
-        return _repository().resolve(name, version)
-    except UnknownModel as exc:
-        raise Problem("unknown-model", str(exc), known_models=exc.known) from None
+    return _repository().resolve(name, version)  # UnknownModel: 404 via app.errors
 
 
 @blp.get("/models")

@@ -18,7 +18,7 @@ from sqlalchemy import Select, delete, select, text
 from sqlalchemy.orm import Session
 
 from app.db.models import AuditEvent, DeadLetter
-from app.errors import Problem
+from app.domain import Conflict, NotFound
 from app.jobs import dispatch, transitions
 from app.webhooks.delivery import redeliver
 
@@ -61,7 +61,7 @@ def list_letters(
 def get(session: Session, tenant_id: int, letter_id: int) -> DeadLetter:
     letter = session.get(DeadLetter, letter_id)
     if letter is None or letter.tenant_id != tenant_id:
-        raise Problem("not-found", f"no dead letter with id {letter_id}")
+        raise NotFound(f"no dead letter with id {letter_id}")
     return letter
 
 
@@ -134,7 +134,7 @@ def replay(session: Session, tenant_id: int, letter_id: int, actor: str) -> uuid
             if letter.replayed_at
             else "its job is no longer failed, or retention deleted its inputs"
         )
-        raise Problem("conflict", f"dead letter {letter_id} cannot be replayed: {reason}")
+        raise Conflict(f"dead letter {letter_id} cannot be replayed: {reason}")
     return replayed[0]
 
 

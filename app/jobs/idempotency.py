@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.db.models import IdempotencyKey
-from app.errors import Problem
+from app.domain import Conflict, InvalidRequest
 
 TTL_HOURS = 24
 
@@ -28,10 +28,9 @@ def claim(session: Session, tenant_id: int, key: str, fingerprint: str) -> uuid.
     )
     if not held:
         session.rollback()
-        raise Problem(
-            "conflict",
+        raise Conflict(
             "a request with this Idempotency-Key is still being processed; retry shortly",
-            headers={"Retry-After": "1"},
+            retry_after=1,
         )
     session.execute(
         text(
@@ -45,8 +44,7 @@ def claim(session: Session, tenant_id: int, key: str, fingerprint: str) -> uuid.
         return None
     if earlier.request_hash != fingerprint:
         session.rollback()
-        raise Problem(
-            "validation-error",
+        raise InvalidRequest(
             "this Idempotency-Key was used with a different request; use a new key "
             "for a new request",
             errors={"Idempotency-Key": ["already used with a different request body"]},

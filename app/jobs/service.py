@@ -15,8 +15,8 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from app.db.models import TERMINAL_STATUSES, Job
-from app.errors import Problem
-from app.inference.repository import ModelCard, ModelRepository, UnknownModel
+from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
+from app.inference.repository import ModelCard, ModelRepository
 from app.inference.tensors import InvalidInputs, pack, parse_inputs
 from app.jobs import dispatch, idempotency, transitions
 from app.jobs.events import EventBus
@@ -47,15 +47,11 @@ def submit(
     With an idempotency key, a repeat of the same request returns the first job.
     An `inserter` (the API's) writes the row together with concurrent submits.
     """
-    try:
-        card = repository.resolve(model, version)
-    except UnknownModel as exc:
-        raise Problem("unknown-model", str(exc), known_models=exc.known) from None
+    card = repository.resolve(model, version)  # UnknownModel: a 404 at the edge
     try:
         arrays = parse_inputs(card, inputs)
     except InvalidInputs as exc:
-        raise Problem(
-            "invalid-input",
+        raise InputsDoNotFit(
             f"inputs do not match model {card.ref}: {exc}",
             errors=exc.errors,
             expected=[spec.to_dict() for spec in card.inputs],
@@ -64,9 +60,7 @@ def submit(
         try:
             check_url(webhook["url"], allow_private=allow_private_webhooks)
         except UnsafeUrl as exc:
-            raise Problem(
-                "validation-error", str(exc), errors={"webhook": {"url": [str(exc)]}}
-            ) from None
+            raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
     if idempotency_key is not None:
         fingerprint = _fingerprint(model, version, inputs)
         earlier = idempotency.claim(session, tenant_id, idempotency_key, fingerprint)
@@ -142,8 +136,7 @@ def deadline(absolute: datetime | None, cancel_after_s: float | None) -> datetim
         candidates.append(now + timedelta(seconds=cancel_after_s))
     earliest = min(candidates, default=None)
     if earliest is not None and earliest <= now:
-        raise Problem(
-            "validation-error",
+        raise InvalidRequest(
             f"deadline {earliest.isoformat()} has already passed; send a future time",
             errors={"deadline": ["must be in the future"]},
         )
@@ -155,8 +148,7 @@ def cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
     (before its result is written). A finished job cannot be cancelled: 409."""
     if transitions.request_cancel(session, tenant_id, job_id) is None:
         job = get(session, tenant_id, job_id)
-        raise Problem(
-            "conflict",
+        raise Conflict(
             f"job {job_id} is already {job.status}; only queued or running jobs can be cancelled",
             job_status=job.status,
         )
@@ -169,7 +161,7 @@ def get(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
     """The tenant's job; another tenant's job is indistinguishable from a missing one."""
     job = session.get(Job, job_id)
     if job is None or job.tenant_id != tenant_id:
-        raise Problem("not-found", f"no job with id {job_id}")
+        raise NotFound(f"no job with id {job_id}")
     return job
 
 
@@ -216,8 +208,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         created, job_id = raw.split("|")
         return datetime.fromisoformat(created), uuid.UUID(job_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise Problem(
-            "validation-error",
+        raise InvalidRequest(
             "cursor is not valid; pass the next_cursor value of a previous page unchanged",
             errors={"cursor": ["not a cursor returned by this API"]},
         ) from None

@@ -33,6 +33,7 @@ from app.db.models import (
     WebhookAttempt,
     WebhookDelivery,
 )
+from app.jobs.representation import JobSchema
 from app.webhooks import signing
 from app.webhooks.ssrf import UnsafeUrl, check_url
 
@@ -156,8 +157,6 @@ def _ms(started: float) -> float:
 def _payload(session: Session, settings: Settings, delivery: WebhookDelivery, now: datetime) -> str:
     """The event as sent on every attempt: the job as GET /jobs/<id> shows it. Outputs
     that would make it larger than WEBHOOK_MAX_PAYLOAD_BYTES are replaced by a link."""
-    from app.api.schemas import JobSchema
-
     job = session.get(Job, delivery.job_id)
     data: dict[str, Any] = JobSchema().dump(job)
     body = {"type": delivery.event_type, "timestamp": now.isoformat(), "data": data}

@@ -1,0 +1,44 @@
+"""What callers of the services can get wrong, as plain exceptions.
+
+Services (submit, cancel, replay, ...) raise these without knowing about HTTP,
+so beat schedules, the CLI and batch code can call them too; `app.errors` maps
+each kind to its problem+json type once, at the HTTP edge. Errors of other
+layers are mapped there as well: `UnknownModel` (the model repository).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class DomainError(Exception):
+    """`detail` says what was wrong for a person; `extra` adds machine-readable
+    members (`errors`, `expected`, ...); `retry_after` invites a retry."""
+
+    problem_type: ClassVar[str] = "validation-error"
+
+    def __init__(self, detail: str, *, retry_after: int | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail, self.retry_after, self.extra = detail, retry_after, extra
+
+
+class InvalidRequest(DomainError):
+    """A field has a value the service cannot accept (422)."""
+
+
+class InputsDoNotFit(DomainError):
+    """The inputs do not match the model's card (422 invalid-input)."""
+
+    problem_type = "invalid-input"
+
+
+class NotFound(DomainError):
+    """No such thing for this tenant: another tenant's looks the same (404)."""
+
+    problem_type = "not-found"
+
+
+class Conflict(DomainError):
+    """The thing is not in a state that allows this (409)."""
+
+    problem_type = "conflict"
