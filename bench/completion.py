@@ -112,19 +112,32 @@ class BentoResults:
 
     def __init__(self, path: str) -> None:
         self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        # Rows up to this rowid are final and counted in `_settled`, so each poll
+        # reads only newer rows: a scan of the whole table (inputs and results
+        # are stored in it) held SQLite's lock long enough to slow BentoML down.
+        self._settled_rowid = 0
+        self._settled = (0, 0, None)  # terminal, failed, latest completed_at
 
     def progress(self, since: float) -> Progress:
-        marks = ",".join("?" * len(self.TERMINAL))
-        row = self.conn.execute(
-            f"""SELECT count(*) FILTER (WHERE status IN ({marks})),
-                       count(*) FILTER (WHERE status = 'failed'),
-                       count(*) FILTER (WHERE status NOT IN ({marks})),
-                       max(completed_at)
-                FROM result""",
-            (*self.TERMINAL, *self.TERMINAL),
-        ).fetchone()
-        last = datetime.fromisoformat(row[3]).timestamp() if row[3] else None
-        return Progress(int(row[0]), int(row[1]), int(row[2]), None, last, None)
+        rows = self.conn.execute(
+            "SELECT rowid, status, completed_at FROM result WHERE rowid > ? ORDER BY rowid",
+            (self._settled_rowid,),
+        ).fetchall()
+        terminal, failed, latest = self._settled
+        pending, prefix = 0, True
+        for rowid, status, completed_at in rows:
+            final = status in self.TERMINAL
+            terminal += final
+            failed += status == "failed"
+            pending += not final
+            if completed_at and (latest is None or completed_at > latest):
+                latest = completed_at
+            if prefix and final:
+                self._settled_rowid = rowid
+                self._settled = (terminal, failed, latest)
+            prefix = prefix and final
+        last = datetime.fromisoformat(latest).timestamp() if latest else None
+        return Progress(terminal, failed, pending, None, last, None)
 
     def terminal_among(self, ids: list[str]) -> int:
         done = 0
