@@ -19,7 +19,9 @@ and Redis with AOF), injects the fault, and tallies from the database what
 became of every job: a trigger logs each change of a job's status, attempt or
 result. Each scenario also runs with the guard that handles it switched off
 (`GUARDS_OFF`, a setting only this suite uses) and must then fail: that is
-what shows the guard is doing the work.
+what shows the guard is doing the work. Workers run as in production: one
+wake-up message per model, claims of many jobs at once, and micro-batching
+(`digits` runs up to 64 rows per ONNX Runtime call).
 
 - **acknowledged**: jobs answered 202 (or rows committed, where the scenario
   stages a crash); **completed**: reached the expected terminal state;
