@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg2
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -30,3 +31,15 @@ def test_keys_are_stored_hashed(database: Database, auth: dict[str, str]) -> Non
     assert stored, "the auth fixture made a key"
     assert all(key not in row.key_hash for row in stored)
     assert any(key.startswith(row.prefix) and len(row.prefix) < 12 for row in stored)
+
+
+def test_a_pinged_connection_holds_no_transaction(database: Database) -> None:
+    """The idle ping must not leave a transaction open: the event listener then
+    cannot switch to autocommit, and now() would be the ping's time."""
+    fresh = Database(database.engine.url.render_as_string(hide_password=False))
+    raw = fresh.engine.raw_connection()  # a new connection has never been used: pinged
+    try:
+        assert raw.driver_connection.status == psycopg2.extensions.STATUS_READY
+    finally:
+        raw.close()
+        fresh.engine.dispose()

@@ -67,6 +67,7 @@ def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
     try:
         with dbapi_conn.cursor() as cursor:
             cursor.execute("SELECT 1")
+        dbapi_conn.rollback()  # leave no transaction open (now() would be the ping's)
     except Exception as error:  # any failure: the pool replaces the connection
         raise exc.DisconnectionError() from error
 
