@@ -119,6 +119,7 @@ def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str)
     for model in {row.model for row in jobs}:
         if not dispatch.current().wake(model):
             transitions.mark_unsent(session, [row.job_id for row in jobs if row.model == model])
+            session.commit()
     return job_ids + [row.job_id for row in webhooks]
 
 

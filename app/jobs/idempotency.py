@@ -69,5 +69,4 @@ def forget_expired(session: Session) -> int:
             )
         ).all()
     )
-    session.commit()
     return count

@@ -86,6 +86,7 @@ def drain(session: Session, runtime: Runtime, model: str, wake: Callable[[], obj
             session, model, max_rows, settings.job_lease_seconds,
             guarded="claim" not in settings.guards_off,
         )  # fmt: skip
+        session.commit()  # the claim is visible, its SKIP LOCKED leftovers unlocked
         if not claimed:
             if time.monotonic() >= idle_until:
                 return done
@@ -111,6 +112,7 @@ def execute(session: Session, runtime: Runtime, job_ids: list[uuid.UUID]) -> lis
         guarded="claim" not in settings.guards_off,
         reclaim_expired="lease" not in settings.guards_off,
     )
+    session.commit()
     if len(claimed) < len(job_ids):
         logger.info("skipped %d job(s) not claimable now", len(job_ids) - len(claimed))
     return run_claimed(session, runtime, claimed)
@@ -126,6 +128,7 @@ def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -
     with _leases_renewed(runtime, claimed):
         outcomes = [o for (m, v), jobs in groups.items() for o in _run_group(runtime, m, v, jobs)]
     written = finish(session, outcomes, guarded="finish" not in runtime.settings.guards_off)
+    session.commit()
     for outcome in outcomes:
         if outcome.job_id not in written:
             logger.warning(
@@ -244,6 +247,7 @@ def _leases_renewed(runtime: Runtime, jobs: list[ClaimedJob]) -> Iterator[None]:
             try:
                 with runtime.new_session() as session:
                     renew_leases(session, jobs, runtime.settings.job_lease_seconds)
+                    session.commit()
             except Exception:  # the next renewal tries again; the lease is the backstop
                 logger.exception("could not renew leases")
 

@@ -91,6 +91,7 @@ def submit(
     session.commit()
     if not dispatch.current().wake(job.model):
         transitions.mark_unsent(session, [job.id])
+        session.commit()
     return job
 
 
@@ -118,12 +119,13 @@ def wait_for_change(
     while it is unfinished: a polling client need not spin."""
     if wait_s <= 0:
         return get(session, tenant_id, job_id)
-    seen = bus.version(job_id)  # before the read, so a change in between is not missed
-    job = get(session, tenant_id, job_id)
-    if job.status in TERMINAL_STATUSES:
-        return job
-    session.commit()  # hold no transaction (or connection) while waiting
-    bus.wait(job_id, seen, min(wait_s, MAX_WAIT_S))
+    with bus.watching(job_id) as watch:
+        seen = watch.version()  # before the read, so a change in between is not missed
+        job = get(session, tenant_id, job_id)
+        if job.status in TERMINAL_STATUSES:
+            return job
+        session.commit()  # hold no transaction (or connection) while waiting
+        watch.wait(seen, min(wait_s, MAX_WAIT_S))
     session.refresh(job)
     return job
 
@@ -146,7 +148,9 @@ def deadline(absolute: datetime | None, cancel_after_s: float | None) -> datetim
 def cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
     """Cancel a queued job at once; a running one stops at its next checkpoint
     (before its result is written). A finished job cannot be cancelled: 409."""
-    if transitions.request_cancel(session, tenant_id, job_id) is None:
+    status = transitions.request_cancel(session, tenant_id, job_id)
+    session.commit()
+    if status is None:
         job = get(session, tenant_id, job_id)
         raise Conflict(
             f"job {job_id} is already {job.status}; only queued or running jobs can be cancelled",

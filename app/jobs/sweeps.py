@@ -26,6 +26,7 @@ BATCH = 500
 
 
 def sweep(session: Session, settings: Settings) -> dict[str, int]:
+    """Each step commits on its own: one that fails leaves the others done."""
     counts: dict[str, int] = {}
     if "lease" not in settings.guards_off:
         counts["requeued_after_lost_worker"] = len(
@@ -33,7 +34,9 @@ def sweep(session: Session, settings: Settings) -> dict[str, int]:
                 session, settings.retry_backoff_seconds, settings.retry_backoff_max_seconds, BATCH
             )
         )
+        session.commit()
     counts["expired"] = transitions.expire_overdue(session, BATCH)
+    session.commit()
     if "republish" not in settings.guards_off:
         counts["woken_for"] = wake_waiting(session, settings.republish_after_seconds)
     if any(counts.values()):
@@ -45,6 +48,7 @@ def wake_waiting(session: Session, older_than_s: float) -> int:
     """Wake every model whose due jobs no wake-up may be on its way for; returns
     how many jobs that concerned."""
     waiting = transitions.models_waiting(session, older_than_s)
+    session.commit()  # marked sent before the wake-ups go out
     for model in waiting:
         dispatch.current().wake(model, force=True)
     return sum(waiting.values())
@@ -56,5 +60,7 @@ def purge(session: Session, settings: Settings) -> dict[str, Any]:
         return {"purged": 0, "idempotency_keys": keys}
     total = 0
     while count := transitions.purge_old_data(session, settings.retention_seconds, BATCH):
+        session.commit()
         total += count
+    session.commit()
     return {"purged": total, "idempotency_keys": keys}

@@ -87,7 +87,6 @@ def claim(
     rows = sorted(
         session.execute(statement, {"ids": job_ids, "lease": lease_s}), key=lambda r: position[r.id]
     )
-    session.commit()
     return [_claimed(r) for r in rows]
 
 
@@ -128,7 +127,6 @@ def claim_next(
     )
     params = {"model": model, "max_rows": max_rows, "lease": lease_s}
     rows = sorted(session.execute(statement, params), key=lambda r: r.created_at)
-    session.commit()
     more = bool(rows) and (rows[0].candidates > len(rows) or len(rows) == max_rows)
     return [_claimed(r) for r in rows], more
 
@@ -155,7 +153,6 @@ def renew_leases(session: Session, jobs: list[ClaimedJob], lease_s: float) -> se
         "lease": lease_s,
     }
     owned = {r.id for r in session.execute(statement, params)}
-    session.commit()
     return owned
 
 
@@ -231,7 +228,6 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
         """
     )
     written = {r.id for r in session.execute(statement, params)}
-    session.commit()
     return written
 
 
@@ -273,7 +269,6 @@ def take_back_expired_leases(
     )
     params = {"limit": limit, "base": backoff_s, "cap": backoff_max_s}
     ids = [r.id for r in session.execute(statement, params)]
-    session.commit()
     return ids
 
 
@@ -304,7 +299,6 @@ def models_waiting(session: Session, older_than_s: float) -> dict[str, int]:
         """
     )
     waiting = {r.model: r.jobs for r in session.execute(statement, {"age": older_than_s})}
-    session.commit()
     return waiting
 
 
@@ -316,7 +310,6 @@ MARK_UNSENT = text(
 def mark_unsent(session: Session, job_ids: list[uuid.UUID]) -> None:
     """The wake-up failed: the sweep wakes these jobs' model at its next run."""
     session.execute(MARK_UNSENT, {"ids": job_ids})
-    session.commit()
 
 
 def expire_overdue(session: Session, limit: int) -> int:
@@ -336,7 +329,6 @@ def expire_overdue(session: Session, limit: int) -> int:
         """
     )
     count = len(session.execute(statement, {"limit": limit}).all())
-    session.commit()
     return count
 
 
@@ -354,7 +346,6 @@ def purge_old_data(session: Session, older_than_s: float, limit: int) -> int:
         """
     )
     count = len(session.execute(statement, {"age": older_than_s, "limit": limit}).all())
-    session.commit()
     return count
 
 
@@ -373,5 +364,4 @@ def request_cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> str |
         """
     )
     status = session.execute(statement, {"id": job_id, "tenant": tenant_id}).scalar()
-    session.commit()
     return status

@@ -232,6 +232,7 @@ def test_7_concurrent_races_have_one_winner(
     job_ids = [uuid.UUID(i) for i in stack.insert_queued([{}] * 1000)]
     with sa.orm.Session(stack.engine) as session:
         claimed = transitions.claim(session, job_ids, lease_s=60)
+        session.commit()
         tenant_id = session.scalar(sa.select(Tenant.id).where(Tenant.name == "faults"))
     assert len(claimed) == 1000 and tenant_id is not None
     wins: dict[uuid.UUID, list[str]] = {c.id: [] for c in claimed}
@@ -240,13 +241,17 @@ def test_7_concurrent_races_have_one_winner(
     def finisher(job: transitions.ClaimedJob, who: str) -> None:
         with sa.orm.Session(stack.engine) as session:
             outcome = transitions.Outcome(job.id, job.attempt, "succeeded", outputs={"by": who})
-            if transitions.finish(session, [outcome], guarded=guarded):
+            written = transitions.finish(session, [outcome], guarded=guarded)
+            session.commit()
+            if written:
                 with lock:
                     wins[job.id].append(who)
 
     def canceller(job: transitions.ClaimedJob) -> None:
         with sa.orm.Session(stack.engine) as session:
-            if transitions.request_cancel(session, tenant_id, job.id) == "running":
+            status = transitions.request_cancel(session, tenant_id, job.id)
+            session.commit()
+            if status == "running":
                 with lock:
                     wins[job.id].append("cancel")
 

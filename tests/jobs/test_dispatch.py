@@ -142,6 +142,7 @@ def test_claims_fill_one_call_by_rows_and_say_when_more_wait(
     with database.sessionmaker() as session:
         while True:
             claimed, more = transitions.claim_next(session, model, 64, lease_s=60)
+            session.commit()
             if not claimed:
                 break
             claims.append(([ids.index(job.id) for job in claimed], more))

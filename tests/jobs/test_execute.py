@@ -65,6 +65,7 @@ def test_a_stale_attempt_cannot_overwrite_the_result(
         good = Outcome(queued_job, claimed.attempt, "succeeded", outputs={"label": [0]})
         assert finish(session, [good]) == {queued_job}
         assert finish(session, [good]) == set(), "a finished job cannot be finished again"
+        session.commit()
     assert load(database, queued_job).outputs == {"label": [0]}
 
 
@@ -78,6 +79,7 @@ def test_concurrent_claims_have_one_winner(
         with database.sessionmaker() as session:
             barrier.wait()
             wins.append(len(claim(session, [queued_job], lease_s=60)))
+            session.commit()
 
     threads = [threading.Thread(target=contend) for _ in range(8)]
     for t in threads:

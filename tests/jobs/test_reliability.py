@@ -117,10 +117,12 @@ def test_a_dead_workers_job_is_queued_again_then_capped(
     for attempt in (1, 2):
         with database.sessionmaker() as session:
             [claimed] = transitions.claim(session, [job_id], lease_s=60)  # then the worker dies
+            session.commit()
         assert claimed.attempt == attempt
         expire_lease(database, job_id)
         with database.sessionmaker() as session:
             requeued = transitions.take_back_expired_leases(session, 0.01, 0.01, 500)
+            session.commit()
         job = load(database, job_id)
         if attempt == 1:
             assert requeued == [job_id]
@@ -141,12 +143,15 @@ def test_an_old_attempt_cannot_write_after_its_lease_was_taken_back(
     job_id = insert_queued_job(database, tenant.id)
     with database.sessionmaker() as session:
         [old] = transitions.claim(session, [job_id], lease_s=60)
+        session.commit()
         expire_lease(database, job_id)
         [new] = transitions.claim(session, [job_id], lease_s=60)  # redelivery after the lease
+        session.commit()
         late = transitions.Outcome(job_id, old.attempt, "succeeded", outputs={"stale": True})
         assert transitions.finish(session, [late]) == set()
         fresh = transitions.Outcome(job_id, new.attempt, "succeeded", outputs={"fresh": True})
         assert transitions.finish(session, [fresh]) == {job_id}
+        session.commit()
     assert load(database, job_id).outputs == {"fresh": True}
 
 
@@ -170,6 +175,7 @@ def test_a_running_job_keeps_its_lease_while_it_runs(
     time.sleep(1.0)  # two lease lengths into the run
     with database.sessionmaker() as session:
         second = transitions.claim(session, [job_id], lease_s=0.5, guarded=guarded)
+        session.commit()
     worker.join()
     job = load(database, job_id)
     if guarded:
@@ -189,6 +195,7 @@ def test_cancel_while_running_ends_cancelled_without_a_result(
         done = transitions.Outcome(job_id, claimed.attempt, "succeeded", outputs={"label": [1]})
         assert transitions.finish(session, [done]) == {job_id}
         assert transitions.request_cancel(session, tenant.id, job_id) is None
+        session.commit()
     job = load(database, job_id)
     assert job.status == "cancelled" and job.outputs is None and job.finished_at is not None
 
@@ -200,6 +207,7 @@ def test_overdue_jobs_expire_and_are_not_claimed(
     running = insert_queued_job(database, tenant.id)
     with database.sessionmaker() as session:
         [claimed] = transitions.claim(session, [running], lease_s=60)
+        session.commit()
     with database.engine.begin() as conn:
         conn.execute(
             text("UPDATE jobs SET deadline_at = now() - interval '1 second' WHERE id IN (:a, :b)"),
@@ -210,6 +218,7 @@ def test_overdue_jobs_expire_and_are_not_claimed(
         assert transitions.expire_overdue(session, 500) >= 2
         late = transitions.Outcome(running, claimed.attempt, "succeeded", outputs={"late": 1})
         assert transitions.finish(session, [late]) == set(), "an expired job keeps no late result"
+        session.commit()
     for job_id in (queued, running):
         job = load(database, job_id)
         assert job.status == "expired" and job.error_code == "deadline_exceeded"
