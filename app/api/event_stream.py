@@ -14,6 +14,8 @@ import time
 import uuid
 from collections.abc import Iterator
 
+from sqlalchemy.orm import Session
+
 from app.db.models import TERMINAL_STATUSES, Job
 from app.db.session import Database
 from app.jobs.events import EventBus, events_after
@@ -27,30 +29,37 @@ def job_event_stream(
     database: Database, bus: EventBus, job_id: uuid.UUID, after: int
 ) -> Iterator[str]:
     ends_at = time.monotonic() + MAX_STREAM_S
-    while True:
-        seen = bus.version(job_id)
-        with database.sessionmaker() as session:
-            events = events_after(session, job_id, after)
-            job = (
-                session.get(Job, job_id)
-                if any(e.status in TERMINAL_STATUSES for e in events)
-                else None
-            )
-            for event in events:
-                data = {
-                    "job_id": str(job_id),
-                    "status": event.status,
-                    "attempt": event.attempt,
-                    "at": event.at.isoformat(),
-                }
-                if event.status in TERMINAL_STATUSES and job is not None:
-                    data["job"] = JobSchema().dump(job)
-                yield f"id: {event.id}\nevent: job.{event.status}\ndata: {json.dumps(data)}\n\n"
-                after = event.id
-                if event.status in TERMINAL_STATUSES:
+    with bus.watching(job_id) as watch:
+        while True:
+            seen = watch.version()
+            with database.sessionmaker() as session:  # closed before a slow client reads
+                messages = _messages(session, job_id, after)
+            for event_id, status, message in messages:
+                yield message
+                after = event_id
+                if status in TERMINAL_STATUSES:
                     return
-        remaining = ends_at - time.monotonic()
-        if remaining <= 0:
-            return
-        if bus.wait(job_id, seen, min(KEEPALIVE_S, remaining)) == seen:
-            yield ": keepalive\n\n"
+            remaining = ends_at - time.monotonic()
+            if remaining <= 0:
+                return
+            if watch.wait(seen, min(KEEPALIVE_S, remaining)) == seen:
+                yield ": keepalive\n\n"
+
+
+def _messages(session: Session, job_id: uuid.UUID, after: int) -> list[tuple[int, str, str]]:
+    """The job's events after `after` as SSE messages; the terminal one carries the job."""
+    events = events_after(session, job_id, after)
+    job = session.get(Job, job_id) if any(e.status in TERMINAL_STATUSES for e in events) else None
+    messages = []
+    for event in events:
+        data: dict[str, object] = {
+            "job_id": str(job_id),
+            "status": event.status,
+            "attempt": event.attempt,
+            "at": event.at.isoformat(),
+        }
+        if event.status in TERMINAL_STATUSES and job is not None:
+            data["job"] = JobSchema().dump(job)
+        message = f"id: {event.id}\nevent: job.{event.status}\ndata: {json.dumps(data)}\n\n"
+        messages.append((event.id, event.status, message))
+    return messages

@@ -13,7 +13,9 @@ import select
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
@@ -29,26 +31,57 @@ CHANNEL = "job_events"
 
 
 class EventBus:
-    """Counts NOTIFYs per job id; `wait` returns once the count moves past `seen`."""
+    """Counts NOTIFYs per watched job id; a waiter sleeps until its job's count moves.
+
+    Only jobs somebody waits on are counted, so a process that sees millions of
+    jobs go by keeps no trace of them. A NOTIFY names the jobs a statement
+    changed, comma-separated (the statement triggers send up to 200 ids each).
+    """
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._changes: dict[str, int] = defaultdict(int)
+        self._changes: dict[str, int] = {}
+        self._watchers: dict[str, int] = {}
         self._condition = threading.Condition()
         self._listener = LazyThread(self._listen_forever, "job-events")
         self._listening = threading.Event()
 
-    def version(self, job_id: uuid.UUID) -> int:
+    @contextmanager
+    def watching(self, job_id: uuid.UUID) -> Iterator[Watch]:
+        """Count the job's changes while the block runs; read its state inside the
+        block, after `version()`, so a change in between is not missed."""
         self._ensure_listening()
-        with self._condition:
-            return self._changes[str(job_id)]
-
-    def wait(self, job_id: uuid.UUID, seen: int, timeout: float) -> int:
-        """Block until the job changed after version `seen`, or `timeout` passed."""
         key = str(job_id)
+        with self._condition:
+            self._watchers[key] = self._watchers.get(key, 0) + 1
+            self._changes.setdefault(key, 0)
+        try:
+            yield Watch(self, key)
+        finally:
+            with self._condition:
+                self._watchers[key] -= 1
+                if not self._watchers[key]:
+                    del self._watchers[key], self._changes[key]
+
+    def _version(self, key: str) -> int:
+        with self._condition:
+            return self._changes[key]
+
+    def _wait(self, key: str, seen: int, timeout: float) -> int:
         with self._condition:
             self._condition.wait_for(lambda: self._changes[key] != seen, timeout)
             return self._changes[key]
+
+    def _changed(self, payloads: list[str]) -> None:
+        with self._condition:
+            woken = False
+            for payload in payloads:
+                for key in payload.split(","):
+                    if key in self._changes:
+                        self._changes[key] += 1
+                        woken = True
+            if woken:
+                self._condition.notify_all()
 
     def _ensure_listening(self) -> None:
         self._listener.ensure()
@@ -80,13 +113,25 @@ class EventBus:
                     continue
                 conn.poll()
                 if conn.notifies:
-                    with self._condition:
-                        for note in conn.notifies:
-                            self._changes[note.payload] += 1
-                        conn.notifies.clear()
-                        self._condition.notify_all()
+                    self._changed([note.payload for note in conn.notifies])
+                    conn.notifies.clear()
         finally:
             conn.close()
+
+
+@dataclass(frozen=True)
+class Watch:
+    """One waiter's view of one job's changes."""
+
+    bus: EventBus
+    key: str
+
+    def version(self) -> int:
+        return self.bus._version(self.key)
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Block until the job changed after version `seen`, or `timeout` passed."""
+        return self.bus._wait(self.key, seen, timeout)
 
 
 def events_after(session: Session, job_id: uuid.UUID, after_id: int) -> list[JobEvent]:
@@ -97,5 +142,4 @@ def events_after(session: Session, job_id: uuid.UUID, after_id: int) -> list[Job
             .order_by(JobEvent.id)
         )
     )
-    session.commit()
     return events

@@ -33,7 +33,7 @@ _JOBS: Table = Job.__table__  # type: ignore[assignment]
 _DEFAULTS = (_JOBS.c.created_at, _JOBS.c.enqueued_at, _JOBS.c.run_after)
 INSERT_JOB = insert(_JOBS).returning(*_DEFAULTS)
 # For a batch: the rows come back in any order, so each names its job.
-_INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.id, *_DEFAULTS)
+INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.id, *_DEFAULTS)
 
 MAX_BATCH = 256
 
@@ -80,7 +80,7 @@ class JobInserter:
     def _write(self, batch: list[_Pending]) -> None:
         try:
             with self._engine.begin() as conn:
-                rows = conn.execute(_INSERT_JOBS, [p.values for p in batch]).all()
+                rows = conn.execute(INSERT_JOBS, [p.values for p in batch]).all()
         except BaseException as exc:  # handed to every waiting submit, which raises it
             for pending in batch:
                 pending.error = exc

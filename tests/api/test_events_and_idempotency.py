@@ -7,9 +7,11 @@ import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
@@ -18,7 +20,7 @@ from app import create_app
 from app.config import Settings
 from app.db.models import Job
 from app.db.session import Database
-from tests.conftest import TenantAuth, make_tenant, wait_for_job
+from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 
 BODY = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}
 
@@ -170,6 +172,40 @@ def test_a_change_in_the_database_wakes_the_bus(idle: Flask, tenant: TenantAuth)
     client = idle.test_client()
     job_id = uuid.UUID(client.post("/jobs", json=BODY, headers=tenant.headers).json["id"])
     bus = idle.extensions["events"]
-    seen = bus.version(job_id)
-    client.post(f"/jobs/{job_id}/cancel", headers=tenant.headers)
-    assert bus.wait(job_id, seen, timeout=10) > seen
+    with bus.watching(job_id) as watch:
+        seen = watch.version()
+        client.post(f"/jobs/{job_id}/cancel", headers=tenant.headers)
+        assert watch.wait(seen, timeout=10) > seen
+    assert str(job_id) not in bus._changes, "a job nobody waits on leaves no trace"
+
+
+def test_one_statement_wakes_every_job_it_changed(
+    idle: Flask, tenant: TenantAuth, database: Database
+) -> None:
+    """A statement changing many jobs sends their ids in a few NOTIFYs; each
+    waiter wakes, and jobs nobody waits on are not counted."""
+    ids = [insert_queued_job(database, tenant.id) for _ in range(250)]
+    bus = idle.extensions["events"]
+    watched = [ids[0], ids[199], ids[200], ids[-1]]  # either side of a 200-id chunk
+    with ExitStack() as stack:
+        watches = [stack.enter_context(bus.watching(job_id)) for job_id in watched]
+        seen = [watch.version() for watch in watches]
+        with database.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "UPDATE jobs SET status = 'cancelled' WHERE id = ANY(CAST(:ids AS uuid[]))"
+                ),
+                {"ids": [str(i) for i in ids]},
+            )
+        for watch, before in zip(watches, seen, strict=True):
+            assert watch.wait(before, timeout=10) == before + 1
+        assert len(bus._changes) == len(watched)
+    with database.engine.connect() as conn:
+        events = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM job_events "
+                "WHERE job_id = ANY(CAST(:ids AS uuid[])) AND status = 'cancelled'"
+            ),
+            {"ids": [str(i) for i in ids]},
+        ).scalar_one()
+    assert events == len(ids)
