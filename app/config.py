@@ -107,6 +107,11 @@ class Settings:
     # retry (the task sending its message again when the database went away).
     # Only the fault suite sets it, to show what each guard prevents. Never in production.
     guards_off: frozenset[str] = frozenset()
+    # SYNC_TIMEOUT_SECONDS: how long a sync inference call waits for its job before it
+    # answers 504 with the job's id (the job goes on); a request may ask for less.
+    sync_timeout_seconds: float = 30.0
+    # MAX_WAIT_SECONDS: the cap on `Prefer: wait=N` and on a sync call's own timeout.
+    max_wait_seconds: float = 60.0
     # ORT_PROVIDER: auto (CUDA when it works, else CPU), cuda or cpu.
     ort_provider: str = "auto"
     # ORT_INTRA_OP_THREADS: threads per ONNX Runtime session (0 = ORT's default).
@@ -166,6 +171,8 @@ class Settings:
             guards_off=frozenset(
                 g.strip() for g in _env_str("GUARDS_OFF", "").split(",") if g.strip()
             ),
+            sync_timeout_seconds=_env_float("SYNC_TIMEOUT_SECONDS", d.sync_timeout_seconds),
+            max_wait_seconds=_env_float("MAX_WAIT_SECONDS", d.max_wait_seconds),
             ort_provider=_env_str("ORT_PROVIDER", d.ort_provider).lower(),
             ort_intra_op_threads=_env_int("ORT_INTRA_OP_THREADS", d.ort_intra_op_threads),
             log_level=_env_str("LOG_LEVEL", d.log_level).upper(),

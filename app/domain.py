@@ -13,13 +13,25 @@ from typing import Any, ClassVar
 
 class DomainError(Exception):
     """`detail` says what was wrong for a person; `extra` adds machine-readable
-    members (`errors`, `expected`, ...); `retry_after` invites a retry."""
+    members (`errors`, `expected`, ...); `retry_after` invites a retry. `status`
+    overrides the problem type's own where one type spans several (a failed
+    inference: the inputs' fault or the service's); `headers` point elsewhere
+    (`Location` of a job that goes on)."""
 
     problem_type: ClassVar[str] = "validation-error"
 
-    def __init__(self, detail: str, *, retry_after: int | None = None, **extra: Any) -> None:
+    def __init__(
+        self,
+        detail: str,
+        *,
+        retry_after: int | None = None,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(detail)
         self.detail, self.retry_after, self.extra = detail, retry_after, extra
+        self.status, self.headers = status, headers or {}
 
 
 class InvalidRequest(DomainError):

@@ -67,6 +67,21 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "The `errors` member names each input that was wrong, with the expected name, "
         "shape and datatype; GET /v2/models/<name> gives the model's inputs.",
     ),
+    "inference-failed": (
+        500,
+        "Inference failed",
+        "The model did not produce outputs for this request. `error_code` says why: "
+        "invalid_input, inference_error or non_finite_output (422) come from the inputs; "
+        "cancelled or deadline_exceeded (409) from the job's own limits; anything else "
+        "(500) from the service. `job_id`, where present, names the job.",
+    ),
+    "sync-timeout": (
+        504,
+        "Not finished in time",
+        "The request's job did not finish within the call's timeout (SYNC_TIMEOUT_SECONDS, "
+        "or the request's `timeout` parameter). It goes on: GET the Location URL "
+        "(/jobs/<job_id>, with ?wait=30 to wait) for its result.",
+    ),
     "service-unavailable": (
         503,
         "Service unavailable",
@@ -117,6 +132,8 @@ class Problem(Exception):
             "instance": request.path if request else None,
         }
         body.update(self.extra)
+        if request and request.path.startswith("/v2/"):
+            body["error"] = self.detail  # where KServe clients (tritonclient) read the message
         return body
 
 
@@ -165,8 +182,10 @@ def _flatten(messages: Any, path: str = "") -> list[str]:
 
 
 def problem_from_domain_error(exc: DomainError) -> Problem:
-    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return Problem(exc.problem_type, exc.detail, headers=headers, **exc.extra)
+    headers = dict(exc.headers)
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    return Problem(exc.problem_type, exc.detail, status=exc.status, headers=headers, **exc.extra)
 
 
 def register_error_handlers(app: Flask) -> None:

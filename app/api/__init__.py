@@ -32,7 +32,7 @@ class Api(SmorestApi):
 
 
 def register_api(app: Flask) -> None:
-    from app.api import dead_letters, deliveries, health, jobs, models
+    from app.api import dead_letters, deliveries, health, infer, jobs, models
 
     config: dict[str, Any] = {
         "API_TITLE": "Inference jobs",
@@ -52,7 +52,8 @@ def register_api(app: Flask) -> None:
     app.config.update(config)
     api = Api(app)
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
-    for blueprint in (jobs.blp, deliveries.blp, dead_letters.blp, models.blp, health.blp):
+    blueprints = (jobs.blp, infer.blp, deliveries.blp, dead_letters.blp, models.blp, health.blp)
+    for blueprint in blueprints:
         api.register_blueprint(blueprint)
     app.extensions["api"] = api
     # Swagger UI's JavaScript and CSS from the installed package, not a CDN.

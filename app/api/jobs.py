@@ -20,7 +20,8 @@ from app.api.schemas import (
     SubmitJobSchema,
 )
 from app.auth import authenticated, current_tenant
-from app.db.models import Job
+from app.config import Settings
+from app.db.models import TERMINAL_STATUSES, Job
 from app.db.session import current_session
 from app.jobs import service
 
@@ -31,11 +32,12 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 @blp.arguments(SubmitJobSchema())
 @blp.arguments(SubmitHeadersSchema(), location="headers")
 @blp.response(202, JobSchema, description="Accepted; poll the Location URL")
+@blp.alt_response(200, schema=JobSchema, description="Finished within `Prefer: wait=N`")
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
 @blp.alt_response(409, response="CONFLICT", description="Same Idempotency-Key still in flight")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
 @authenticated
-def submit(body: dict[str, Any], headers: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
+def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
     job = service.submit(
         current_session(),
         current_app.extensions["models"],
@@ -44,13 +46,30 @@ def submit(body: dict[str, Any], headers: dict[str, Any]) -> tuple[Job, int, dic
         body["version"],
         body["inputs"],
         max_attempts=current_app.extensions["settings"].job_max_attempts,
-        deadline=service.deadline(body["deadline"], headers.get("cancel_after")),
-        idempotency_key=headers.get("idempotency_key"),
+        deadline=service.deadline(body["deadline"], headers_in.get("cancel_after")),
+        idempotency_key=headers_in.get("idempotency_key"),
         webhook=body["webhook"],
         allow_private_webhooks=current_app.extensions["settings"].webhook_allow_private_networks,
         inserter=current_app.extensions["inserts"],
     )
-    return job, 202, {"Location": f"/jobs/{job.id}"}
+    headers = {"Location": f"/jobs/{job.id}"}
+    wait = preferred_wait(headers_in.get("prefer"), current_app.extensions["settings"])
+    if wait is None:
+        return job, 202, headers
+    bus = current_app.extensions["events"]
+    job = service.wait_until_finished(current_session(), bus, current_tenant().id, job.id, wait)
+    headers["Preference-Applied"] = f"wait={wait:g}"
+    return job, 200 if job.status in TERMINAL_STATUSES else 202, headers
+
+
+def preferred_wait(prefer: str | None, settings: Settings) -> float | None:
+    """Seconds from `Prefer: wait=N` (RFC 7240), capped; None when absent or not
+    an integer, which the RFC says to ignore (no Preference-Applied then)."""
+    for preference in (prefer or "").split(","):
+        name, _, value = preference.split(";")[0].strip().partition("=")
+        if name.strip().lower() == "wait" and value.strip().isascii() and value.strip().isdigit():
+            return min(float(value.strip()), settings.max_wait_seconds)
+    return None
 
 
 @blp.get("")

@@ -8,6 +8,7 @@ from flask import current_app
 from flask_smorest import Blueprint
 
 from app.api.schemas import ModelListSchema, ModelMetadataSchema
+from app.errors import Problem
 from app.inference.repository import ModelCard, ModelRepository
 
 blp = Blueprint("models", __name__, description="Models served")
@@ -47,9 +48,18 @@ def model_version_metadata(name: str, version: str) -> dict[str, Any]:
 @blp.get("/v2/models/<name>/ready")
 @blp.get("/v2/models/<name>/versions/<version>/ready")
 @blp.response(200, description="The model's files are present and its card is readable")
+@blp.alt_response(404, response="NOT_FOUND", description="Unknown model or version")
+@blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="Known, but its file is gone")
 def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
+    """Answers by status, as KServe clients read it: 200 only when ready."""
     card = _resolve(name, version)
-    return {"name": card.name, "version": card.version, "ready": card.onnx_path.is_file()}
+    if not card.onnx_path.is_file():
+        raise Problem(
+            "service-unavailable",
+            f"model {card.ref} is not ready: {card.onnx_path.name} is missing",
+            headers={"Retry-After": "5"},
+        )
+    return {"name": card.name, "version": card.version, "ready": True}
 
 
 def _v2_metadata(card: ModelCard) -> dict[str, Any]:

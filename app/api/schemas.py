@@ -73,6 +73,14 @@ class SubmitHeadersSchema(Schema):
         validate=validate.Range(min=0, min_inclusive=False),
         metadata={"description": "Seconds: the job expires if not finished by then"},
     )
+    prefer = fields.String(
+        data_key="Prefer",
+        metadata={
+            "description": "RFC 7240. `wait=N`: wait up to N seconds (capped by "
+            "MAX_WAIT_SECONDS) for the job to finish; 200 with the finished job, or 202 "
+            "with the job as it stands when the time is up. Preference-Applied says so."
+        },
+    )
     idempotency_key = fields.String(
         data_key="Idempotency-Key",
         validate=validate.Length(min=1, max=255),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -102,11 +103,11 @@ def unpack(data: bytes | memoryview) -> dict[str, np.ndarray]:
     return arrays
 
 
-def from_json(card: ModelCard, stored: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Arrays from a stored job's inputs, which were checked at submit time."""
+def from_json(specs: Sequence[TensorSpec], stored: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Arrays of the specs' datatypes from nested lists stored with a job (inputs
+    checked at submit time, or outputs): exact, as float32 survives the round trip."""
     return {
-        spec.name: np.asarray(stored[spec.name], dtype=V2_TO_NUMPY[spec.datatype])
-        for spec in card.inputs
+        spec.name: np.asarray(stored[spec.name], dtype=V2_TO_NUMPY[spec.datatype]) for spec in specs
     }
 
 

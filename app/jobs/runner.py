@@ -184,7 +184,7 @@ def _inputs(card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:
     if job.input_data is not None:
         arrays = unpack(job.input_data)
         return {spec.name: arrays[spec.name] for spec in card.inputs}
-    return from_json(card, job.inputs or {})
+    return from_json(card.inputs, job.inputs or {})
 
 
 def _after_error(settings: Settings, job: ClaimedJob, exc: Exception) -> Outcome:

@@ -6,11 +6,13 @@ import base64
 import binascii
 import hashlib
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
@@ -48,14 +50,7 @@ def submit(
     An `inserter` (the API's) writes the row together with concurrent submits.
     """
     card = repository.resolve(model, version)  # UnknownModel: a 404 at the edge
-    try:
-        arrays = parse_inputs(card, inputs)
-    except InvalidInputs as exc:
-        raise InputsDoNotFit(
-            f"inputs do not match model {card.ref}: {exc}",
-            errors=exc.errors,
-            expected=[spec.to_dict() for spec in card.inputs],
-        ) from None
+    arrays = check_inputs(card, inputs)
     if webhook is not None:
         try:
             check_url(webhook["url"], allow_private=allow_private_webhooks)
@@ -95,6 +90,18 @@ def submit(
     return job
 
 
+def check_inputs(card: ModelCard, inputs: Any) -> dict[str, np.ndarray]:
+    """The inputs as arrays of the card's datatypes; InputsDoNotFit names each misfit."""
+    try:
+        return parse_inputs(card, inputs)
+    except InvalidInputs as exc:
+        raise InputsDoNotFit(
+            f"inputs do not match model {card.ref}: {exc}",
+            errors=exc.errors,
+            expected=[spec.to_dict() for spec in card.inputs],
+        ) from None
+
+
 def batch_rows(card: ModelCard, arrays: dict[str, Any]) -> int:
     """How many rows the job adds to a micro-batch of its model."""
     if card.batching.max_batch_size <= 0:
@@ -128,6 +135,25 @@ def wait_for_change(
         watch.wait(seen, min(wait_s, MAX_WAIT_S))
     session.refresh(job)
     return job
+
+
+def wait_until_finished(
+    session: Session, bus: EventBus, tenant_id: int, job_id: uuid.UUID, wait_s: float
+) -> Job:
+    """The job once it finished, or as it stands after `wait_s`. Reads it once per
+    change, and holds no database connection while waiting."""
+    give_up = time.monotonic() + wait_s
+    with bus.watching(job_id) as watch:
+        while True:
+            seen = watch.version()  # before the read, so a change in between is not missed
+            job = session.get(Job, job_id, populate_existing=True)
+            session.commit()
+            if job is None or job.tenant_id != tenant_id:
+                raise NotFound(f"no job with id {job_id}")
+            left = give_up - time.monotonic()
+            if job.status in TERMINAL_STATUSES or left <= 0:
+                return job
+            watch.wait(seen, left)
 
 
 def deadline(absolute: datetime | None, cancel_after_s: float | None) -> datetime | None:

@@ -57,7 +57,7 @@ def test_both_input_forms_give_the_same_array(repo: ModelRepository) -> None:
     )
     assert np.array_equal(nested["pixels"], tensor["pixels"])
     assert nested["pixels"].dtype == np.float32
-    assert np.array_equal(from_json(card, to_json(nested))["pixels"], rows)
+    assert np.array_equal(from_json(card.inputs, to_json(nested))["pixels"], rows)
 
 
 def test_integers_are_accepted_for_float_inputs_but_not_booleans(repo: ModelRepository) -> None:

@@ -1,0 +1,127 @@
+"""The sync door: run one request now and answer with its outputs.
+
+By default the request becomes an ordinary job, submitted like any other (with
+the API's coalesced inserts), so the workers that own the GPU run it, in the
+same micro-batches as async jobs of its model; the caller waits on the event
+bus until the job finishes or its time is up. The job outlives a caller that
+gave up: a 504 names it, and its result can be read at /jobs/<id>.
+
+A card with `"execution": "inline"` (small CPU models) runs in the calling
+process instead, through the same inference function, and leaves no job row.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from app.db.models import Job
+from app.domain import DomainError
+from app.inference import engine
+from app.inference.repository import ModelCard, ModelRepository
+from app.inference.sessions import SessionPool
+from app.inference.tensors import from_json
+from app.jobs import service
+from app.jobs.events import EventBus
+from app.jobs.inserts import JobInserter
+
+INLINE = "inline"
+# Failures the request's own inputs caused: the client's to fix (422).
+_CLIENT_ERRORS = {"invalid_input", "inference_error", "non_finite_output"}
+
+
+class DeadlinePassed(DomainError):
+    """The job did not finish in time; it goes on, and its id says where to look."""
+
+    problem_type = "sync-timeout"
+
+
+class InferenceFailed(DomainError):
+    """The job ended without outputs; `error_code` says why."""
+
+    problem_type = "inference-failed"
+
+
+@dataclass(frozen=True)
+class Answer:
+    card: ModelCard
+    outputs: dict[str, np.ndarray]
+    job_id: uuid.UUID | None  # None when the model ran inline
+
+
+def infer(
+    session: Session,
+    repository: ModelRepository,
+    tenant_id: int,
+    model: str,
+    version: str | None,
+    inputs: Any,
+    *,
+    timeout_s: float,
+    bus: EventBus,
+    inserter: JobInserter | None,
+    sessions: Callable[[], SessionPool],
+    max_attempts: int = 3,
+) -> Answer:
+    """Outputs for `inputs` (as a job accepts them), within `timeout_s`.
+
+    Raises InputsDoNotFit before anything runs, InferenceFailed when the model
+    failed the request, DeadlinePassed when the job is still unfinished.
+    """
+    card = repository.resolve(model, version)
+    if card.extra.get("execution") == INLINE:
+        arrays = service.check_inputs(card, inputs)
+        [result] = engine.infer(sessions(), card, [arrays])
+        if isinstance(result, Exception):
+            code = (
+                "non_finite_output"
+                if isinstance(result, engine.NonFiniteOutput)
+                else ("inference_error")
+            )
+            raise _failed(code, f"{type(result).__name__}: {result}", None)
+        return Answer(card, result, None)
+    job = service.submit(
+        session, repository, tenant_id, card.name, card.version, inputs,
+        max_attempts=max_attempts, inserter=inserter,
+    )  # fmt: skip
+    job = service.wait_until_finished(session, bus, tenant_id, job.id, timeout_s)
+    if job.status == "succeeded":
+        return Answer(card, from_json(card.outputs, job.outputs or {}), job.id)
+    raise _outcome_error(job, timeout_s)
+
+
+def _outcome_error(job: Job, timeout_s: float) -> DomainError:
+    location = f"/jobs/{job.id}"
+    if job.status in ("queued", "running"):
+        return DeadlinePassed(
+            f"job {job.id} did not finish within {timeout_s:g} s; it is {job.status} and "
+            f"goes on: GET {location} (with ?wait=30) for its result",
+            status=504,
+            headers={"Location": location},
+            job_id=str(job.id),
+            job_status=job.status,
+        )
+    detail = f"job {job.id} ended {job.status}"
+    if job.error_code:
+        detail += f" ({job.error_code}: {job.error_message})"
+    return _failed(job.error_code or job.status, detail, job)
+
+
+def _failed(code: str, detail: str, job: Job | None) -> InferenceFailed:
+    if code in _CLIENT_ERRORS:
+        status = 422
+    elif code in ("cancelled", "expired", "deadline_exceeded"):
+        status = 409
+    else:
+        status = 500
+    extra: dict[str, Any] = {"error_code": code}
+    headers = None
+    if job is not None:
+        extra |= {"job_id": str(job.id), "job_status": job.status}
+        headers = {"Location": f"/jobs/{job.id}"}
+    return InferenceFailed(detail, status=status, headers=headers, **extra)

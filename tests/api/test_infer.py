@@ -1,0 +1,291 @@
+"""The sync door: KServe v2 infer (JSON and binary, Triton's own client), inline
+models, timeouts that name the job, and `Prefer: wait` on POST /jobs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import func, select
+from tritonclient.utils import InferenceServerException
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from app import create_app
+from app.config import Settings
+from app.db.models import Job
+from app.db.session import Database
+from app.inference.repository import ModelCard
+from app.inference.sessions import SessionPool
+from tests.conftest import TenantAuth, free_port, wait_for_job
+
+RNG = np.random.default_rng(7)
+PIXELS = (RNG.random((5, 64)) * 16).astype(np.float32)
+INLINE = "digits-inline"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def direct(model_dir: Path, pixels: np.ndarray) -> dict[str, np.ndarray]:
+    """ONNX Runtime called directly on the same file: the reference."""
+    return SessionPool("cpu").run(ModelCard.load(model_dir), {"pixels": pixels})
+
+
+def v2_body(pixels: np.ndarray, **extra: Any) -> dict[str, Any]:
+    tensor = {"name": "pixels", "shape": list(pixels.shape), "datatype": "FP32"}
+    return {"inputs": [{**tensor, "data": pixels.reshape(-1).tolist()}], **extra}
+
+
+@pytest.fixture(scope="module")
+def sync_app(settings: Settings, model_repository: Path) -> Flask:
+    """The test run's app, with an inline copy of digits in its repository."""
+    inline = model_repository / INLINE / "1"
+    if not inline.exists():
+        shutil.copytree(model_repository / "digits" / "1", inline)
+        card = json.loads((inline / "card.json").read_text())
+        (inline / "card.json").write_text(json.dumps({**card, "execution": "inline"}))
+    return create_app(settings)
+
+
+@pytest.fixture
+def sync_client(sync_app: Flask) -> FlaskClient:
+    return sync_app.test_client()
+
+
+@pytest.fixture(scope="module")
+def server(sync_app: Flask) -> Iterator[str]:
+    """The app over real HTTP on loopback, for Triton's client."""
+    port = free_port()
+    httpd: BaseWSGIServer = make_server("127.0.0.1", port, sync_app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{port}"
+    httpd.shutdown()
+
+
+def test_json_infer_through_the_workers_equals_onnx_runtime(
+    sync_client: FlaskClient, tenant: TenantAuth, worker: Any, model_repository: Path,
+    database: Database,
+) -> None:  # fmt: skip
+    response = sync_client.post(
+        "/v2/models/digits/infer", json=v2_body(PIXELS, id="req-1"), headers=tenant.headers
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    body = response.json
+    assert body["model_name"] == "digits" and body["id"] == "req-1"
+    expected = direct(model_repository / "digits" / "1", PIXELS)
+    outputs = {o["name"]: o for o in body["outputs"]}
+    assert outputs["label"]["datatype"] == "INT64" and outputs["label"]["shape"] == [5]
+    assert outputs["label"]["data"] == expected["label"].tolist()
+    probabilities = np.asarray(outputs["probabilities"]["data"], dtype=np.float32)
+    assert np.array_equal(probabilities.reshape(5, 10), expected["probabilities"])
+    job_id = uuid.UUID(body["parameters"]["job_id"])  # an ordinary job ran it
+    with database.sessionmaker() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.status == "succeeded" and job.tenant_id == tenant.id
+
+
+def test_binary_request_and_response_by_hand(
+    sync_client: FlaskClient, tenant: TenantAuth, worker: Any, model_repository: Path
+) -> None:
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "pixels",
+                    "shape": [5, 64],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": PIXELS.nbytes},
+                }
+            ],
+            "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    response = sync_client.post(
+        "/v2/models/digits/versions/1/infer",
+        data=head + PIXELS.tobytes(),
+        headers={
+            **tenant.headers,
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(head)),
+        },
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    length = int(response.headers["Inference-Header-Content-Length"])
+    raw = response.get_data()
+    header = json.loads(raw[:length])
+    [output] = header["outputs"]  # only the output asked for
+    assert output["name"] == "probabilities" and output["parameters"]["binary_data_size"] == 200
+    values = np.frombuffer(raw[length:], dtype="<f4").reshape(5, 10)
+    assert np.array_equal(
+        values, direct(model_repository / "digits" / "1", PIXELS)["probabilities"]
+    )
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_tritonclient_works_unchanged(
+    server: str, tenant: TenantAuth, worker: Any, model_repository: Path, binary: bool
+) -> None:
+    client = triton.InferenceServerClient(server)
+    headers = tenant.headers
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("digits", headers=headers)
+    assert not client.is_model_ready("no-such-model", headers=headers)
+    metadata = client.get_model_metadata("digits", headers=headers)
+    assert metadata["inputs"][0]["name"] == "pixels"
+    pixels = triton.InferInput("pixels", list(PIXELS.shape), "FP32")
+    pixels.set_data_from_numpy(PIXELS, binary_data=binary)
+    outputs = [
+        triton.InferRequestedOutput(n, binary_data=binary) for n in ("label", "probabilities")
+    ]
+    result = client.infer("digits", [pixels], outputs=outputs, headers=headers)
+    expected = direct(model_repository / "digits" / "1", PIXELS)
+    assert np.array_equal(result.as_numpy("label"), expected["label"])
+    assert np.array_equal(result.as_numpy("probabilities"), expected["probabilities"])
+    default = client.infer(INLINE, [pixels], headers=headers)  # no outputs named: all binary
+    assert np.array_equal(default.as_numpy("probabilities"), expected["probabilities"])
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("digits", [pixels], model_version="99", headers=headers)
+    assert refused.value.status() == "404" and "99" in refused.value.message()
+    client.close()
+
+
+def test_an_inline_model_runs_in_the_api_without_a_job(
+    sync_client: FlaskClient, tenant: TenantAuth, model_repository: Path, database: Database
+) -> None:
+    response = sync_client.post(
+        f"/v2/models/{INLINE}/infer", json=v2_body(PIXELS), headers=tenant.headers
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert "parameters" not in response.json
+    outputs = {o["name"]: o["data"] for o in response.json["outputs"]}
+    assert outputs["label"] == direct(model_repository / "digits" / "1", PIXELS)["label"].tolist()
+    with database.sessionmaker() as session:
+        assert session.scalar(select(func.count()).where(Job.tenant_id == tenant.id)) == 0
+
+
+@pytest.mark.parametrize("model", ["digits", INLINE])
+def test_non_finite_outputs_fail_the_call_with_422(
+    sync_client: FlaskClient, tenant: TenantAuth, worker: Any, model: str
+) -> None:
+    huge = np.full((1, 64), 3e38, dtype=np.float32)
+    response = sync_client.post(
+        f"/v2/models/{model}/infer", json=v2_body(huge), headers=tenant.headers
+    )
+    assert response.status_code == 422, response.get_data(as_text=True)
+    problem = response.json
+    assert problem["type"] == "/problems/inference-failed"
+    assert problem["error_code"] == "non_finite_output" and problem["error"] == problem["detail"]
+
+
+def test_a_call_that_runs_out_of_time_names_its_job(
+    sync_client: FlaskClient, tenant: TenantAuth, worker: Any
+) -> None:
+    steps = int(1.5 / 2e-6)  # about 1.5 s of work
+    body = {
+        "inputs": [
+            {"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.1] * 64},
+            {"name": "steps", "shape": [1], "datatype": "INT64", "data": [steps]},
+        ],
+        "parameters": {"timeout": 200_000},  # microseconds, as Triton's client sends it
+    }
+    response = sync_client.post("/v2/models/slow/infer", json=body, headers=tenant.headers)
+    assert response.status_code == 504, response.get_data(as_text=True)
+    problem = response.json
+    assert problem["type"] == "/problems/sync-timeout" and problem["job_status"] in (
+        "queued",
+        "running",
+    )
+    assert response.headers["Location"] == f"/jobs/{problem['job_id']}"
+    job = wait_for_job(sync_client, tenant.headers, problem["job_id"])
+    assert job["status"] == "succeeded", "the job outlives the caller that gave up"
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "field"),
+    [
+        ({HEADER_LENGTH: "9999"}, b"{}", 422, HEADER_LENGTH),
+        ({HEADER_LENGTH: "13"}, b'{"inputs":[]}xx', 422, "body"),
+        ({}, b"not json", 422, "body"),
+        ({}, json.dumps({"inputs": {}}).encode(), 422, "inputs"),
+        ({}, json.dumps({"inputs": [], "parameters": {"timeout": -1}}).encode(), 422,
+         "parameters.timeout"),
+        ({}, json.dumps(v2_body(PIXELS[:, :10])).encode(), 422, "pixels"),
+        ({}, json.dumps({**v2_body(PIXELS), "outputs": [{"name": "nope"}]}).encode(), 422,
+         "outputs"),
+    ],
+    ids=["header past the body", "bytes for no input", "not json", "inputs not a list",
+         "bad timeout", "wrong shape", "unknown output"],
+)  # fmt: skip
+def test_bad_requests_get_problem_json_naming_the_field(
+    sync_client: FlaskClient, tenant: TenantAuth, headers: dict[str, str], body: bytes,
+    status: int, field: str,
+) -> None:  # fmt: skip
+    response = sync_client.post(
+        f"/v2/models/{INLINE}/infer", data=body, headers={**tenant.headers, **headers}
+    )
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert response.content_type == "application/problem+json"
+    assert field in response.json["errors"], response.json
+    assert response.json["error"] == response.json["detail"]  # what Triton's client shows
+
+
+def test_binary_data_that_does_not_fit_its_shape_is_refused(
+    sync_client: FlaskClient, tenant: TenantAuth
+) -> None:
+    head = json.dumps(
+        {"inputs": [{"name": "pixels", "shape": [5, 64], "datatype": "FP32",
+                     "parameters": {"binary_data_size": 12}}]}
+    ).encode()  # fmt: skip
+    response = sync_client.post(
+        f"/v2/models/{INLINE}/infer",
+        data=head + struct.pack("<3f", 1, 2, 3),
+        headers={**tenant.headers, "Inference-Header-Content-Length": str(len(head))},
+    )
+    assert response.status_code == 422
+    assert "does not fit shape [5, 64]" in response.json["detail"]
+
+
+def test_an_anonymous_call_is_refused_before_its_body_is_read(sync_client: FlaskClient) -> None:
+    response = sync_client.post(f"/v2/models/{INLINE}/infer", data=b"not even json")
+    assert response.status_code == 401 and response.json["type"] == "/problems/unauthorized"
+
+
+def test_model_ready_answers_by_status(sync_client: FlaskClient, tenant: TenantAuth) -> None:
+    assert sync_client.get("/v2/models/digits/ready").status_code == 200
+    assert sync_client.get("/v2/models/digits/versions/1/ready").status_code == 200
+    missing = sync_client.get("/v2/models/digits/versions/7/ready")
+    assert missing.status_code == 404 and missing.content_type == "application/problem+json"
+
+
+def test_prefer_wait_returns_the_finished_job(
+    sync_client: FlaskClient, tenant: TenantAuth, worker: Any
+) -> None:
+    body = {"model": "digits", "inputs": {"pixels": PIXELS[:1].tolist()}}
+    response = sync_client.post("/jobs", json=body, headers={**tenant.headers, "Prefer": "wait=20"})
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert response.json["status"] == "succeeded" and response.json["outputs"]["label"]
+    assert response.headers["Preference-Applied"] == "wait=20"
+
+
+def test_prefer_wait_that_runs_out_returns_202_with_the_job(
+    sync_client: FlaskClient, tenant: TenantAuth, worker: Any
+) -> None:
+    body = {
+        "model": "slow",
+        "inputs": {"x": [[0.1] * 64], "steps": [int(2.5 / 2e-6)]},
+    }
+    prefer = {"Prefer": "respond-async, wait=1"}
+    response = sync_client.post("/jobs", json=body, headers={**tenant.headers, **prefer})
+    assert response.status_code == 202 and response.json["status"] in ("queued", "running")
+    assert response.headers["Location"] == f"/jobs/{response.json['id']}"
+    assert wait_for_job(sync_client, tenant.headers, response.json["id"])["status"] == "succeeded"
