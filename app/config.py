@@ -116,6 +116,9 @@ class Settings:
     ort_provider: str = "auto"
     # ORT_INTRA_OP_THREADS: threads per ONNX Runtime session (0 = ORT's default).
     ort_intra_op_threads: int = 1
+    # CUDA_DEVICES: comma list of GPU ids; worker process i runs its CUDA sessions on
+    # device i mod len (one process per GPU). Empty: ORT's default device.
+    cuda_devices: tuple[int, ...] = ()
     # LOG_LEVEL
     log_level: str = "INFO"
 
@@ -175,6 +178,9 @@ class Settings:
             max_wait_seconds=_env_float("MAX_WAIT_SECONDS", d.max_wait_seconds),
             ort_provider=_env_str("ORT_PROVIDER", d.ort_provider).lower(),
             ort_intra_op_threads=_env_int("ORT_INTRA_OP_THREADS", d.ort_intra_op_threads),
+            cuda_devices=tuple(
+                int(x) for x in _env_str("CUDA_DEVICES", "").split(",") if x.strip()
+            ),
             log_level=_env_str("LOG_LEVEL", d.log_level).upper(),
         )
 

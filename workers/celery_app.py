@@ -22,11 +22,13 @@ import os
 import signal
 from typing import Any
 
+from billiard.process import current_process
 from celery import Celery, Task
 from celery.signals import worker_process_init
 from flask import Flask
 
 from app.config import Settings
+from app.inference.sessions import device_for
 from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 
@@ -89,6 +91,9 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
             from app.jobs.runtime import current_runtime
 
             runtime = current_runtime()
+            runtime.sessions.device_id = device_for(
+                getattr(current_process(), "index", 0) or 0, settings.cuda_devices
+            )
             # A hard time limit: ORT holds the thread in C code, so the child is
             # killed; Celery starts a new one and the job's lease brings it back.
             runtime.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)

@@ -36,6 +36,7 @@ _ANSWER = {
     "content": _EITHER_FORM,
 }
 
+
 @blp.post("/v2/models/<name>/infer")
 @blp.post("/v2/models/<name>/versions/<version>/infer")
 @blp.doc(requestBody=_BODY, responses={"200": _ANSWER})

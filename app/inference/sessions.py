@@ -30,12 +30,21 @@ class ModelMismatch(RuntimeError):
     """The ONNX graph does not have the inputs or outputs its card declares."""
 
 
+def device_for(process_index: int, devices: tuple[int, ...]) -> int | None:
+    """The GPU a worker process owns: one process per GPU, round robin beyond."""
+    return devices[process_index % len(devices)] if devices else None
+
+
 class SessionPool:
-    def __init__(self, provider: str = "auto", intra_op_threads: int = 1) -> None:
+    def __init__(
+        self, provider: str = "auto", intra_op_threads: int = 1, device_id: int | None = None
+    ) -> None:
         if provider not in ("auto", "cpu", "cuda"):
             raise ValueError(f"ORT_PROVIDER must be auto, cpu or cuda, not {provider!r}")
         self.provider = provider
         self.intra_op_threads = intra_op_threads
+        # The GPU this process's CUDA sessions run on (None: ORT's default, 0).
+        self.device_id = device_id
         # ref -> (model file's mtime, session): a replaced file is loaded again.
         self._sessions: dict[str, tuple[int, ort.InferenceSession]] = {}
         self._lock = threading.Lock()
@@ -62,9 +71,7 @@ class SessionPool:
         if self.intra_op_threads > 0:
             options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
-        wanted = _PROVIDERS["cuda" if self.provider == "auto" else self.provider]
-        if self.provider == "auto" and "CUDAExecutionProvider" not in ort.get_available_providers():
-            wanted = _PROVIDERS["cpu"]
+        wanted = self.wanted_providers()
         if self.provider == "auto":
             # Without a usable GPU, ORT prints an error and falls back to CPU. In auto
             # mode that is expected, so silence it; the provider used is logged below.
@@ -79,10 +86,26 @@ class SessionPool:
         if self.provider == "cuda" and used[0] != "CUDAExecutionProvider":
             raise RuntimeError(f"ORT_PROVIDER=cuda but CUDA could not start for {card.ref}")
         _check_card(card, session)
-        logger.info(
-            "loaded model %s with %s (threads=%s)", card.ref, used[0], self.intra_op_threads
+        device = (
+            f" on GPU {self.device_id}" if used[0].startswith("CUDA") and self.device_id else ""
         )
+        logger.info(
+            "loaded model %s with %s%s (threads=%s)",
+            card.ref, used[0], device, self.intra_op_threads,
+        )  # fmt: skip
         return session
+
+    def wanted_providers(self) -> list[Any]:
+        """What sessions are asked for, CUDA (on this process's device) first where
+        it may work; ORT falls back to the next entry if it does not start."""
+        if self.provider == "cpu" or (
+            self.provider == "auto" and "CUDAExecutionProvider" not in ort.get_available_providers()
+        ):
+            return list(_PROVIDERS["cpu"])
+        cuda: Any = "CUDAExecutionProvider"
+        if self.device_id is not None:
+            cuda = ("CUDAExecutionProvider", {"device_id": str(self.device_id)})
+        return [cuda, "CPUExecutionProvider"]
 
     def providers(self) -> dict[str, str]:
         return {ref: s.get_providers()[0] for ref, (_, s) in self._sessions.items()}

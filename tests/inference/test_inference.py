@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from app.inference.repository import ModelRepository, UnknownModel
-from app.inference.sessions import ModelMismatch, SessionPool
+from app.inference.sessions import ModelMismatch, SessionPool, device_for
 from app.inference.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack
 
 
@@ -110,3 +110,22 @@ def test_packed_tensors_round_trip_at_their_raw_size(dtype: str) -> None:
 def test_packed_tensors_with_bytes_left_over_are_refused() -> None:
     with pytest.raises(ValueError, match="left over"):
         unpack(pack({"a": np.zeros(4, np.float32)}) + b"\0")
+
+
+def test_worker_processes_are_pinned_one_per_gpu() -> None:
+    """CUDA_DEVICES=0,1: process 0 on GPU 0, 1 on GPU 1, a third shares GPU 0."""
+    assert [device_for(i, (0, 1)) for i in range(3)] == [0, 1, 0]
+    assert device_for(5, ()) is None  # unset: ORT's default device
+    pinned = SessionPool("cuda", device_id=1).wanted_providers()
+    assert pinned == [("CUDAExecutionProvider", {"device_id": "1"}), "CPUExecutionProvider"]
+    assert SessionPool("cpu", device_id=1).wanted_providers() == ["CPUExecutionProvider"]
+
+
+def test_a_pinned_pool_still_serves_where_cuda_cannot_start(repo: ModelRepository) -> None:
+    """`auto` with a device: on a machine without a usable GPU, onnxruntime-gpu
+    falls back to CPU and the model serves; the device option must not break that."""
+    card = repo.resolve("digits")
+    pool = SessionPool("auto", device_id=0)
+    outputs = pool.run(card, {"pixels": np.zeros((2, 64), dtype=np.float32)})
+    assert outputs["label"].shape == (2,)
+    assert pool.providers()["digits:1"] in ("CUDAExecutionProvider", "CPUExecutionProvider")
