@@ -221,6 +221,26 @@ def burst(endpoint: Endpoint, bodies: Sequence[bytes], seconds: float, clients: 
     return _drive(endpoint, clients, next_work)
 
 
+def infer_bodies(rows: Sequence[Sequence[float]]) -> list[bytes]:
+    """KServe v2 infer requests of one row each; the `id` comes back in the answer."""
+    return [
+        json.dumps(
+            {
+                "id": str(i),
+                "inputs": [
+                    {
+                        "name": "pixels",
+                        "shape": [1, len(row)],
+                        "datatype": "FP32",
+                        "data": list(map(float, row)),
+                    }
+                ],
+            }
+        ).encode()
+        for i, row in enumerate(rows)
+    ]
+
+
 def job_bodies(model: str, rows: Sequence[Sequence[float]], rows_per_job: int) -> list[bytes]:
     """Request bodies, encoded once: `{"model", "inputs": {"pixels": [...]}}`, the
     service's own format, sent unchanged to every contender."""

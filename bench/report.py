@@ -20,6 +20,7 @@ WORKLOADS = {
     "c": "(c) burst",
     "d": "(d) open loop",
     "e": "(e) after idle",
+    "f": "(f) sync infer",
 }
 # (e): a lone job may wait the card's batching delay (digits: 2 ms), one batch,
 # and the wake-up's trip through Redis and Celery; 20 ms leaves room for those.

@@ -79,11 +79,11 @@ def _ensure_models(repository: Path, heavy: str) -> str | None:
 def _bodies(plan: Plan) -> Bodies:
     from sklearn.datasets import load_digits
 
-    from bench.load import job_bodies
+    from bench.load import infer_bodies, job_bodies
 
     rows = load_digits().data.tolist()
     heavy = job_bodies(plan.heavy_model, rows, plan.heavy_rows) if plan.heavy_model else []
-    return Bodies(job_bodies("digits", rows, 1), heavy)
+    return Bodies(job_bodies("digits", rows, 1), heavy, infer_bodies(rows))
 
 
 def _raw_ort(ctx: Context, plan: Plan, rows: list[dict[str, Any]]) -> None:

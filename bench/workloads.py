@@ -8,6 +8,9 @@
 (d) open loop: Poisson arrivals at half the rate (a) sustained; POST latency.
 (e) after idle: single jobs, each after the contender sat idle; how long the
     first job waits before it starts (the cost of waking a worker).
+(f) sync: single-row KServe v2 infer calls from C closed-loop clients, each
+    answered with its outputs (contenders with a sync door only); calls/s and
+    call latency.
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -52,6 +55,7 @@ class Plan:
 class Bodies:
     digits: Sequence[bytes]
     heavy: Sequence[bytes]
+    sync: Sequence[bytes]  # KServe v2 infer requests, one digits row each
 
 
 def _measure_closed(
@@ -184,6 +188,24 @@ def after_idle(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any] |
     }
 
 
+def sync_calls(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any] | None:
+    if c.sync_endpoint is None:
+        return None
+    clients = plan.clients[0]
+    cpu0 = c.meter.sample()
+    result = load.closed_loop(c.sync_endpoint, bodies.sync, plan.jobs, clients)
+    cpu1 = c.meter.sample()
+    span = result.last_answer - result.first_send
+    return {
+        "workload": "f",
+        "variant": f"{clients} clients, {c.sync_endpoint.path}",
+        "jobs": result.accepted,
+        "jobs_per_s": rounded(result.accepted / span if span > 0 else None),
+        **result.summary(),
+        "cpu_ms_per_job": per_job_ms(cpu0, cpu1, result.accepted),
+    }
+
+
 def run_all(
     c: HttpContender, bodies: Bodies, plan: Plan, repeat: int, rows: list[dict[str, Any]]
 ) -> None:
@@ -215,6 +237,9 @@ def run_all(
     idle = after_idle(c, bodies, plan)
     if idle:
         record(idle)
+    sync = sync_calls(c, bodies, plan)
+    if sync:
+        record(sync)
 
 
 def _brief(row: dict[str, Any]) -> str:

@@ -49,6 +49,7 @@ class HttpContender(abc.ABC):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.endpoint: Endpoint | None = None
+        self.sync_endpoint: Endpoint | None = None  # (f), where the contender has one
         self.store: JobStore | None = None
         self.meter = RoleMeter()
 

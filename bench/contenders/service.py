@@ -67,7 +67,9 @@ class Service(HttpContender):
             env=env, cwd=ROOT, capture_output=True, check=True, timeout=120,
         )  # fmt: skip
         api_key = json.loads(key.stdout.decode().strip().splitlines()[-1])["api_key"]
-        self.endpoint = Endpoint(port, "/jobs", "id", {"Authorization": f"Bearer {api_key}"})
+        auth = {"Authorization": f"Bearer {api_key}"}
+        self.endpoint = Endpoint(port, "/jobs", "id", auth)
+        self.sync_endpoint = Endpoint(port, "/v2/models/digits/infer", "id", auth)
         self.store = PostgresJobs(self.database)
         self.meter.trees = {self.proc.pid: "launcher", **self.ctx.shared_trees()}
         self.meter.classify = classify
