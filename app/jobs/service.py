@@ -126,34 +126,41 @@ def wait_for_change(
     while it is unfinished: a polling client need not spin."""
     if wait_s <= 0:
         return get(session, tenant_id, job_id)
-    with bus.watching(job_id) as watch:
-        seen = watch.version()  # before the read, so a change in between is not missed
-        job = get(session, tenant_id, job_id)
-        if job.status in TERMINAL_STATUSES:
-            return job
-        session.commit()  # hold no transaction (or connection) while waiting
-        watch.wait(seen, min(wait_s, MAX_WAIT_S))
-    session.refresh(job)
-    return job
+    return _wait(session, bus, tenant_id, job_id, min(wait_s, MAX_WAIT_S), changes=1)
 
 
 def wait_until_finished(
     session: Session, bus: EventBus, tenant_id: int, job_id: uuid.UUID, wait_s: float
 ) -> Job:
-    """The job once it finished, or as it stands after `wait_s`. Reads it once per
-    change, and holds no database connection while waiting."""
+    """The job once it finished, or as it stands after `wait_s`."""
+    return _wait(session, bus, tenant_id, job_id, wait_s, changes=None)
+
+
+def _wait(
+    session: Session,
+    bus: EventBus,
+    tenant_id: int,
+    job_id: uuid.UUID,
+    wait_s: float,
+    *,
+    changes: int | None,
+) -> Job:
+    """The job once finished, or after `changes` changes (None: any number), or as
+    it stands after `wait_s`. Reads it once per change, and holds no database
+    connection while waiting."""
     give_up = time.monotonic() + wait_s
     with bus.watching(job_id) as watch:
+        first = seen = watch.version()  # before each read, so no change is missed
         while True:
-            seen = watch.version()  # before the read, so a change in between is not missed
             job = session.get(Job, job_id, populate_existing=True)
             session.commit()
             if job is None or job.tenant_id != tenant_id:
                 raise NotFound(f"no job with id {job_id}")
             left = give_up - time.monotonic()
-            if job.status in TERMINAL_STATUSES or left <= 0:
+            enough = changes is not None and seen - first >= changes
+            if job.status in TERMINAL_STATUSES or left <= 0 or enough:
                 return job
-            watch.wait(seen, left)
+            seen = watch.wait(seen, left)
 
 
 def deadline(absolute: datetime | None, cancel_after_s: float | None) -> datetime | None:

@@ -78,11 +78,8 @@ def infer(
         arrays = service.check_inputs(card, inputs)
         [result] = engine.infer(sessions(), card, [arrays])
         if isinstance(result, Exception):
-            code = (
-                "non_finite_output"
-                if isinstance(result, engine.NonFiniteOutput)
-                else ("inference_error")
-            )
+            non_finite = isinstance(result, engine.NonFiniteOutput)
+            code = "non_finite_output" if non_finite else "inference_error"
             raise _failed(code, f"{type(result).__name__}: {result}", None)
         return Answer(card, result, None)
     job = service.submit(

@@ -50,28 +50,28 @@ _UPDATED = """
     WHERE n.status IS DISTINCT FROM o.status OR n.attempts IS DISTINCT FROM o.attempts
 """
 
-STATEMENT_TRIGGERS = f"""
-DROP TRIGGER jobs_record_event ON jobs;
-DROP FUNCTION record_job_event();
 
-CREATE FUNCTION record_jobs_inserted() RETURNS trigger AS $$
+def _statement_trigger(kind: str, event: str, tables: str, changed: str) -> str:
+    """`record_jobs_<kind>()` and its trigger, recording the rows `changed` selects."""
+    return f"""
+CREATE FUNCTION record_jobs_{kind}() RETURNS trigger AS $$
 BEGIN
-{_RECORD.format(changed=_INSERTED)}
+{_RECORD.format(changed=changed)}
     RETURN NULL;
 END $$ LANGUAGE plpgsql;
-CREATE TRIGGER jobs_record_inserted AFTER INSERT ON jobs
-    REFERENCING NEW TABLE AS inserted
-    FOR EACH STATEMENT EXECUTE FUNCTION record_jobs_inserted();
-
-CREATE FUNCTION record_jobs_updated() RETURNS trigger AS $$
-BEGIN
-{_RECORD.format(changed=_UPDATED)}
-    RETURN NULL;
-END $$ LANGUAGE plpgsql;
-CREATE TRIGGER jobs_record_updated AFTER UPDATE ON jobs
-    REFERENCING OLD TABLE AS previous NEW TABLE AS updated
-    FOR EACH STATEMENT EXECUTE FUNCTION record_jobs_updated();
+CREATE TRIGGER jobs_record_{kind} AFTER {event} ON jobs
+    REFERENCING {tables}
+    FOR EACH STATEMENT EXECUTE FUNCTION record_jobs_{kind}();
 """
+
+
+STATEMENT_TRIGGERS = (
+    "DROP TRIGGER jobs_record_event ON jobs; DROP FUNCTION record_job_event();"
+    + _statement_trigger("inserted", "INSERT", "NEW TABLE AS inserted", _INSERTED)
+    + _statement_trigger(
+        "updated", "UPDATE", "OLD TABLE AS previous NEW TABLE AS updated", _UPDATED
+    )
+)
 
 # As the webhooks revision left it.
 ROW_TRIGGER = """
