@@ -44,6 +44,10 @@ class Settings:
     model_repository: Path = field(default_factory=lambda: ROOT / "models")
     # MAX_REQUEST_BYTES: request bodies above this are refused with 413.
     max_request_bytes: int = 8 * 1024 * 1024
+    # MAX_UPLOAD_BYTES: the largest file POST /files accepts (stored in PostgreSQL).
+    max_upload_bytes: int = 2 * 1024 * 1024 * 1024
+    # BATCH_CHUNK_ROWS: rows per chunk job of a batch (a model's card may set its own).
+    batch_chunk_rows: int = 4096
     # JOBS_QUEUE: the Celery queue that inference jobs travel on.
     jobs_queue: str = "inference"
     # DRAIN_SECONDS: how long one wake-up may keep a worker process on one model's jobs
@@ -131,6 +135,8 @@ class Settings:
             var_dir=Path(_env_str("VAR_DIR", str(d.var_dir))),
             model_repository=Path(_env_str("MODEL_REPOSITORY", str(d.model_repository))),
             max_request_bytes=_env_int("MAX_REQUEST_BYTES", d.max_request_bytes),
+            max_upload_bytes=_env_int("MAX_UPLOAD_BYTES", d.max_upload_bytes),
+            batch_chunk_rows=_env_int("BATCH_CHUNK_ROWS", d.batch_chunk_rows),
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),
             drain_seconds=_env_float("DRAIN_SECONDS", d.drain_seconds),
             drain_linger_ms=_env_float("DRAIN_LINGER_MS", d.drain_linger_ms),

@@ -54,3 +54,9 @@ class Conflict(DomainError):
     """The thing is not in a state that allows this (409)."""
 
     problem_type = "conflict"
+
+
+class TooLarge(DomainError):
+    """More bytes than a limit allows (413)."""
+
+    problem_type = "payload-too-large"

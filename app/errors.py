@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask, Response, current_app, json, request
+from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException
 
 from app.domain import DomainError
@@ -160,8 +160,10 @@ def problem_from_http_exception(exc: HTTPException) -> Problem:
     if status == 400 and "json" in str(detail).lower():
         detail = "The request body is not valid JSON: " + str(detail)
     if status == 413:
-        limit = current_app.config.get("MAX_CONTENT_LENGTH")
-        detail = f"The request body is larger than the limit of {limit} bytes (MAX_REQUEST_BYTES)."
+        upload = request.path.startswith("/files")
+        limit = request.max_content_length
+        setting = "MAX_UPLOAD_BYTES" if upload else "MAX_REQUEST_BYTES"
+        detail = f"The request body is larger than the limit of {limit} bytes ({setting})."
     headers: dict[str, str] = {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"

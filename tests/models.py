@@ -101,3 +101,66 @@ def build_memhog(root: Path, *, fixed: bool = False) -> None:
 
 
 HUGE = 10**13  # 40 TB of floats: the allocation fails at once, nothing is touched
+
+
+def build_flaky_digits(root: Path, digits_dir: Path, name: str = "digits-flaky") -> Path:
+    """The digits model, plus a branch that allocates 10**13 floats when a pixel
+    is above 16 (ORT's allocator then fails, as a GPU out of memory does) and
+    adds nothing to the outputs otherwise. Replacing its file by digits' own is
+    the fix a person deploys: a job that failed on it then succeeds on retry."""
+    model = onnx.load(digits_dir / "model.onnx")
+    graph = model.graph
+    raw = {"probabilities": "probabilities_raw"}
+    for node in graph.node:
+        node.output[:] = [raw.get(o, o) for o in node.output]
+        node.input[:] = [raw.get(i, i) for i in node.input]
+    const = [
+        numpy_helper.from_array(np.array(16.0, np.float32), "flaky_limit"),
+        numpy_helper.from_array(np.array(float(HUGE), np.float32), "flaky_scale"),
+        numpy_helper.from_array(np.array([1], np.int64), "flaky_shape"),
+    ]
+    graph.initializer.extend(const)
+    graph.node.extend([
+        h.make_node("ReduceMax", ["pixels"], ["flaky_max"], keepdims=0),
+        h.make_node("Sub", ["flaky_max", "flaky_limit"], ["flaky_over"]),
+        h.make_node("Relu", ["flaky_over"], ["flaky_pos"]),
+        h.make_node("Mul", ["flaky_pos", "flaky_scale"], ["flaky_size_f"]),
+        h.make_node("Cast", ["flaky_size_f"], ["flaky_size"], to=T.INT64),
+        h.make_node("Reshape", ["flaky_size", "flaky_shape"], ["flaky_dims"]),
+        h.make_node("ConstantOfShape", ["flaky_dims"], ["flaky_big"],
+                    value=h.make_tensor("zero", T.FLOAT, [1], [0.0])),
+        h.make_node("ReduceSum", ["flaky_big"], ["flaky_zero"], keepdims=0),
+        h.make_node("Add", ["probabilities_raw", "flaky_zero"], ["probabilities"]),
+    ])  # fmt: skip
+    onnx.checker.check_model(model)
+    version_dir = root / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    (version_dir / "model.onnx").write_bytes(model.SerializeToString())
+    card = json.loads((digits_dir / "card.json").read_text())
+    card.update(max_attempts=6, batch_chunk_rows=4096)
+    (version_dir / "card.json").write_text(json.dumps(card))
+    return version_dir
+
+
+def build_slow_rows(root: Path, steps: int = 20000) -> None:
+    """`slow` with its step count built in and a batch dimension: a batchable
+    model whose every call takes about `steps` * 2 us, for batches to cancel."""
+    build_slow(root)
+    version_dir = root / "slow" / "1"
+    model = onnx.load(version_dir / "model.onnx")
+    graph = model.graph
+    inputs = [i for i in graph.input if i.name != "steps"]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    graph.initializer.append(numpy_helper.from_array(np.array([steps], np.int64), "steps"))
+    target = root / "slow-rows" / "1"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "model.onnx").write_bytes(model.SerializeToString())
+    card = {
+        "description": "test model slow-rows",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 64]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 64]}],
+        "batching": {"max_batch_size": 64},
+        "batch_chunk_rows": 8,
+    }
+    (target / "card.json").write_text(json.dumps(card))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 from typing import Any
 
 from celery import Task, shared_task
@@ -10,6 +11,7 @@ from flask import current_app
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
+from app.batches import service as batches
 from app.db.session import current_session, database_unavailable
 from app.jobs import dispatch, runner, sweeps
 from app.jobs.runtime import current_runtime
@@ -36,9 +38,21 @@ def drain(self: Task, model: str) -> int:
         raise self.retry(exc=exc, countdown=countdown) from exc
 
 
+@shared_task(name=batches.SPLIT_TASK, ignore_result=True)
+def split_batch(batch_id: str) -> str:
+    """Cut a file batch into chunk jobs (see app.batches.service.split)."""
+    dispatcher = dispatch.current()
+    return batches.split(
+        current_session(), current_runtime().repository, uuid.UUID(batch_id), dispatcher.wake
+    )
+
+
 @shared_task(name=dispatch.SWEEP_TASK, ignore_result=True)
 def sweep() -> dict[str, int]:
-    return sweeps.sweep(current_session(), current_app.extensions["settings"])
+    settings = current_app.extensions["settings"]
+    counts = sweeps.sweep(current_session(), settings)
+    counts["batches"] = batches.sweep(current_session(), settings, batches.start_split)
+    return counts
 
 
 @shared_task(name=dispatch.PURGE_TASK, ignore_result=True)

@@ -32,7 +32,7 @@ class Api(SmorestApi):
 
 
 def register_api(app: Flask) -> None:
-    from app.api import dead_letters, deliveries, health, infer, jobs, models
+    from app.api import batches, dead_letters, deliveries, files, health, infer, jobs, models
 
     config: dict[str, Any] = {
         "API_TITLE": "Inference jobs",
@@ -52,7 +52,10 @@ def register_api(app: Flask) -> None:
     app.config.update(config)
     api = Api(app)
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
-    blueprints = (jobs.blp, infer.blp, deliveries.blp, dead_letters.blp, models.blp, health.blp)
+    blueprints = (
+        jobs.blp, infer.blp, batches.blp, files.blp, deliveries.blp, dead_letters.blp, models.blp,
+        health.blp,
+    )  # fmt: skip
     for blueprint in blueprints:
         api.register_blueprint(blueprint)
     app.extensions["api"] = api

@@ -24,6 +24,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "expired"})
+BATCH_STATUSES = (
+    "queued", "running", "succeeded", "partially_succeeded", "failed", "cancelled",
+)  # fmt: skip
+BATCH_TERMINAL_STATUSES = frozenset(BATCH_STATUSES[2:])
 
 
 class Base(DeclarativeBase):
@@ -92,6 +96,13 @@ class Job(Base):
             "finished_at",
             postgresql_where=text("purged_at IS NULL AND finished_at IS NOT NULL"),
         ),
+        Index(
+            "ix_jobs_batch_chunk",
+            "batch_id",
+            "batch_index",
+            unique=True,
+            postgresql_where=text("batch_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
@@ -134,6 +145,84 @@ class Job(Base):
     # Where to push this job's events; deliveries are made by the job_events trigger.
     webhook_url: Mapped[str | None] = mapped_column(Text)
     webhook_events: Mapped[list[str] | None] = mapped_column(ARRAY(String(32)))
+    # A chunk of a batch: its place in the batch and its first row. Its outputs are
+    # packed tensors (`output_data`), never JSON: results are streamed from them.
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("batches.id", ondelete="CASCADE")
+    )
+    batch_index: Mapped[int | None] = mapped_column(Integer)
+    first_row: Mapped[int | None] = mapped_column(BigInteger)
+    output_data: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+
+
+class File(Base):
+    """An uploaded input file (`.npy`, `.jsonl`, `.csv`). Its bytes live in
+    `file_parts`, so any API or worker machine can read it from PostgreSQL."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(255))
+    format: Mapped[str] = mapped_column(String(8))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    parts: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class FilePart(Base):
+    __tablename__ = "file_parts"
+
+    file_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("files.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Batch(Base):
+    """Many rows for one model, run as chunk jobs (`jobs.batch_id`). Progress is
+    counted from the chunks; the batch row holds what the chunks cannot say."""
+
+    __tablename__ = "batches"
+    __mapper_args__ = {"eager_defaults": True}
+    __table_args__ = (
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{s}'" for s in BATCH_STATUSES) + ")",
+            name="batches_status_valid",
+        ),
+        Index("ix_batches_tenant_created", "tenant_id", text("created_at DESC"), text("id DESC")),
+        Index(
+            "ix_batches_open", "split_at", postgresql_where=text("status IN ('queued', 'running')")
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(100))
+    model_version: Mapped[str] = mapped_column(String(50))
+    # queued: its file is being cut into chunks; running: every chunk exists.
+    status: Mapped[str] = mapped_column(String(24), server_default="queued")
+    input_file_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("files.id", ondelete="SET NULL")
+    )
+    chunk_rows: Mapped[int] = mapped_column(Integer)
+    rows: Mapped[int | None] = mapped_column(BigInteger)  # known once split
+    chunks: Mapped[int | None] = mapped_column(Integer)
+    # Rows cut into chunks so far, and when: a split that stopped resumes from here.
+    split_rows: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    split_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default="3")
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    webhook_events: Mapped[list[str] | None] = mapped_column(ARRAY(String(32)))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class DeadLetter(Base):
@@ -144,11 +233,16 @@ class DeadLetter(Base):
         Index(
             "ix_dead_letters_tenant_created", "tenant_id", text("created_at DESC"), text("id DESC")
         ),
+        CheckConstraint("job_id IS NOT NULL OR batch_id IS NOT NULL", name="dead_letters_subject"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    job_id: Mapped[uuid.UUID] = mapped_column(
+    job_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    # A batch's webhook that could not be delivered.
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("batches.id", ondelete="CASCADE")
     )
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     model: Mapped[str] = mapped_column(String(100))
@@ -228,11 +322,19 @@ class WebhookDelivery(Base):
             "next_attempt_at",
             postgresql_where=text("status IN ('pending', 'sending')"),
         ),
+        Index("ix_webhook_deliveries_batch", "batch_id", "id"),
+        CheckConstraint(
+            "job_id IS NOT NULL OR batch_id IS NOT NULL", name="webhook_deliveries_subject"
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    job_id: Mapped[uuid.UUID] = mapped_column(
+    # The job the event is about, or the batch (batch.* events).
+    job_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE")
+    )
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("batches.id", ondelete="CASCADE")
     )
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     event_type: Mapped[str] = mapped_column(String(32))

@@ -154,6 +154,14 @@ class ModelRepository:
     def all(self) -> list[ModelCard]:
         return [self._cards[n][v] for n in self.names() for v in self.versions(n)]
 
+    def resolve_rescanning(self, name: str, version: str | None = None) -> ModelCard:
+        """`resolve`, rescanning once when not found: added since this process started?"""
+        try:
+            return self.resolve(name, version)
+        except UnknownModel:
+            self.refresh()
+        return self.resolve(name, version)
+
     def resolve(self, name: str, version: str | None = None) -> ModelCard:
         """The card for `name` at `version`, or at its highest version when None."""
         versions = self._cards.get(name)

@@ -57,6 +57,16 @@ class Dispatcher:
             return False
         return True
 
+    def send(self, task: str, *args: str) -> bool:
+        """Publish a task on the jobs queue; False when the broker refused (the
+        caller leaves the work for a sweep)."""
+        try:
+            self._celery.send_task(task, args=list(args), queue=self._queue)
+        except Exception as exc:  # kombu and redis-py raise many kinds; all mean "not sent"
+            logger.warning("could not send %s: %s", task, exc)
+            return False
+        return True
+
     def taken(self, model: str) -> None:
         """A worker took the wake-up: jobs committed from now on need a new one."""
         self._redis.delete(self._flag(model))

@@ -30,7 +30,8 @@ from app.config import Settings
 from app.inference.engine import NonFiniteOutput, infer
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.sessions import SessionPool
-from app.inference.tensors import from_json, to_json, unpack
+from app.inference.tensors import from_json, pack, to_json, unpack
+from app.jobs.chunks import settle
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish, renew_leases
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,9 @@ def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -
         outcomes = [o for (m, v), jobs in groups.items() for o in _run_group(runtime, m, v, jobs)]
     written = finish(session, outcomes, guarded="finish" not in runtime.settings.guards_off)
     session.commit()
+    if batches := {job.batch_id for job in claimed if job.batch_id is not None}:
+        settle(session, batches)  # after the commit: the last chunk's writer sees every chunk
+        session.commit()
     for outcome in outcomes:
         if outcome.job_id not in written:
             logger.warning(
@@ -149,11 +153,7 @@ def backoff_delay(settings: Settings, attempt: int) -> float:
 
 def _card(runtime: Runtime, model: str, version: str | None) -> ModelCard | None:
     try:
-        return runtime.repository.resolve(model, version)
-    except UnknownModel:
-        runtime.repository.refresh()  # added since this worker started?
-    try:
-        return runtime.repository.resolve(model, version)
+        return runtime.repository.resolve_rescanning(model, version)
     except UnknownModel:
         return None
 
@@ -175,9 +175,16 @@ def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob
         outcomes[job.id] = (
             _after_error(runtime.settings, job, result)
             if isinstance(result, Exception)
-            else Outcome(job.id, job.attempt, "succeeded", outputs=to_json(result))
+            else _succeeded(job, result)
         )
     return [outcomes[job.id] for job in jobs]
+
+
+def _succeeded(job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:
+    """A chunk of a batch keeps its outputs packed (streamed later, never JSON)."""
+    if job.batch_id is not None:
+        return Outcome(job.id, job.attempt, "succeeded", output_data=pack(outputs))
+    return Outcome(job.id, job.attempt, "succeeded", outputs=to_json(outputs))
 
 
 def _inputs(card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:

@@ -218,7 +218,7 @@ def list_jobs(
     cursor: str | None = None,
 ) -> Page:
     """Newest first, keyset-paginated on (created_at, id): stable under inserts."""
-    query = select(Job).where(Job.tenant_id == tenant_id)
+    query = select(Job).where(Job.tenant_id == tenant_id, Job.batch_id.is_(None))  # not chunks
     if status:
         query = query.where(Job.status == status)
     if model:

@@ -33,6 +33,7 @@ class ClaimedJob:
     input_data: bytes | None
     attempt: int
     max_attempts: int
+    batch_id: uuid.UUID | None = None  # a chunk of this batch
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Outcome:
     attempt: int
     status: str  # "succeeded", "failed" or "retry"
     outputs: dict[str, Any] | None = None
+    output_data: bytes | None = None  # a chunk's outputs, packed
     error_code: str | None = None
     error_message: str | None = None
     error_class: str | None = None
@@ -50,7 +52,9 @@ class Outcome:
     delay_s: float = 0.0
 
 
-_CLAIMED = "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at"
+_CLAIMED = (
+    "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at, batch_id"
+)
 _LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
 _CLAIMABLE = """
     AND ((status = 'queued' AND run_after <= now()) {expired})
@@ -133,8 +137,9 @@ def claim_next(
 
 def _claimed(r: Any) -> ClaimedJob:
     return ClaimedJob(
-        r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts
-    )
+        r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts,
+        r.batch_id,
+    )  # fmt: skip
 
 
 def renew_leases(session: Session, jobs: list[ClaimedJob], lease_s: float) -> set[uuid.UUID]:
@@ -187,6 +192,7 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
         "attempts": [o.attempt for o in outcomes],
         "statuses": [o.status for o in outcomes],
         "outputs": [None if o.outputs is None else json.dumps(o.outputs) for o in outcomes],
+        "output_data": [o.output_data for o in outcomes],
         "codes": [o.error_code for o in outcomes],
         "messages": [o.error_message for o in outcomes],
         "classes": [o.error_class for o in outcomes],
@@ -198,16 +204,18 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
         WITH v AS (
             SELECT * FROM unnest(
                 CAST(:ids AS uuid[]), CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
-                CAST(:outputs AS jsonb[]), CAST(:codes AS text[]), CAST(:messages AS text[]),
-                CAST(:classes AS text[]), CAST(:tracebacks AS text[]), CAST(:delays AS float8[])
-            ) AS v(id, attempt, status, outputs, error_code, error_message, error_class,
-                   traceback, delay)
+                CAST(:outputs AS jsonb[]), CAST(:output_data AS bytea[]),
+                CAST(:codes AS text[]), CAST(:messages AS text[]), CAST(:classes AS text[]),
+                CAST(:tracebacks AS text[]), CAST(:delays AS float8[])
+            ) AS v(id, attempt, status, outputs, output_data, error_code, error_message,
+                   error_class, traceback, delay)
         ),
         moved AS (
             UPDATE jobs AS j SET
                 status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                               WHEN v.status = 'retry' THEN 'queued' ELSE v.status END,
                 outputs = CASE WHEN j.cancel_requested_at IS NULL THEN v.outputs END,
+                output_data = CASE WHEN j.cancel_requested_at IS NULL THEN v.output_data END,
                 error_code = v.error_code, error_message = v.error_message,
                 finished_at = CASE WHEN v.status = 'retry' AND j.cancel_requested_at IS NULL
                                    THEN NULL ELSE now() END,
@@ -336,7 +344,8 @@ def purge_old_data(session: Session, older_than_s: float, limit: int) -> int:
     """Delete inputs and outputs of jobs finished long ago; keep their metadata."""
     statement = text(
         """
-        UPDATE jobs SET inputs = NULL, input_data = NULL, outputs = NULL, purged_at = now()
+        UPDATE jobs SET inputs = NULL, input_data = NULL, outputs = NULL, output_data = NULL,
+               purged_at = now()
         WHERE id IN (
             SELECT id FROM jobs
             WHERE purged_at IS NULL AND finished_at < now() - make_interval(secs => :age)

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.db.models import (
+    Batch,
     DeadLetter,
     DisabledWebhookUrl,
     Job,
@@ -157,6 +158,14 @@ def _ms(started: float) -> float:
 def _payload(session: Session, settings: Settings, delivery: WebhookDelivery, now: datetime) -> str:
     """The event as sent on every attempt: the job as GET /jobs/<id> shows it. Outputs
     that would make it larger than WEBHOOK_MAX_PAYLOAD_BYTES are replaced by a link."""
+    if delivery.batch_id is not None:  # a batch's event: the batch as GET /batches/<id> shows it
+        from app.batches.representation import BatchSchema, describe
+
+        batch = session.get(Batch, delivery.batch_id)
+        assert batch is not None
+        body = {"type": delivery.event_type, "timestamp": now.isoformat(),
+                "data": BatchSchema().dump(describe(session, batch))}  # fmt: skip
+        return json.dumps(body)
     job = session.get(Job, delivery.job_id)
     data: dict[str, Any] = JobSchema().dump(job)
     body = {"type": delivery.event_type, "timestamp": now.isoformat(), "data": data}
@@ -169,12 +178,15 @@ def _payload(session: Session, settings: Settings, delivery: WebhookDelivery, no
 
 
 def _dead_letter(session: Session, delivery: WebhookDelivery, error: str) -> None:
-    job = session.get(Job, delivery.job_id)
-    assert job is not None
+    subject: Batch | Job | None = (
+        session.get(Batch, delivery.batch_id) if delivery.batch_id else None
+    ) or session.get(Job, delivery.job_id)
+    assert subject is not None
     session.add(
         DeadLetter(
-            job_id=job.id, tenant_id=job.tenant_id, model=job.model,
-            model_version=job.model_version, error_code="webhook_undeliverable",
+            job_id=delivery.job_id, batch_id=delivery.batch_id, tenant_id=subject.tenant_id,
+            model=subject.model, model_version=subject.model_version,
+            error_code="webhook_undeliverable",
             error_class="WebhookDelivery",
             message=f"{delivery.event_type} to {delivery.url}: {error}",
             attempts=delivery.attempts, first_failed_at=delivery.created_at,

@@ -1,0 +1,1 @@
+"""The batch door: uploaded files, batches cut into chunk jobs, results streamed."""

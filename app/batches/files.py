@@ -1,0 +1,118 @@
+"""Uploaded input files, kept in PostgreSQL in parts of a MiB.
+
+An upload is streamed into `file_parts` in one transaction: memory stays at
+one part whatever the size, an aborted upload leaves nothing, and workers on
+other machines read the file from the database the API wrote it to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from typing import IO
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.batches.readers import FORMATS
+from app.db.models import Batch, File, FilePart
+from app.domain import Conflict, InvalidRequest, NotFound, TooLarge
+
+PART_BYTES = 1 << 20
+
+
+def format_of(filename: str, declared: str | None) -> str:
+    fmt = (declared or filename.rpartition(".")[2]).lower()
+    if fmt not in FORMATS:
+        raise InvalidRequest(
+            f"cannot tell the format of {filename!r}; name the file .npy, .jsonl or .csv, "
+            "or pass format=npy|jsonl|csv",
+            errors={"format": [f"one of {', '.join(FORMATS)}"]},
+        )
+    return fmt
+
+
+def store(
+    session: Session, tenant_id: int, filename: str, fmt: str, body: IO[bytes], max_bytes: int
+) -> File:
+    """Read `body` to its end into a new file; TooLarge past `max_bytes`."""
+    file = File(id=uuid.uuid4(), tenant_id=tenant_id, filename=filename[:255], format=fmt,
+                size_bytes=0, sha256="", parts=0)  # fmt: skip
+    session.add(file)
+    session.flush()
+    digest, size, seq = hashlib.sha256(), 0, 0
+    while part := _read_part(body):
+        size += len(part)
+        if size > max_bytes:
+            session.rollback()
+            raise TooLarge(
+                f"the file is larger than the upload limit of {max_bytes} bytes "
+                "(MAX_UPLOAD_BYTES); split it into several batches",
+                limit_bytes=max_bytes,
+            )
+        digest.update(part)
+        session.execute(insert(FilePart).values(file_id=file.id, seq=seq, data=part))
+        seq += 1
+    if size == 0:
+        session.rollback()
+        raise InvalidRequest("the file is empty", errors={"body": ["send the file's bytes"]})
+    file.size_bytes, file.sha256, file.parts = size, digest.hexdigest(), seq
+    session.commit()
+    return file
+
+
+def _read_part(body: IO[bytes]) -> bytes:
+    """Up to PART_BYTES: a stream's read may return less before its end."""
+    pieces, left = [], PART_BYTES
+    while left:
+        piece = body.read(left)
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
+
+
+def get(session: Session, tenant_id: int, file_id: uuid.UUID) -> File:
+    file = session.get(File, file_id)
+    if file is None or file.tenant_id != tenant_id:
+        raise NotFound(f"no file with id {file_id}")
+    return file
+
+
+def list_files(session: Session, tenant_id: int, limit: int = 100) -> list[File]:
+    query = select(File).where(File.tenant_id == tenant_id).order_by(File.created_at.desc())
+    return list(session.scalars(query.limit(limit)))
+
+
+def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> None:
+    """Delete a file no unfinished batch still reads."""
+    get(session, tenant_id, file_id)
+    busy = session.scalar(
+        select(Batch.id).where(Batch.input_file_id == file_id, Batch.status == "queued").limit(1)
+    )
+    if busy is not None:
+        raise Conflict(f"batch {busy} is still reading file {file_id}; cancel it or wait")
+    session.execute(delete(File).where(File.id == file_id))
+    session.commit()
+
+
+def parts(
+    sessions: sessionmaker[Session], file_id: uuid.UUID, per_query: int = 8
+) -> Iterator[bytes]:
+    """The file's bytes, a part at a time, with no transaction held between reads."""
+    seq = 0
+    while True:
+        with sessions() as session:
+            query = (
+                select(FilePart.data)
+                .where(FilePart.file_id == file_id, FilePart.seq >= seq)
+                .order_by(FilePart.seq)
+                .limit(per_query)
+            )
+            batch = list(session.scalars(query))
+        yield from batch
+        if len(batch) < per_query:
+            return
+        seq += per_query

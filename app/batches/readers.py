@@ -1,0 +1,215 @@
+"""Rows of a batch's input, read from a stream of bytes in chunks of a fixed
+number of rows, never the whole file at once.
+
+- `.npy`: one array whose first axis is the rows, for a model with one input
+  (or a structured array with a field per input). Read by byte offsets from
+  its header; object arrays (pickles) are refused.
+- `.jsonl`: one row per line, `{"<input>": <row>}`, or the bare row for a
+  model with one input.
+- `.csv`: one row per line for a model with one input: its values (a vector
+  input) or its one value (a text input). A first line that is not data is a
+  header and skipped.
+
+Every chunk is checked against the card like a job's inputs, so a bad row is
+reported with its row number.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from app.inference.repository import ModelCard
+from app.inference.tensors import InvalidInputs, parse_inputs
+
+FORMATS = ("npy", "jsonl", "csv")
+Arrays = dict[str, np.ndarray]
+
+
+class BadRows(ValueError):
+    """Rows that do not fit the model; `first_row` is where the problem starts."""
+
+    def __init__(self, first_row: int, message: str, errors: dict[str, str] | None = None) -> None:
+        super().__init__(f"row {first_row}: {message}")
+        self.first_row, self.errors = first_row, errors or {}
+
+
+def chunks(
+    card: ModelCard, fmt: str, parts: Iterable[bytes], chunk_rows: int, *, skip_rows: int = 0
+) -> Iterator[Arrays]:
+    """Checked arrays of `chunk_rows` rows (the last may be shorter), starting
+    after `skip_rows` rows."""
+    readers = {"npy": _npy_rows, "jsonl": _jsonl_rows, "csv": _csv_rows}
+    row = skip_rows
+    for raw in readers[fmt](card, iter(parts), chunk_rows, skip_rows):
+        try:
+            arrays = parse_inputs(card, raw)
+        except InvalidInputs as exc:
+            raise BadRows(row, str(exc), exc.errors) from None
+        yield arrays
+        row += len(next(iter(arrays.values())))
+
+
+def _single_input(card: ModelCard, fmt: str) -> str:
+    if len(card.inputs) != 1:
+        raise BadRows(0, f"a .{fmt} file holds one input; model {card.ref} has several: "
+                         "use .jsonl with an object per row")  # fmt: skip
+    return card.inputs[0].name
+
+
+# --- .npy -------------------------------------------------------------------
+
+
+def _npy_rows(
+    card: ModelCard, parts: Iterator[bytes], chunk_rows: int, skip_rows: int
+) -> Iterator[dict[str, Any]]:
+    buffer = bytearray()
+
+    def fill(size: int) -> bool:
+        while len(buffer) < size:
+            part = next(parts, None)
+            if part is None:
+                return False
+            buffer.extend(part)
+        return True
+
+    fill(65536)  # the header is in the first few hundred bytes
+    header = io.BytesIO(bytes(buffer[:65536]))
+    try:
+        version = np.lib.format.read_magic(header)
+        read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
+            version, np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read(header)
+    except (ValueError, EOFError) as exc:
+        raise BadRows(0, f"not a readable .npy file ({exc})") from None
+    if dtype.hasobject:
+        raise BadRows(0, ".npy files of Python objects are not accepted (they need pickle)")
+    if fortran or not shape:
+        raise BadRows(0, ".npy array must be C-ordered with rows along its first axis")
+    names = dtype.names or (_single_input(card, "npy"),)
+    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    del buffer[: header.tell()]
+    total, row = shape[0], min(skip_rows, shape[0])
+    if not fill(row * row_bytes):
+        raise BadRows(row, f".npy file ends early: its header promises {total} rows")
+    del buffer[: row * row_bytes]
+    while row < total:
+        n = min(chunk_rows, total - row)
+        if not fill(n * row_bytes):
+            raise BadRows(row, f".npy file ends early: its header promises {total} rows")
+        array = np.frombuffer(bytes(buffer[: n * row_bytes]), dtype=dtype).reshape(n, *shape[1:])
+        del buffer[: n * row_bytes]
+        row += n
+        if dtype.names:
+            yield {name: array[name] for name in names}
+        else:
+            yield {names[0]: array.astype(str) if dtype.kind in "US" else array}
+
+
+# --- .jsonl and .csv ----------------------------------------------------------
+
+
+def _lines(parts: Iterator[bytes]) -> Iterator[tuple[int, str]]:
+    """(row number, line) of each non-blank line, across part boundaries."""
+    tail, row = b"", 0
+    for part in parts:
+        lines = (tail + part).split(b"\n")
+        tail = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield row, _decoded(line, row)
+                row += 1
+    if tail.strip():
+        yield row, _decoded(tail, row)
+
+
+def _decoded(line: bytes, row: int) -> str:
+    try:
+        return line.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError:
+        raise BadRows(row, "is not UTF-8 text") from None
+
+
+def _gathered(
+    rows: Iterator[dict[str, Any]], names: list[str], chunk_rows: int
+) -> Iterator[dict[str, Any]]:
+    chunk: dict[str, list[Any]] = {name: [] for name in names}
+    count = 0
+    for values in rows:
+        for name in names:
+            chunk[name].append(values.get(name))
+        count += 1
+        if count == chunk_rows:
+            yield chunk
+            chunk, count = {name: [] for name in names}, 0
+    if count:
+        yield chunk
+
+
+def _jsonl_rows(
+    card: ModelCard, parts: Iterator[bytes], chunk_rows: int, skip_rows: int
+) -> Iterator[dict[str, Any]]:
+    names = [spec.name for spec in card.inputs]
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for row, line in _lines(parts):
+            if row < skip_rows:
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as exc:
+                raise BadRows(row, f"is not JSON ({exc})") from None
+            if isinstance(value, dict):
+                if missing := [n for n in names if n not in value]:
+                    raise BadRows(row, f"has no {', '.join(missing)}; expected keys {names}")
+                yield value
+            elif len(names) == 1:
+                yield {names[0]: value}
+            else:
+                raise BadRows(row, f"expected an object with keys {names}")
+
+    return _gathered(rows(), names, chunk_rows)
+
+
+def _csv_rows(
+    card: ModelCard, parts: Iterator[bytes], chunk_rows: int, skip_rows: int
+) -> Iterator[dict[str, Any]]:
+    name = _single_input(card, "csv")
+    spec = card.inputs[0]
+    text = spec.datatype == "BYTES"
+    vector = len(spec.shape) > 1
+
+    def rows() -> Iterator[dict[str, Any]]:
+        header = 0
+        for line_no, line in _lines(parts):
+            cells = next(csv.reader([line]))
+            if line_no == 0 and not text and not _numeric(cells):
+                header = 1
+                continue
+            row = line_no - header
+            if row < skip_rows:
+                continue
+            if text:
+                yield {name: cells[0] if len(cells) == 1 else ",".join(cells)}
+                continue
+            try:
+                values = [float(cell) for cell in cells]
+            except ValueError:
+                raise BadRows(row, f"has a value that is not a number: {cells}") from None
+            yield {name: values if vector else values[0]}
+
+    return _gathered(rows(), [name], chunk_rows)
+
+
+def _numeric(cells: list[str]) -> bool:
+    try:
+        [float(cell) for cell in cells]
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,147 @@
+"""A finished batch's outputs, streamed in input order from its chunks.
+
+Chunks are read a few at a time in short sessions (no connection is held
+while a slow client reads), so neither the API's memory nor a transaction
+grows with the batch. JSONL gives every row, with its error where its chunk
+failed; `.npy` needs every row to have succeeded (an array has no place for
+a missing row) and holds one output, or a structured array of all of them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.models import Batch, Job
+from app.domain import Conflict, InvalidRequest
+from app.inference.datatypes import V2_TO_NUMPY
+from app.inference.repository import ModelCard
+from app.inference.tensors import unpack
+
+NPY = "application/x-npy"
+JSONL = "application/jsonl"
+_PER_QUERY = 8
+
+
+@dataclass(frozen=True)
+class Chunk:
+    first_row: int
+    rows: int
+    status: str
+    error_code: str | None
+    error_message: str | None
+    output_data: bytes | None
+
+
+def chunks(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> Iterator[Chunk]:
+    index = 0
+    while True:
+        with sessions() as session:
+            query = (
+                select(Job.batch_index, Job.first_row, Job.batch_rows, Job.status, Job.error_code,
+                       Job.error_message, Job.output_data)
+                .where(Job.batch_id == batch_id, Job.batch_index >= index)
+                .order_by(Job.batch_index)
+                .limit(_PER_QUERY)
+            )  # fmt: skip
+            rows = session.execute(query).all()
+        for r in rows:
+            yield Chunk(r.first_row, r.batch_rows, r.status, r.error_code, r.error_message,
+                        r.output_data)  # fmt: skip
+        if len(rows) < _PER_QUERY:
+            return
+        index = rows[-1].batch_index + 1
+
+
+def check_ready(batch: Batch, failed_rows: int, fmt: str) -> None:
+    if batch.status in ("queued", "running"):
+        raise Conflict(
+            f"batch {batch.id} is still {batch.status}; its results can be read once it "
+            "finishes (GET /batches/<id> shows its progress)",
+            batch_status=batch.status,
+        )
+    if fmt == NPY and failed_rows:
+        raise Conflict(
+            f"batch {batch.id} has {failed_rows} rows without outputs, which an .npy array "
+            "cannot leave out; read the results as JSONL (Accept: application/jsonl), where "
+            "each failed row carries its error, or see `failed_rows` in GET /batches/<id>",
+            batch_status=batch.status,
+        )
+
+
+def jsonl(card: ModelCard, chunks: Iterator[Chunk]) -> Iterator[bytes]:
+    """`{"row": i, "outputs": {...}}` per row, or `{"row": i, "error": {...}}`."""
+    names = [spec.name for spec in card.outputs]
+    for chunk in chunks:
+        if chunk.status != "succeeded" or chunk.output_data is None:
+            error = json.dumps({"code": chunk.error_code or chunk.status,
+                                "message": chunk.error_message})  # fmt: skip
+            yield "".join(
+                f'{{"row": {row}, "error": {error}}}\n'
+                for row in range(chunk.first_row, chunk.first_row + chunk.rows)
+            ).encode()
+            continue
+        arrays = unpack(chunk.output_data)
+        lists = {name: arrays[name].tolist() for name in names}
+        yield "".join(
+            json.dumps({"row": chunk.first_row + i, "outputs": {n: lists[n][i] for n in names}})
+            + "\n"
+            for i in range(chunk.rows)
+        ).encode()
+
+
+def npy_outputs(card: ModelCard, output: str | None) -> list[str]:
+    """The outputs an .npy holds: the one asked for, or all (then a structured array)."""
+    specs = list(card.outputs)
+    if output is not None:
+        specs = [s for s in specs if s.name == output]
+        if not specs:
+            known = ", ".join(s.name for s in card.outputs)
+            raise InvalidRequest(
+                f"model {card.ref} has no output {output!r}; its outputs are {known}",
+                errors={"output": [f"one of {known}"]},
+            )
+    if any(s.datatype not in V2_TO_NUMPY for s in specs):
+        raise InvalidRequest(
+            "an output of this model is not numeric; read the results as JSONL",
+            errors={"Accept": [JSONL]},
+        )
+    return [s.name for s in specs]
+
+
+def npy(names: list[str], total_rows: int, chunks: Iterator[Chunk]) -> Iterator[bytes]:
+    """One .npy array of `total_rows` rows: the header from the first chunk's row
+    shapes, then each chunk's bytes in order."""
+    dtype: np.dtype | None = None
+    for chunk in chunks:
+        if chunk.output_data is None:
+            raise RuntimeError(f"chunk at row {chunk.first_row} has no outputs")
+        arrays = unpack(chunk.output_data)
+        if len(names) > 1:
+            fields = [(n, arrays[n].dtype, arrays[n].shape[1:]) for n in names]
+            rows = np.empty(chunk.rows, dtype=fields)
+            for name in names:
+                rows[name] = arrays[name]
+        else:
+            rows = np.ascontiguousarray(arrays[names[0]])
+        if dtype is None:
+            dtype = rows.dtype
+            yield _header(dtype, (total_rows, *rows.shape[1:]))
+        yield rows.tobytes()
+    if dtype is None:
+        yield _header(np.dtype(np.float32), (0,))
+
+
+def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    out = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+              "shape": shape}  # fmt: skip
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue()

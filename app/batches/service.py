@@ -1,0 +1,351 @@
+"""Batches: many rows for one model, cut into chunk jobs.
+
+A chunk is an ordinary job (`jobs.batch_id`), so workers claim, lease, retry
+and dead-letter it like any other, through the one job-running path; a row is
+never a job of its own. Inline rows are cut at submit; a file is cut by a
+worker task (`split`), a chunk per transaction, resuming where it stopped.
+
+A batch finishes when its last chunk does: `settle` runs after every commit
+that may have finished chunks (the last committer always sees all of them) and
+in the sweep, and its guarded UPDATE finishes a batch once, writing its
+webhook deliveries in the same statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import insert, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.batches import files, readers
+from app.config import Settings
+from app.db.models import BATCH_TERMINAL_STATUSES, Batch, Job
+from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
+from app.inference.repository import ModelCard, ModelRepository, UnknownModel
+from app.inference.tensors import pack
+from app.jobs import dispatch
+from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
+from app.jobs.service import check_inputs
+from app.webhooks.ssrf import UnsafeUrl, check_url
+
+logger = logging.getLogger(__name__)
+
+SPLIT_TASK = "batches.split"
+BATCH_EVENTS = ("batch.succeeded", "batch.partially_succeeded", "batch.failed", "batch.cancelled")
+
+
+def create(
+    session: Session,
+    repository: ModelRepository,
+    settings: Settings,
+    tenant_id: int,
+    model: str,
+    version: str | None,
+    *,
+    inputs: Any = None,
+    file_id: uuid.UUID | None = None,
+    webhook: dict[str, Any] | None = None,
+    start_split: Callable[[uuid.UUID], bool],
+    wake: Callable[[str], object],
+) -> Batch:
+    """A batch of inline `inputs` (cut into chunks now) or of an uploaded file
+    (checked at its start now, cut by a worker). Rows that do not fit the
+    model are a 422 here; in a file, past its first rows, they fail the batch."""
+    card = repository.resolve(model, version)
+    if card.batching.max_batch_size <= 0:
+        raise InvalidRequest(
+            f"model {card.ref} has no batch dimension (max_batch_size 0): send its rows as jobs",
+            errors={"model": ["a model whose inputs have a batch dimension"]},
+        )
+    if (inputs is None) == (file_id is None):
+        raise InvalidRequest(
+            "send either `inputs` (rows, as in a job) or `file_id` (an uploaded file)",
+            errors={"inputs": ["exactly one of inputs and file_id"]},
+        )
+    if webhook is not None:
+        try:
+            check_url(webhook["url"], allow_private=settings.webhook_allow_private_networks)
+        except UnsafeUrl as exc:
+            raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
+    batch = Batch(
+        id=uuid.uuid4(), tenant_id=tenant_id, model=card.name, model_version=card.version,
+        status="queued", chunk_rows=chunk_rows(card, settings), split_rows=0,
+        max_attempts=int(card.extra.get("max_attempts", settings.job_max_attempts)),
+        webhook_url=webhook["url"] if webhook else None,
+        webhook_events=list(webhook["events"]) if webhook else None,
+    )  # fmt: skip
+    if file_id is not None:
+        file = files.get(session, tenant_id, file_id)
+        _check_start(card, file.format, next(files.parts(session_factory(session), file_id, 1)))
+        batch.input_file_id = file.id
+        session.add(batch)
+        session.commit()
+        if not start_split(batch.id):
+            logger.warning("batch %s: split not sent; the sweep sends it", batch.id)
+        return batch
+    arrays = check_inputs(card, inputs)
+    total = len(next(iter(arrays.values())))
+    batch.status, batch.rows, batch.split_rows = "running", total, total
+    batch.chunks, batch.started_at = math.ceil(total / batch.chunk_rows), datetime.now(UTC)
+    session.add(batch)
+    session.flush()
+    for start in range(0, total, batch.chunk_rows):
+        part = {name: array[start : start + batch.chunk_rows] for name, array in arrays.items()}
+        _insert_chunk(session, batch, start // batch.chunk_rows, start, part)
+    session.commit()
+    wake(batch.model)
+    return batch
+
+
+def start_split(batch_id: uuid.UUID) -> bool:
+    """Ask a worker to cut the batch's file; False if the broker refused."""
+    return dispatch.current().send(SPLIT_TASK, str(batch_id))
+
+
+def chunk_rows(card: ModelCard, settings: Settings) -> int:
+    """Rows per chunk job: a card may set its own (`batch_chunk_rows`)."""
+    rows = card.extra.get("batch_chunk_rows", settings.batch_chunk_rows)
+    return max(1, int(rows))
+
+
+def session_factory(session: Session) -> sessionmaker[Session]:
+    """Short sessions on the same engine as `session` (reads that hold nothing)."""
+    return sessionmaker(bind=session.get_bind(), expire_on_commit=False)
+
+
+def _check_start(card: ModelCard, fmt: str, first_part: bytes) -> None:
+    """The file's first rows fit the model: a wrong file is a 422 at once."""
+    try:
+        for _ in readers.chunks(card, fmt, _complete_rows(fmt, first_part), 16):
+            break
+    except readers.BadRows as exc:
+        raise InputsDoNotFit(
+            f"the file does not fit model {card.ref}: {exc}",
+            errors=exc.errors or {"file": str(exc)},
+            expected=[spec.to_dict() for spec in card.inputs],
+        ) from None
+
+
+def _complete_rows(fmt: str, part: bytes) -> list[bytes]:
+    """The part without a line cut at its end (text formats), so a check of the
+    first rows does not trip over half a line."""
+    if fmt == "npy" or b"\n" not in part:
+        return [part]
+    return [part[: part.rindex(b"\n") + 1]]
+
+
+def _insert_chunk(
+    session: Session, batch: Batch, index: int, first_row: int, arrays: dict[str, np.ndarray]
+) -> None:
+    session.execute(
+        insert(Job).values(
+            id=uuid.uuid4(), tenant_id=batch.tenant_id, model=batch.model,
+            model_version=batch.model_version, status="queued", input_data=pack(arrays),
+            batch_rows=len(next(iter(arrays.values()))), attempts=0,
+            max_attempts=batch.max_attempts, batch_id=batch.id, batch_index=index,
+            first_row=first_row,
+        )
+    )  # fmt: skip
+
+
+def split(
+    session: Session,
+    repository: ModelRepository,
+    batch_id: uuid.UUID,
+    wake: Callable[[str], object],
+) -> str:
+    """Cut a file batch into chunk jobs, one transaction per chunk, from where an
+    earlier split stopped. Returns what happened, for the task's log."""
+    batch = session.get(Batch, batch_id)
+    session.commit()
+    if batch is None or batch.status != "queued" or batch.cancel_requested_at is not None:
+        return "nothing to split"
+    try:
+        card = repository.resolve_rescanning(batch.model, batch.model_version)
+        if batch.input_file_id is None:
+            raise readers.BadRows(batch.split_rows, "its input file was deleted")
+        fmt = files.get(session, batch.tenant_id, batch.input_file_id).format
+        parts = files.parts(session_factory(session), batch.input_file_id)
+        index, row = batch.split_rows // batch.chunk_rows, batch.split_rows
+        for arrays in readers.chunks(card, fmt, parts, batch.chunk_rows, skip_rows=row):
+            n = len(next(iter(arrays.values())))
+            if not _advance(session, batch.id, row, row + n):
+                session.rollback()
+                return "stopped: cancelled, or split elsewhere"
+            _insert_chunk(session, batch, index, row, arrays)
+            session.commit()
+            wake(batch.model)
+            index, row = index + 1, row + n
+    except (readers.BadRows, UnknownModel) as exc:
+        session.rollback()
+        _fail(session, batch.id, "invalid_input", str(exc))
+        return f"failed: {exc}"
+    started = session.execute(
+        text("UPDATE batches SET status = 'running', rows = :rows, chunks = :chunks, "
+             "started_at = coalesce(started_at, now()), split_at = now() "
+             "WHERE id = :id AND status = 'queued' AND split_rows = :rows RETURNING id"),
+        {"id": batch.id, "rows": row, "chunks": index},
+    ).scalar()  # fmt: skip
+    session.commit()
+    settle(session, [batch.id])
+    session.commit()
+    return f"split {row} rows into {index} chunks" if started else "split elsewhere"
+
+
+def _advance(session: Session, batch_id: uuid.UUID, old: int, new: int) -> bool:
+    """Claim rows [old, new) for a chunk. It locks the batch row until commit, so a
+    cancel waits for the chunk and then sees it; a second splitter finds the
+    count moved on."""
+    moved = session.execute(
+        text("UPDATE batches SET split_rows = :new, split_at = now(), "
+             "started_at = coalesce(started_at, now()) "
+             "WHERE id = :id AND status = 'queued' AND split_rows = :old "
+             "AND cancel_requested_at IS NULL RETURNING id"),
+        {"id": batch_id, "old": old, "new": new},
+    ).scalar()  # fmt: skip
+    return moved is not None
+
+
+def _fail(session: Session, batch_id: uuid.UUID, code: str, message: str) -> None:
+    """The batch cannot go on: stop its chunks and finish it failed."""
+    session.execute(
+        text("UPDATE batches SET error_code = :code, error_message = :message, "
+             "cancel_requested_at = coalesce(cancel_requested_at, now()) WHERE id = :id"),
+        {"id": batch_id, "code": code, "message": message[:2000]},
+    )  # fmt: skip
+    stop_chunks(session, batch_id)
+    session.commit()
+    settle(session, [batch_id])
+    session.commit()
+
+
+def sweep(session: Session, settings: Settings, start_split: Callable[[uuid.UUID], bool]) -> int:
+    """Finish batches whose last chunk ended where no settle followed (a lease or
+    deadline sweep, a worker that died after its commit), and send the split
+    again for file batches whose splitter stopped. Returns batches touched."""
+    open_ids = list(session.scalars(
+        select(Batch.id).where(Batch.status == "running").order_by(Batch.created_at).limit(500)
+    ))  # fmt: skip
+    finished = settle(session, open_ids)
+    session.commit()
+    stale = list(session.scalars(
+        select(Batch.id).where(
+            Batch.status == "queued", Batch.cancel_requested_at.is_(None),
+            text("coalesce(split_at, created_at) < now() - make_interval(secs => :age)"),
+        ).limit(100),
+        {"age": settings.republish_after_seconds},
+    ))  # fmt: skip
+    session.commit()
+    for batch_id in stale:
+        start_split(batch_id)
+    return len(finished) + len(stale)
+
+
+def cancel(session: Session, tenant_id: int, batch_id: uuid.UUID) -> Batch:
+    """Stop a batch: queued chunks (and the rest of its split) at once, running
+    ones when they finish. Chunks already done keep their results."""
+    batch = get(session, tenant_id, batch_id)
+    if batch.status in BATCH_TERMINAL_STATUSES:
+        raise Conflict(f"batch {batch_id} is already {batch.status}", batch_status=batch.status)
+    session.execute(
+        text("UPDATE batches SET cancel_requested_at = coalesce(cancel_requested_at, now()) "
+             "WHERE id = :id"),
+        {"id": batch_id},
+    )  # fmt: skip
+    stop_chunks(session, batch_id)
+    session.commit()
+    settle(session, [batch_id])
+    session.commit()
+    session.refresh(batch)
+    return batch
+
+
+def get(session: Session, tenant_id: int, batch_id: uuid.UUID) -> Batch:
+    batch = session.get(Batch, batch_id)
+    if batch is None or batch.tenant_id != tenant_id:
+        raise NotFound(f"no batch with id {batch_id}")
+    return batch
+
+
+def list_batches(session: Session, tenant_id: int, limit: int) -> list[Batch]:
+    query = (
+        select(Batch)
+        .where(Batch.tenant_id == tenant_id)
+        .order_by(Batch.created_at.desc(), Batch.id.desc())
+        .limit(limit)
+    )
+    batches = list(session.scalars(query))
+    session.commit()
+    return batches
+
+
+@dataclass
+class Progress:
+    rows_done: int
+    rows_failed: int
+    rows_pending: int
+    chunks: dict[str, int]
+    failed_rows: list[dict[str, Any]]  # {first, last, status, error} ranges, merged
+    eta_seconds: float | None
+
+
+MAX_RANGES = 100
+
+
+def progress(session: Session, batch: Batch) -> Progress:
+    """Counted from the chunks: one indexed aggregate, whatever the batch's size."""
+    counts = session.execute(
+        text("SELECT status, count(*) AS chunks, coalesce(sum(batch_rows), 0) AS rows "
+             "FROM jobs WHERE batch_id = :id GROUP BY status"),
+        {"id": batch.id},
+    ).all()  # fmt: skip
+    chunks = {r.status: r.chunks for r in counts}
+    rows = {r.status: int(r.rows) for r in counts}
+    done = rows.get("succeeded", 0)
+    failed = sum(rows.get(s, 0) for s in ("failed", "cancelled", "expired"))
+    ranges: list[dict[str, Any]] = []
+    if failed:
+        bad = session.execute(
+            text("SELECT first_row, batch_rows, status, error_code FROM jobs "
+                 f"WHERE batch_id = :id AND status IN {CHUNK_TERMINAL} AND status <> 'succeeded' "
+                 "ORDER BY batch_index LIMIT :limit"),
+            {"id": batch.id, "limit": MAX_RANGES * 4},
+        ).all()  # fmt: skip
+        ranges = _merged(bad)[:MAX_RANGES]
+    session.commit()
+    total = batch.rows if batch.rows is not None else None
+    pending = (total - done - failed) if total is not None else sum(rows.values()) - done - failed
+    return Progress(done, failed, pending, chunks, ranges, _eta(batch, done + failed, pending))
+
+
+def _merged(chunks: Sequence[Any]) -> list[dict[str, Any]]:
+    ranges: list[dict[str, Any]] = []
+    for c in chunks:
+        last = c.first_row + c.batch_rows - 1
+        if (
+            ranges
+            and ranges[-1]["last"] + 1 == c.first_row
+            and ranges[-1]["status"] == c.status
+            and ranges[-1]["error"] == c.error_code
+        ):
+            ranges[-1]["last"] = last
+        else:
+            ranges.append(
+                {"first": c.first_row, "last": last, "status": c.status, "error": c.error_code}
+            )
+    return ranges
+
+
+def _eta(batch: Batch, finished: int, pending: int) -> float | None:
+    if batch.status != "running" or batch.started_at is None or not finished or pending <= 0:
+        return 0.0 if batch.status in BATCH_TERMINAL_STATUSES else None
+    elapsed = (datetime.now(UTC) - batch.started_at).total_seconds()
+    return round(pending * elapsed / finished, 1)

@@ -1,0 +1,75 @@
+"""Chunk jobs as their batch sees them: a batch finishes when its last chunk
+does, and stopping a batch stops its chunks.
+
+`settle` must run after the chunks' own changes were committed: of two workers
+finishing a batch's last two chunks at once, the one that commits last then
+sees both, so some settle always finishes the batch, and its guarded UPDATE
+finishes it once, writing its webhook deliveries in the same statement. The
+sweep settles too, for chunks finished by a lease or deadline sweep.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.orm import Session
+
+from app.jobs.transitions import UUIDS
+
+CHUNK_TERMINAL = "('succeeded', 'failed', 'cancelled', 'expired')"
+
+
+def stop_chunks(session: Session, batch_id: uuid.UUID) -> None:
+    """Queued chunks end cancelled now; running ones at their finish."""
+    session.execute(
+        text("UPDATE jobs SET cancel_requested_at = coalesce(cancel_requested_at, now()), "
+             "status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END, "
+             "finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END "
+             "WHERE batch_id = :id AND status IN ('queued', 'running')"),
+        {"id": batch_id},
+    )  # fmt: skip
+
+
+_SETTLE = text(
+    f"""
+    WITH counts AS (
+        SELECT b.id,
+               count(j.id) FILTER (WHERE j.status NOT IN {CHUNK_TERMINAL}) AS open,
+               count(j.id) FILTER (WHERE j.status = 'succeeded') AS good,
+               count(j.id) FILTER (WHERE j.status <> 'succeeded') AS bad
+        FROM batches b LEFT JOIN jobs j ON j.batch_id = b.id
+        WHERE b.id = ANY(:ids) AND b.status IN ('queued', 'running')
+          AND (b.status = 'running' OR b.cancel_requested_at IS NOT NULL)
+        GROUP BY b.id
+    ),
+    done AS (
+        UPDATE batches b SET
+            status = CASE WHEN b.error_code IS NOT NULL THEN 'failed'
+                          WHEN b.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                          WHEN c.bad = 0 THEN 'succeeded'
+                          WHEN c.good = 0 THEN 'failed'
+                          ELSE 'partially_succeeded' END,
+            finished_at = now()
+        FROM counts c WHERE b.id = c.id AND c.open = 0
+        RETURNING b.id, b.tenant_id, b.status, b.webhook_url, b.webhook_events
+    ),
+    deliveries AS (
+        INSERT INTO webhook_deliveries (batch_id, tenant_id, event_type, message_id, url)
+        SELECT id, tenant_id, 'batch.' || status,
+               'msg_' || replace(gen_random_uuid()::text, '-', ''), webhook_url
+        FROM done WHERE webhook_url IS NOT NULL AND ('batch.' || status) = ANY (webhook_events)
+    )
+    SELECT id FROM done
+    """
+).bindparams(bindparam("ids", type_=UUIDS))
+
+
+def settle(session: Session, batch_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
+    """Finish the batches among these whose every chunk has finished; returns them.
+    The caller commits. Must run after the chunks' own changes were committed."""
+    ids = list(set(batch_ids))
+    if not ids:
+        return []
+    return [r.id for r in session.execute(_SETTLE, {"ids": ids})]

@@ -1,0 +1,77 @@
+"""Reading a batch's rows in chunks from a file cut into parts at any byte: the
+same rows whatever the part size, resumable from any chunk, bad rows named."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.batches import readers
+from app.inference.repository import ModelCard, TensorSpec
+
+CARD = ModelCard(
+    name="digits", version="1", path=Path("."),
+    inputs=(TensorSpec("pixels", "FP32", (-1, 64)),),
+    outputs=(TensorSpec("label", "INT64", (-1,)),),
+)  # fmt: skip
+PIXELS = (np.random.default_rng(3).random((103, 64)) * 16).astype(np.float32)
+
+
+def encoded(fmt: str, pixels: np.ndarray = PIXELS) -> bytes:
+    if fmt == "npy":
+        out = io.BytesIO()
+        np.save(out, pixels)
+        return out.getvalue()
+    if fmt == "jsonl":
+        return "".join(json.dumps({"pixels": r.tolist()}) + "\n" for r in pixels).encode()
+    return "".join(",".join(repr(float(v)) for v in r) + "\r\n" for r in pixels).encode()
+
+
+def parts(data: bytes, size: int) -> Iterator[bytes]:
+    return (data[i : i + size] for i in range(0, len(data), size))
+
+
+@pytest.mark.parametrize("fmt", readers.FORMATS)
+@pytest.mark.parametrize("part_size", [7, 1000, 1 << 20])
+def test_rows_come_back_whole_in_order_whatever_the_part_size(fmt: str, part_size: int) -> None:
+    chunks = list(readers.chunks(CARD, fmt, parts(encoded(fmt), part_size), 16))
+    assert [len(c["pixels"]) for c in chunks] == [16] * 6 + [7]
+    assert np.array_equal(np.concatenate([c["pixels"] for c in chunks]), PIXELS)
+
+
+@pytest.mark.parametrize("fmt", readers.FORMATS)
+def test_a_split_resumes_after_the_rows_it_already_cut(fmt: str) -> None:
+    chunks = list(readers.chunks(CARD, fmt, parts(encoded(fmt), 333), 16, skip_rows=48))
+    assert np.array_equal(np.concatenate([c["pixels"] for c in chunks]), PIXELS[48:])
+
+
+def test_bad_rows_are_named() -> None:
+    lines = encoded("jsonl").decode().splitlines()
+    lines[40] = '{"pixels": [1, 2]}'
+    with pytest.raises(readers.BadRows) as bad:
+        list(readers.chunks(CARD, "jsonl", ["\n".join(lines).encode()], 16))
+    assert bad.value.first_row == 32 and "pixels" in str(bad.value)
+    with pytest.raises(readers.BadRows, match="row 5: is not JSON"):
+        list(readers.chunks(CARD, "jsonl", [b"[0]\n" * 5 + b"{oops\n"], 16))
+    with pytest.raises(readers.BadRows, match="not a number"):
+        list(readers.chunks(CARD, "csv", [b"1,2\nx,3\n"], 16))
+    truncated = encoded("npy")[:-100]
+    with pytest.raises(readers.BadRows, match="ends early"):
+        list(readers.chunks(CARD, "npy", [truncated], 16))
+    with pytest.raises(readers.BadRows, match="not UTF-8"):
+        list(readers.chunks(CARD, "jsonl", [b"\xff\xfe\n"], 16))
+
+
+def test_npy_of_another_dtype_is_converted_and_objects_are_refused() -> None:
+    as_float64 = list(readers.chunks(CARD, "npy", [encoded("npy", PIXELS.astype(np.float64))], 200))
+    assert as_float64[0]["pixels"].dtype == np.float32
+    assert np.array_equal(as_float64[0]["pixels"], PIXELS)
+    out = io.BytesIO()
+    np.save(out, np.array([[1, "a"]], dtype=object), allow_pickle=True)
+    with pytest.raises(readers.BadRows, match="pickle"):
+        list(readers.chunks(CARD, "npy", [out.getvalue()], 16))
