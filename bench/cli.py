@@ -29,6 +29,9 @@ from bench.report import CONTENDERS
     help="Run only these contenders (repeatable)",
 )
 @click.option("--no-plot", is_flag=True, help="Skip the PNG (no matplotlib needed)")
+@click.option(
+    "--batch-rows", type=click.IntRange(0), help="Rows in (g) [1000000; quick 200000; 0 skips]"
+)
 @click.option("--jobs", type=click.IntRange(1), hidden=True, help="Jobs in (a)")
 @click.option("--clients", type=click.IntRange(1), multiple=True, hidden=True)
 @click.option("--burst-seconds", type=float, hidden=True)
@@ -47,6 +50,7 @@ def bench(
     burst_seconds: float | None,
     open_seconds: float | None,
     heavy_jobs: int | None,
+    batch_rows: int | None,
 ) -> None:
     """Benchmark this service against raw ONNX Runtime, a bare Celery round trip,
     the textbook Flask + Celery design and BentoML tasks, each in turn on this
@@ -76,6 +80,7 @@ def bench(
             burst_s=burst_seconds,
             open_s=open_seconds,
             heavy_jobs=heavy_jobs,
+            batch_rows=batch_rows,
         )
     )
     for target in data["targets"]:

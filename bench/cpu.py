@@ -10,7 +10,7 @@ worker child that exits between two samples is still counted, by its parent.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import psutil
@@ -48,8 +48,8 @@ class RoleMeter:
     classify: Classifier = lambda _cmdline: None
     client: bool = True  # count this process's own CPU as the role "client"
 
-    def sample(self) -> dict[str, float]:
-        totals: dict[str, float] = {}
+    def processes(self) -> Iterator[tuple[psutil.Process, str]]:
+        """Every process of every tree, with its role."""
         for pid, default_role in self.trees.items():
             try:
                 root = psutil.Process(pid)
@@ -59,11 +59,19 @@ class RoleMeter:
             for proc, parent in _tree(root):
                 try:
                     role = self.classify(proc.cmdline()) if parent is not None else None
-                    inherited = roles.get(parent.pid, default_role) if parent else default_role
-                    roles[proc.pid] = role or inherited
-                    totals[roles[proc.pid]] = totals.get(roles[proc.pid], 0.0) + _cpu_seconds(proc)
                 except psutil.Error:
                     continue
+                inherited = roles.get(parent.pid, default_role) if parent else default_role
+                roles[proc.pid] = role or inherited
+                yield proc, roles[proc.pid]
+
+    def sample(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for proc, role in self.processes():
+            try:
+                totals[role] = totals.get(role, 0.0) + _cpu_seconds(proc)
+            except psutil.Error:
+                continue
         if self.client:
             own = psutil.Process(os.getpid()).cpu_times()
             totals["client"] = float(own.user + own.system)

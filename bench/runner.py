@@ -42,6 +42,7 @@ class Options:
     burst_s: float | None = None
     open_s: float | None = None
     heavy_jobs: int | None = None
+    batch_rows: int | None = None
 
 
 def make_plan(o: Options, heavy_model: str | None) -> Plan:
@@ -60,6 +61,7 @@ def make_plan(o: Options, heavy_model: str | None) -> Plan:
         drain_timeout_s=120.0 if quick else 300.0,
         repeat=o.repeat or (1 if quick else 3),
         raw_ort_s=0.3 if quick else 1.0,
+        batch_rows=o.batch_rows if o.batch_rows is not None else (200_000 if quick else 1_000_000),
     )
 
 

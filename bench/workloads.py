@@ -11,6 +11,9 @@
 (f) sync: single-row KServe v2 infer calls from C closed-loop clients, each
     answered with its outputs (contenders with a sync door only); calls/s and
     call latency.
+(g) batch: one .npy of N digits rows as one batch, results read back as .npy
+    (contenders with a batch door only); rows/s against raw ORT, peak RSS
+    (see bench/batch.py).
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -49,6 +52,7 @@ class Plan:
     drain_timeout_s: float
     repeat: int
     raw_ort_s: float  # seconds per raw ORT measurement
+    batch_rows: int = 0  # (g), 0: skipped
 
 
 @dataclass(frozen=True)
@@ -240,6 +244,15 @@ def run_all(
     sync = sync_calls(c, bodies, plan)
     if sync:
         record(sync)
+    if plan.batch_rows:
+        from bench.batch import batch_rows
+        from bench.peers.raw_ort import model_file
+
+        digits = model_file(c.ctx.model_repository, "digits")
+        assert digits is not None
+        batch = batch_rows(c, plan.batch_rows, digits, plan.drain_timeout_s * 4)
+        if batch:
+            record(batch)
 
 
 def _brief(row: dict[str, Any]) -> str:

@@ -50,6 +50,7 @@ class HttpContender(abc.ABC):
         self.ctx = ctx
         self.endpoint: Endpoint | None = None
         self.sync_endpoint: Endpoint | None = None  # (f), where the contender has one
+        self.batch_port: int | None = None  # (g): /files and /batches, where it has them
         self.store: JobStore | None = None
         self.meter = RoleMeter()
 

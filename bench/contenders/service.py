@@ -70,6 +70,7 @@ class Service(HttpContender):
         auth = {"Authorization": f"Bearer {api_key}"}
         self.endpoint = Endpoint(port, "/jobs", "id", auth)
         self.sync_endpoint = Endpoint(port, "/v2/models/digits/infer", "id", auth)
+        self.batch_port = port
         self.store = PostgresJobs(self.database)
         self.meter.trees = {self.proc.pid: "launcher", **self.ctx.shared_trees()}
         self.meter.classify = classify

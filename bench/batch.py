@@ -1,0 +1,132 @@
+"""(g) batch: N digits rows uploaded as one .npy, run as one batch, results read
+back as .npy; rows/s from `POST /batches` to the last byte of the results,
+against raw ONNX Runtime on the same rows in this process. The peak RSS of
+every API and worker process is sampled throughout (each must stay under
+500 MB whatever N is: files and results are streamed, never held).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import requests
+
+from bench.contenders.base import HttpContender
+from bench.stats import rounded
+
+RSS_ROLES = ("api", "worker")
+CHUNK_ROWS = 4096  # the service's default BATCH_CHUNK_ROWS
+
+
+def rows(n: int) -> np.ndarray:
+    from sklearn.datasets import load_digits
+
+    digits = np.asarray(load_digits().data, dtype=np.float32)
+    return np.resize(digits, (n, 64))
+
+
+class PeakRss:
+    """The largest RSS any one process of each role reached, sampled every 0.1 s."""
+
+    def __init__(self, contender: HttpContender) -> None:
+        self.meter = contender.meter
+        self.peak: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for proc, role in self.meter.processes():
+                if role not in RSS_ROLES:
+                    continue
+                try:
+                    mb = proc.memory_info().rss / 2**20
+                except psutil.Error:
+                    continue
+                self.peak[role] = max(self.peak.get(role, 0.0), mb)
+
+
+def raw_ort(model_file: Path, pixels: np.ndarray, threads: int) -> float:
+    """Rows/s of ORT on these rows in chunks of CHUNK_ROWS, `threads` intra-op threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+    session.run(None, {"pixels": pixels[:CHUNK_ROWS]})
+    started = time.perf_counter()
+    for start in range(0, len(pixels), CHUNK_ROWS):
+        session.run(None, {"pixels": pixels[start : start + CHUNK_ROWS]})
+    return len(pixels) / (time.perf_counter() - started)
+
+
+def batch_rows(c: HttpContender, n: int, model_file: Path, timeout: float) -> dict[str, Any] | None:
+    if c.batch_port is None or c.endpoint is None:
+        return None
+    base = f"http://127.0.0.1:{c.batch_port}"
+    auth = c.endpoint.headers
+    pixels = rows(n)
+    buffer = io.BytesIO()
+    np.save(buffer, pixels)
+    upload_started = time.perf_counter()
+    uploaded = requests.post(
+        f"{base}/files?filename=rows.npy", data=buffer.getvalue(), headers=auth, timeout=600
+    )
+    uploaded.raise_for_status()
+    upload_s = time.perf_counter() - upload_started
+    cpu0 = c.meter.sample()
+    with PeakRss(c) as rss:
+        started = time.perf_counter()
+        body = {"model": "digits", "file_id": uploaded.json()["id"]}
+        answer = requests.post(f"{base}/batches", json=body, headers=auth, timeout=60)
+        answer.raise_for_status()
+        batch_url = f"{base}/batches/{answer.json()['id']}"
+        deadline = time.monotonic() + timeout
+        while (batch := requests.get(batch_url, headers=auth, timeout=60).json())["status"] in (
+            "queued", "running"
+        ) and time.monotonic() < deadline:  # fmt: skip
+            time.sleep(0.1)
+        finished = time.perf_counter()
+        received = 0
+        with requests.get(f"{batch_url}/results", headers={**auth, "Accept": "application/x-npy"},
+                          stream=True, timeout=600) as results:  # fmt: skip
+            results.raise_for_status()
+            for part in results.iter_content(1 << 20):
+                received += len(part)
+        seconds = time.perf_counter() - started
+    cpu1 = c.meter.sample()
+    raw = {threads: raw_ort(model_file, pixels, threads) for threads in (1, 2)}
+    per_s = n / seconds
+    return {
+        "workload": "g",
+        "variant": f"digits, {n} rows from one .npy",
+        "rows": n,
+        "status": batch["status"],
+        "rows_done": batch.get("rows_done"),
+        "upload_s": rounded(upload_s, 2),
+        "seconds": rounded(seconds, 2),
+        "run_s": rounded(finished - started, 2),
+        "results_bytes": received,
+        "rows_per_s": rounded(per_s),
+        "raw_ort_rows_per_s": {str(t): rounded(v) for t, v in raw.items()},
+        "share_of_raw_ort": rounded(per_s / max(raw.values()), 3),
+        "peak_rss_mb": {role: rounded(mb) for role, mb in sorted(rss.peak.items())},
+        "cpu_ms_per_1000_rows": {
+            role: rounded((cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) * 1e6 / n, 2)
+            for role in sorted(cpu1)
+        },
+    }
