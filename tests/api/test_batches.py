@@ -26,6 +26,7 @@ from app.db.models import Job, WebhookDelivery
 from app.db.session import Database
 from app.inference.repository import ModelCard
 from app.inference.sessions import SessionPool
+from app.jobs import sweeps
 from app.webhooks.delivery import _payload
 from tests.conftest import TenantAuth, WorkerProcess
 from tests.models import build_flaky_digits, build_slow_rows
@@ -87,14 +88,23 @@ def submit(client: FlaskClient, auth: dict[str, str], **body: Any) -> dict[str, 
 
 
 def wait_batch(
-    client: FlaskClient, auth: dict[str, str], batch_id: str, timeout: float = 120
+    client: FlaskClient,
+    auth: dict[str, str],
+    batch_id: str,
+    timeout: float = 120,
+    database: Database | None = None,
 ) -> dict[str, Any]:
+    """Poll until finished; with `database`, run the sweep's wake-ups as beat
+    would (a chunk back from a retry's backoff waits for them)."""
     deadline = time.monotonic() + timeout
     while True:
         batch: dict[str, Any] = client.get(f"/batches/{batch_id}", headers=auth).json
         if batch["status"] not in ("queued", "running"):
             return batch
         assert time.monotonic() < deadline, f"batch still {batch['status']}: {batch}"
+        if database is not None:
+            with client.application.app_context(), database.sessionmaker() as session:
+                sweeps.wake_waiting(session, 60)
         time.sleep(0.05)
 
 
@@ -141,7 +151,7 @@ def test_file_batch_of_100000_rows_equals_direct_ort_with_a_chunk_failing_once(
     shutil.copy(model_repository / "digits" / "1" / "model.onnx", fixed)
     os.replace(fixed, flaky / "model.onnx")
 
-    done = wait_batch(bclient, auth, batch["id"])
+    done = wait_batch(bclient, auth, batch["id"], database=database)
     assert done["status"] == "succeeded", done
     assert done["rows"] == done["rows_done"] == 100_000
     assert done["rows_failed"] == 0 and done["failed_rows"] == []
