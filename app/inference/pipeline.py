@@ -51,8 +51,7 @@ def tokenize(card: ModelCard, step: dict[str, Any], tensors: Arrays) -> Arrays:
     """BYTES text -> input_ids, attention_mask, token_type_ids (INT64, [rows,
     tokens]): cut to `max_length` word pieces (special tokens included), padded
     to the longest text of the call."""
-    tokenizer = _tokenizer(card, card.path / step.get("tokenizer", "tokenizer.json"),
-                           int(step["max_length"]))  # fmt: skip
+    tokenizer = _tokenizer(card, _tokenizer_path(card, step), int(step["max_length"]))
     texts = [str(text) for text in tensors[step["input"]].reshape(-1)]
     encodings = tokenizer.encode_batch(texts)
     return {
@@ -85,6 +84,13 @@ STEPS: dict[str, Step] = {
 }
 
 
+def load(card: ModelCard) -> None:
+    """Read what the card's steps need (its tokenizer) now, not on the first job."""
+    for step in card.pipeline.pre if card.pipeline else ():
+        if step["step"] == "tokenize":
+            _tokenizer(card, _tokenizer_path(card, step), int(step["max_length"]))
+
+
 def unknown_steps(card: ModelCard) -> list[str]:
     """Step names the card declares that this code does not know."""
     if card.pipeline is None:
@@ -95,6 +101,10 @@ def unknown_steps(card: ModelCard) -> list[str]:
 # (model ref, tokenizer file) -> (its mtime, max_length, tokenizer): a replaced file is read again.
 _tokenizers: dict[tuple[str, Path], tuple[int, int, Tokenizer]] = {}
 _lock = threading.Lock()
+
+
+def _tokenizer_path(card: ModelCard, step: dict[str, Any]) -> Path:
+    return card.path / step.get("tokenizer", "tokenizer.json")
 
 
 def _tokenizer(card: ModelCard, path: Path, max_length: int) -> Tokenizer:
