@@ -221,8 +221,8 @@ def _text_array(value: Any, expected: str) -> np.ndarray:
 
 
 def _kind(item: Any) -> str:
-    if isinstance(item, list):
-        return "a list"
+    if isinstance(item, list | dict):
+        return "a list" if isinstance(item, list) else "an object"
     if item is None:
         return "null"
     if isinstance(item, bool):
