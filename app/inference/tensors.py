@@ -199,8 +199,10 @@ class _NotText(ValueError):
 def _text_array(value: Any, expected: str) -> np.ndarray:
     """Strings (bytes must be UTF-8) as an object array of `str`; anything else,
     numbers included, is refused rather than turned into text."""
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        array = value.copy()  # binary tensor data: bytes
+    if isinstance(value, np.ndarray):  # binary tensor data (bytes), or read from a file
+        if value.dtype.kind not in "OUS":
+            raise _NotText(f"must contain only strings, not {value.dtype}; expected a {expected}")
+        array = value.astype(object)
     elif isinstance(value, list):
         array = np.array(value, dtype=object)
     else:

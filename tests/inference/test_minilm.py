@@ -140,7 +140,8 @@ def test_both_input_forms_give_the_same_texts(card: ModelCard) -> None:
     v2 = [{"name": "text", "shape": [3], "datatype": "BYTES", "data": texts}]
     tensor = parse_inputs(card, v2)
     raw = parse_inputs(card, {"text": np.array([t.encode() for t in texts], dtype=object)})
-    for arrays in (nested, tensor, raw):
+    unicode = parse_inputs(card, {"text": np.array(texts)})  # numpy's own strings, as files give
+    for arrays in (nested, tensor, raw, unicode):
         assert arrays["text"].dtype == object and arrays["text"].tolist() == texts
 
 
@@ -154,9 +155,10 @@ def test_both_input_forms_give_the_same_texts(card: ModelCard) -> None:
         ("not a list", "must be a list of strings"),
         ([], "is empty"),
         (np.array([b"ok", b"\xff\xfe"], dtype=object), "element 1 is not UTF-8"),
+        (np.array([1.5, 2.5], dtype=np.float32), "must contain only strings, not float32"),
     ],
     ids=["numbers", "a float among strings", "null", "nested", "a bare string", "empty",
-         "not utf-8"],
+         "not utf-8", "a numeric array"],
 )  # fmt: skip
 def test_bad_text_inputs_are_refused_naming_the_element(
     card: ModelCard, value: Any, message: str
