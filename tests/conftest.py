@@ -88,6 +88,7 @@ def model_repository() -> Iterator[Path]:
     ensure_models(ROOT / "models")
     root = TEST_VAR / f"models-{RUN_ID}"
     shutil.copytree(ROOT / "models" / "digits", root / "digits")
+    shutil.copytree(ROOT / "models" / "minilm", root / "minilm")
     # The same model under the name of the jobs tests stage by hand: no worker is
     # woken for it unless a test does so, so a background worker never takes them.
     shutil.copytree(ROOT / "models" / "digits", root / STAGED)

@@ -28,6 +28,7 @@ from celery.signals import worker_process_init
 from flask import Flask
 
 from app.config import Settings
+from app.inference import pipeline
 from app.inference.sessions import device_for
 from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
@@ -99,5 +100,6 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
             runtime.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)
             for card in runtime.repository.all():
                 runtime.sessions.get(card)
+                pipeline.load(card)
 
     return celery

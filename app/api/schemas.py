@@ -46,7 +46,8 @@ class SubmitJobSchema(Schema):
         metadata={
             "description": 'Either {"<input name>": <nested list>} or a list of KServe v2 '
             'tensors [{"name", "shape", "datatype", "data"}]. Checked against the model '
-            "at submit time: a wrong name, shape or datatype is a 422.",
+            "at submit time: a wrong name, shape or datatype is a 422. BYTES inputs "
+            '(text) are lists of strings, e.g. {"text": ["A man is eating food."]}.',
             "example": {"pixels": [[0.0] * 64]},
         },
     )

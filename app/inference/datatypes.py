@@ -1,6 +1,13 @@
-"""KServe v2 datatypes and their numpy / ONNX equivalents."""
+"""KServe v2 datatypes and their numpy / ONNX equivalents.
+
+BYTES tensors hold text here: numpy object arrays of `str` (clients send UTF-8,
+as JSON strings or, in binary, each element as a 4-byte little-endian length
+and its bytes, as Triton does); `tokenize` pipeline steps read them.
+"""
 
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 
@@ -15,6 +22,7 @@ V2_TO_NUMPY: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
 }
 
 NUMPY_TO_V2: dict[np.dtype, str] = {dtype: name for name, dtype in V2_TO_NUMPY.items()}
@@ -30,8 +38,42 @@ ORT_TO_V2: dict[str, str] = {
     "tensor(float16)": "FP16",
     "tensor(float)": "FP32",
     "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
 }
+
+BYTES = "BYTES"
 
 
 def is_float(datatype: str) -> bool:
     return datatype.startswith("FP")
+
+
+def is_bytes(datatype: str) -> bool:
+    return datatype == BYTES
+
+
+def encode_bytes(array: np.ndarray) -> bytes:
+    """A BYTES tensor's elements, each as a 4-byte little-endian length then its
+    UTF-8 bytes (Triton's binary form, also how jobs store them)."""
+    parts = []
+    for item in array.reshape(-1):
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        parts += [struct.pack("<I", len(data)), data]
+    return b"".join(parts)
+
+
+def decode_bytes(data: bytes | memoryview, count: int, offset: int = 0) -> tuple[np.ndarray, int]:
+    """`count` length-prefixed elements from `offset`: an object array of `bytes`
+    and the offset after them. ValueError where the data runs short."""
+    items = np.empty(count, dtype=object)
+    view = memoryview(data)
+    for i in range(count):
+        if offset + 4 > len(view):
+            raise ValueError(f"BYTES element {i} has no 4-byte length: the data ends")
+        (length,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        if offset + length > len(view):
+            raise ValueError(f"BYTES element {i} says {length} bytes; the data ends before")
+        items[i] = bytes(view[offset : offset + length])
+        offset += length
+    return items, offset

@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from app.inference import pipeline
 from app.inference.datatypes import is_float
 from app.inference.repository import ModelCard
 from app.inference.sessions import SessionPool
@@ -78,7 +79,7 @@ def _chunks(card: ModelCard, requests: list[Arrays]) -> list[list[int]]:
 
 def _run_together(sessions: SessionPool, card: ModelCard, requests: list[Arrays]) -> list[Result]:
     merged = {spec.name: np.concatenate([r[spec.name] for r in requests]) for spec in card.inputs}
-    outputs = sessions.run(card, merged)
+    outputs = pipeline.run(sessions, card, merged)
     counts = [rows(r) for r in requests]
     total = sum(counts)
     if any(array.shape[:1] != (total,) for array in outputs.values()):
@@ -92,7 +93,7 @@ def _run_together(sessions: SessionPool, card: ModelCard, requests: list[Arrays]
 
 def _run_alone(sessions: SessionPool, card: ModelCard, request: Arrays) -> Result:
     try:
-        return _checked(card, sessions.run(card, request))
+        return _checked(card, pipeline.run(sessions, card, request))
     except Exception as exc:  # recorded as this request's result, never swallowed
         return exc
 

@@ -6,7 +6,8 @@ Two body forms: JSON alone, and the binary tensor data extension that
 names a `binary_data_size`, in the order the inputs are listed. Responses use
 the same form: an output is sent as binary when the request asked for it (per
 output `parameters.binary_data`, or `binary_data_output` for all), JSON
-otherwise.
+otherwise. A BYTES tensor is strings in JSON; in binary, each element is a
+4-byte little-endian length followed by its bytes, as Triton sends it.
 
 Decoding checks only the protocol's own shape; `tensors.parse_inputs` then
 checks the tensors against the model's card, like any job's inputs.
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from app.domain import InvalidRequest
-from app.inference.datatypes import V2_TO_NUMPY
+from app.inference.datatypes import V2_TO_NUMPY, decode_bytes, encode_bytes, is_bytes
 from app.inference.repository import ModelCard
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -103,7 +104,11 @@ def encode_response(
         }
         binary = request.binary_outputs if request.outputs is None else request.outputs[name]
         if binary:
-            blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            blob = (
+                encode_bytes(array)
+                if is_bytes(datatypes[name])
+                else array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            )
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -149,6 +154,18 @@ def _from_bytes(tensor: dict[str, Any], data: bytes, index: int) -> np.ndarray:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise _invalid(where, "shape must be a list of non-negative integers")
+    if is_bytes(datatype):
+        try:
+            items, end = decode_bytes(data, math.prod(shape))
+        except ValueError as exc:
+            raise _invalid(where, f"binary data does not fit shape {shape}: {exc}") from None
+        if end != len(data):
+            raise _invalid(
+                where,
+                f"binary_data_size {len(data)} does not fit shape {shape} of BYTES "
+                f"({len(data) - end} bytes after the last element)",
+            )
+        return items.reshape(shape)
     dtype = V2_TO_NUMPY[datatype].newbyteorder("<")
     if len(data) != math.prod(shape) * dtype.itemsize:
         raise _invalid(

@@ -1,8 +1,9 @@
 """The model repository: `<root>/<name>/<version>/model.onnx` plus `card.json`.
 
 The card is the model's contract (inputs, outputs, labels, provenance, held-out
-accuracy). The API validates submissions against it without loading ONNX
-Runtime; workers check on load that the ONNX graph agrees with it.
+accuracy, and the pre- and post-processing around the graph, if any). The API
+validates submissions against it without loading ONNX Runtime; workers check on
+load that the ONNX graph agrees with it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,44 @@ class Batching:
 
 
 @dataclass(frozen=True)
+class PipelineSpec:
+    """Pre- and post-processing declared by the card, run around the graph by
+    `app.inference.pipeline`: `pre` steps turn the card's inputs into the graph's
+    (`model_inputs`), `post` steps turn its outputs (`model_outputs`) into the
+    card's. Each step is `{"step": <name>, ...its parameters}`."""
+
+    pre: tuple[dict[str, Any], ...]
+    model_inputs: tuple[TensorSpec, ...]
+    model_outputs: tuple[TensorSpec, ...]
+    post: tuple[dict[str, Any], ...]
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **({"why": self.why} if self.why else {}),
+            "pre": list(self.pre),
+            "model": {
+                "inputs": [s.to_dict() for s in self.model_inputs],
+                "outputs": [s.to_dict() for s in self.model_outputs],
+            },
+            "post": list(self.post),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> PipelineSpec:
+        steps = [*raw.get("pre", []), *raw.get("post", [])]
+        if not all(isinstance(step, dict) and isinstance(step.get("step"), str) for step in steps):
+            raise ValueError('pipeline: every step is an object with a "step" name')
+        return cls(
+            pre=tuple(raw.get("pre", [])),
+            model_inputs=tuple(TensorSpec.from_dict(s) for s in raw["model"]["inputs"]),
+            model_outputs=tuple(TensorSpec.from_dict(s) for s in raw["model"]["outputs"]),
+            post=tuple(raw.get("post", [])),
+            why=str(raw.get("why", "")),
+        )
+
+
+@dataclass(frozen=True)
 class ModelCard:
     name: str
     version: str
@@ -70,6 +109,7 @@ class ModelCard:
     description: str = ""
     labels: tuple[str, ...] = ()
     batching: Batching = field(default_factory=Batching)
+    pipeline: PipelineSpec | None = None  # None: clients' tensors go to the graph as they are
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -96,6 +136,7 @@ class ModelCard:
                 "max_batch_size": self.batching.max_batch_size,
                 "max_queue_delay_ms": self.batching.max_queue_delay_ms,
             },
+            **({"pipeline": self.pipeline.to_dict()} if self.pipeline else {}),
             **self.extra,
         }
 
@@ -103,7 +144,7 @@ class ModelCard:
     def load(cls, version_dir: Path) -> ModelCard:
         raw = json.loads((version_dir / "card.json").read_text())
         known = {"name", "version", "platform", "description", "inputs", "outputs", "labels",
-                 "batching"}  # fmt: skip
+                 "batching", "pipeline"}  # fmt: skip
         return cls(
             name=version_dir.parent.name,
             version=version_dir.name,
@@ -114,6 +155,7 @@ class ModelCard:
             description=raw.get("description", ""),
             labels=tuple(raw.get("labels", ())),
             batching=Batching.from_dict(raw.get("batching", {})),
+            pipeline=PipelineSpec.from_dict(raw["pipeline"]) if "pipeline" in raw else None,
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from app.inference.datatypes import ORT_TO_V2
+from app.inference.pipeline import unknown_steps
 from app.inference.repository import ModelCard
 
 logger = logging.getLogger(__name__)
@@ -60,9 +61,12 @@ class SessionPool:
                     self._sessions[card.ref] = cached
         return cached[1]
 
-    def run(self, card: ModelCard, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(
+        self, card: ModelCard, inputs: dict[str, np.ndarray], names: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The graph's outputs `names` (default: the card's outputs) for `inputs`."""
         session = self.get(card)
-        names = [spec.name for spec in card.outputs]
+        names = names if names is not None else [spec.name for spec in card.outputs]
         values = session.run(names, inputs)
         return dict(zip(names, values, strict=True))
 
@@ -112,14 +116,23 @@ class SessionPool:
 
 
 def _check_card(card: ModelCard, session: ort.InferenceSession) -> None:
+    """The graph takes and gives what the card says: the card's own tensors, or
+    with a pipeline, the model-side tensors the pipeline declares."""
+
     def signature(nodes: Any) -> dict[str, str]:
         return {n.name: ORT_TO_V2.get(n.type, n.type) for n in nodes}
 
-    declared_in = {s.name: s.datatype for s in card.inputs}
-    declared_out = {s.name: s.datatype for s in card.outputs}
+    graph_in, graph_out = card.inputs, card.outputs
+    if card.pipeline is not None:
+        graph_in, graph_out = card.pipeline.model_inputs, card.pipeline.model_outputs
+        unknown = unknown_steps(card)
+        if unknown:
+            raise ModelMismatch(f"{card.ref}: the card's pipeline has unknown steps {unknown}")
+    declared_in = {s.name: s.datatype for s in graph_in}
+    declared_out = {s.name: s.datatype for s in graph_out}
     actual_in, actual_out = signature(session.get_inputs()), signature(session.get_outputs())
     if declared_in != actual_in or not declared_out.items() <= actual_out.items():
         raise ModelMismatch(
-            f"{card.ref}: card declares inputs {declared_in} outputs {declared_out}, "
+            f"{card.ref}: card declares graph inputs {declared_in} outputs {declared_out}, "
             f"graph has inputs {actual_in} outputs {actual_out}"
         )

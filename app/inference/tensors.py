@@ -4,6 +4,9 @@ Two request forms are accepted and reduced to one: `{"<input>": <nested list>}`
 and the KServe v2 tensor list `[{"name", "shape", "datatype", "data"}]`. Every
 problem is reported per input with the expected name, shape and datatype, so a
 bad job is refused with 422 instead of failing later in a worker.
+
+BYTES inputs are lists of strings (UTF-8 text; in binary, bytes that must
+decode as UTF-8) and become object arrays of `str`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from app.inference.datatypes import NUMPY_TO_V2, V2_TO_NUMPY, is_float
+from app.inference.datatypes import (
+    NUMPY_TO_V2,
+    V2_TO_NUMPY,
+    decode_bytes,
+    encode_bytes,
+    is_bytes,
+    is_float,
+)
 from app.inference.repository import ModelCard, TensorSpec
 
 _ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
@@ -75,7 +85,8 @@ def to_json(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
 
 def pack(arrays: dict[str, np.ndarray]) -> bytes:
     """Tensors as stored with a job: a length-prefixed JSON header naming each
-    tensor's datatype and shape, then their raw little-endian bytes in order.
+    tensor's datatype and shape, then their raw little-endian bytes in order
+    (a BYTES tensor's elements each as a 4-byte length and their UTF-8 bytes).
     About the raw size (float32 stays 4 bytes a value); `unpack` reads it
     without parsing a number."""
     header = [
@@ -84,7 +95,12 @@ def pack(arrays: dict[str, np.ndarray]) -> bytes:
     ]
     head = json.dumps(header, separators=(",", ":")).encode()
     parts = [struct.pack("<I", len(head)), head]
-    parts += [np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes() for a in arrays.values()]
+    parts += [
+        encode_bytes(a)
+        if a.dtype == object
+        else np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes()
+        for a in arrays.values()
+    ]
     return b"".join(parts)
 
 
@@ -93,8 +109,13 @@ def unpack(data: bytes | memoryview) -> dict[str, np.ndarray]:
     offset = 4 + length
     arrays: dict[str, np.ndarray] = {}
     for tensor in json.loads(bytes(data[4:offset])):
-        dtype = V2_TO_NUMPY[tensor["datatype"]].newbyteorder("<")
         count = math.prod(tensor["shape"])
+        if is_bytes(tensor["datatype"]):
+            items, offset = decode_bytes(data, count, offset)
+            texts = np.array([item.decode() for item in items], dtype=object)
+            arrays[tensor["name"]] = texts.reshape(tensor["shape"])
+            continue
+        dtype = V2_TO_NUMPY[tensor["datatype"]].newbyteorder("<")
         array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
         arrays[tensor["name"]] = array.reshape(tensor["shape"])
         offset += count * dtype.itemsize
@@ -107,8 +128,18 @@ def from_json(specs: Sequence[TensorSpec], stored: dict[str, Any]) -> dict[str, 
     """Arrays of the specs' datatypes from nested lists stored with a job (inputs
     checked at submit time, or outputs): exact, as float32 survives the round trip."""
     return {
-        spec.name: np.asarray(stored[spec.name], dtype=V2_TO_NUMPY[spec.datatype]) for spec in specs
+        spec.name: _texts(stored[spec.name])
+        if is_bytes(spec.datatype)
+        else np.asarray(stored[spec.name], dtype=V2_TO_NUMPY[spec.datatype])
+        for spec in specs
     }
+
+
+def _texts(value: Any) -> np.ndarray:
+    """An object array of the strings in (nested) `value`, never split further."""
+    array = np.empty(np.shape(value), dtype=object)
+    array[...] = value
+    return array
 
 
 def _from_v2_tensors(card: ModelCard, tensors: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -138,7 +169,9 @@ def _from_v2_tensors(card: ModelCard, tensors: list[Any]) -> tuple[dict[str, Any
 def _to_array(spec: TensorSpec, value: Any, declared_shape: Any) -> np.ndarray:
     expected = describe(spec)
     try:
-        array = np.asarray(value)
+        array = _text_array(value, expected) if is_bytes(spec.datatype) else np.asarray(value)
+    except _NotText as exc:
+        raise ValueError(str(exc)) from None
     except ValueError:
         raise ValueError(f"is a ragged nested list; expected a {expected}") from None
     dtype = V2_TO_NUMPY[spec.datatype]
@@ -153,10 +186,50 @@ def _to_array(spec: TensorSpec, value: Any, declared_shape: Any) -> np.ndarray:
         raise ValueError(f"has shape {list(array.shape)}; expected a {expected}")
     if array.size == 0:
         raise ValueError(f"is empty; expected a {expected} with at least one element")
-    converted = array.astype(dtype)
+    converted = array if array.dtype == object else array.astype(dtype)
     if dtype.kind == "f" and not np.isfinite(converted).all():
         raise ValueError(f"contains NaN, infinity or a value too large for {spec.datatype}")
     return converted
+
+
+class _NotText(ValueError):
+    pass
+
+
+def _text_array(value: Any, expected: str) -> np.ndarray:
+    """Strings (bytes must be UTF-8) as an object array of `str`; anything else,
+    numbers included, is refused rather than turned into text."""
+    if isinstance(value, np.ndarray):  # binary tensor data (bytes), or read from a file
+        if value.dtype.kind not in "OUS":
+            raise _NotText(f"must contain only strings, not {value.dtype}; expected a {expected}")
+        array = value.astype(object)
+    elif isinstance(value, list):
+        array = np.array(value, dtype=object)
+    else:
+        raise _NotText(f"must be a list of strings; expected a {expected}")
+    for index, item in np.ndenumerate(array):
+        where = list(index) if len(index) > 1 else index[0]
+        if isinstance(item, bytes):
+            try:
+                array[index] = item.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _NotText(f"element {where} is not UTF-8; expected a {expected}") from None
+        elif not isinstance(item, str):
+            raise _NotText(
+                f"must contain only strings; element {where} is {_kind(item)}, "
+                f"expected a {expected}"
+            )
+    return array
+
+
+def _kind(item: Any) -> str:
+    if isinstance(item, list | dict):
+        return "a list" if isinstance(item, list) else "an object"
+    if item is None:
+        return "null"
+    if isinstance(item, bool):
+        return "a boolean"
+    return "a number" if isinstance(item, int | float) else type(item).__name__
 
 
 def _reshape(array: np.ndarray, shape: Any, expected: str) -> np.ndarray:
