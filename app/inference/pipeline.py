@@ -33,10 +33,27 @@ Step = Callable[[ModelCard, dict[str, Any], Arrays], Arrays]
 
 
 def run(sessions: SessionPool, card: ModelCard, inputs: Arrays) -> Arrays:
-    """The card's outputs for `inputs` (the card's inputs, rows along axis 0)."""
+    """The card's outputs for `inputs` (the card's inputs, rows along axis 0).
+
+    More rows than `max_batch_size` (a batch's chunk) run in calls of that many:
+    each call pads to its own longest text, and attention's memory grows with
+    rows x length squared."""
     spec = card.pipeline
     if spec is None:
         return sessions.run(card, inputs)
+    limit, total = card.batching.max_batch_size, len(next(iter(inputs.values())))
+    if 0 < limit < total:
+        parts = [
+            _run_steps(sessions, card, {k: v[i : i + limit] for k, v in inputs.items()})
+            for i in range(0, total, limit)
+        ]
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    return _run_steps(sessions, card, inputs)
+
+
+def _run_steps(sessions: SessionPool, card: ModelCard, inputs: Arrays) -> Arrays:
+    spec = card.pipeline
+    assert spec is not None
     tensors = dict(inputs)
     for step in spec.pre:
         tensors |= STEPS[step["step"]](card, step, tensors)

@@ -4,10 +4,12 @@ micro-batches of several jobs all give sentence-transformers' vectors."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,3 +191,31 @@ def test_bad_text_gets_422_problem_json(
     assert response.status_code == 422, response.get_data(as_text=True)
     assert response.content_type == "application/problem+json"
     assert message in response.json["detail"], response.json
+
+
+@pytest.mark.usefixtures("worker")
+def test_a_batch_of_texts_gives_the_reference_vectors_in_order(
+    client: FlaskClient, tenant: TenantAuth
+) -> None:
+    """The third door: a .jsonl file of texts, a row per line, more rows than one
+    ONNX Runtime call takes (max_batch_size 32), results in input order."""
+    texts = SENTENCES * 5
+    data = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    upload = client.post("/files?filename=texts.jsonl", data=data, headers=tenant.headers)
+    assert upload.status_code == 201, upload.json
+    body = {"model": "minilm", "file_id": upload.json["id"]}
+    batch = client.post("/batches", json=body, headers=tenant.headers)
+    assert batch.status_code == 202, batch.json
+    url = f"/batches/{batch.json['id']}"
+    for _ in range(1200):
+        state = client.get(url, headers=tenant.headers).json
+        if state["status"] not in ("queued", "running"):
+            break
+        time.sleep(0.05)
+    assert state["status"] == "succeeded" and state["rows_done"] == len(texts), state
+    npy = {**tenant.headers, "Accept": "application/x-npy"}
+    results = client.get(f"{url}/results", headers=npy)
+    vectors = np.load(io.BytesIO(results.data), allow_pickle=False)
+    assert vectors.shape == (len(texts), 384)
+    for start in range(0, len(texts), len(SENTENCES)):
+        assert_reference(vectors[start : start + len(SENTENCES)])
