@@ -211,6 +211,32 @@ def test_jsonl_csv_and_inline_rows_give_the_same_results(
     assert np.array_equal(results, expected["label"])
 
 
+def test_a_chunk_that_keeps_failing_is_dead_lettered_and_the_batch_says_which_rows(
+    bclient: FlaskClient, auth: dict[str, str], worker: WorkerProcess, database: Database
+) -> None:
+    pixels = rows(48)
+    pixels[20] = 3e38  # the model's softmax gives NaN: rows 16-31 (chunk 1) cannot succeed
+    batch = submit(bclient, auth, model="digits-small", inputs={"pixels": pixels.tolist()})
+    done = wait_batch(bclient, auth, batch["id"])
+    assert done["status"] == "partially_succeeded", done
+    assert (done["rows_done"], done["rows_failed"]) == (32, 16)
+    assert done["chunks"] == {"succeeded": 2, "failed": 1}
+    assert done["failed_rows"] == [
+        {"first": 16, "last": 31, "status": "failed", "error": "non_finite_output"}
+    ]
+    lines = jsonl_results(bclient, auth, batch["id"])
+    assert [("error" in line) for line in lines] == [False] * 16 + [True] * 16 + [False] * 16
+    assert lines[20]["error"]["code"] == "non_finite_output"
+    npy = bclient.get(f"/batches/{batch['id']}/results", headers={**auth, "Accept": NPY})
+    assert npy.status_code == 409 and "16 rows" in npy.json["detail"]
+    with database.sessionmaker() as session:  # the chunk is a dead letter, like any job
+        letters = session.execute(
+            sa.text("SELECT d.error_code FROM dead_letters d JOIN jobs j ON j.id = d.job_id "
+                    "WHERE j.batch_id = :id"), {"id": batch["id"]},
+        ).scalars().all()  # fmt: skip
+    assert letters == ["non_finite_output"]
+
+
 def test_a_bad_row_past_the_first_fails_the_batch_naming_it(
     bclient: FlaskClient, auth: dict[str, str], worker: WorkerProcess
 ) -> None:
