@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The service's command line: up, db, create-api-key, models, bench."""
+"""The service's command line: up, db, create-api-key, models, schedules, bench."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import click
 
 from app.config import Settings
 from app.embedded import resolve_urls
+from app.schedules.cli import schedules as schedules_command
 from bench.cli import bench as bench_command
 
 
@@ -151,6 +152,7 @@ def models_list() -> None:
 
 
 cli.add_command(bench_command)
+cli.add_command(schedules_command)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,12 @@ class Settings:
     max_upload_bytes: int = 2 * 1024 * 1024 * 1024
     # BATCH_CHUNK_ROWS: rows per chunk job of a batch (a model's card may set its own).
     batch_chunk_rows: int = 4096
+    # DATA_DIR: tenants' data areas (DATA_DIR/<tenant>), where schedules read inputs and
+    # write results: a folder every worker can reach (a shared mount in production).
+    # Default: VAR_DIR/data.
+    data_dir: Path = field(default_factory=lambda: ROOT / "var" / "data")
+    # SCHEDULE_TICK_SECONDS: how often beat asks a worker to fire due schedules.
+    schedule_tick_seconds: float = 10.0
     # JOBS_QUEUE: the Celery queue that inference jobs travel on.
     jobs_queue: str = "inference"
     # DRAIN_SECONDS: how long one wake-up may keep a worker process on one model's jobs
@@ -137,6 +143,8 @@ class Settings:
             max_request_bytes=_env_int("MAX_REQUEST_BYTES", d.max_request_bytes),
             max_upload_bytes=_env_int("MAX_UPLOAD_BYTES", d.max_upload_bytes),
             batch_chunk_rows=_env_int("BATCH_CHUNK_ROWS", d.batch_chunk_rows),
+            data_dir=Path(_env_str("DATA_DIR", _env_str("VAR_DIR", str(d.var_dir)) + "/data")),
+            schedule_tick_seconds=_env_float("SCHEDULE_TICK_SECONDS", d.schedule_tick_seconds),
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),
             drain_seconds=_env_float("DRAIN_SECONDS", d.drain_seconds),
             drain_linger_ms=_env_float("DRAIN_LINGER_MS", d.drain_linger_ms),

@@ -106,6 +106,7 @@ def settings(database_url: str, redis_url: str, model_repository: Path) -> Setti
         var_dir=TEST_VAR,
         model_repository=model_repository,
         jobs_queue=f"test-{RUN_ID}",
+        data_dir=TEST_VAR / f"data-{RUN_ID}",
     )
 
 
@@ -209,6 +210,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         JOBS_QUEUE=settings.jobs_queue,
         MODEL_REPOSITORY=str(settings.model_repository),
         VAR_DIR=str(settings.var_dir),
+        DATA_DIR=str(settings.data_dir),
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)

@@ -31,6 +31,7 @@ from app.config import Settings
 from app.inference import pipeline
 from app.inference.sessions import device_for
 from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
+from app.schedules.service import TICK_TASK
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "sweep-jobs": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_seconds},
         "purge-old-job-data": {"task": PURGE_TASK, "schedule": 3600.0},
         "send-due-webhooks": {"task": WEBHOOK_SWEEP_TASK, "schedule": 1.0},
+        "fire-schedules": {"task": TICK_TASK, "schedule": settings.schedule_tick_seconds},
     }
 
 

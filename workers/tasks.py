@@ -15,6 +15,7 @@ from app.batches import service as batches
 from app.db.session import current_session, database_unavailable
 from app.jobs import dispatch, runner, sweeps
 from app.jobs.runtime import current_runtime
+from app.schedules import service as schedules
 from app.webhooks import delivery
 
 
@@ -45,6 +46,18 @@ def split_batch(batch_id: str) -> str:
     return batches.split(
         current_session(), current_runtime().repository, uuid.UUID(batch_id), dispatcher.wake
     )
+
+
+@shared_task(name=schedules.TICK_TASK, ignore_result=True)
+def fire_schedules() -> dict[str, int]:
+    """Beat's tick: fire due schedules, then write finished runs' results."""
+    session, runtime = current_session(), current_runtime()
+    settings = current_app.extensions["settings"]
+    fired = schedules.fire_due(session, runtime.repository, settings, batches.start_split)
+    written = schedules.export_finished(
+        session, runtime.repository, settings, current_app.extensions["database"].sessionmaker
+    )
+    return {"fired": len(fired), "written": written}
 
 
 @shared_task(name=dispatch.SWEEP_TASK, ignore_result=True)

@@ -32,7 +32,17 @@ class Api(SmorestApi):
 
 
 def register_api(app: Flask) -> None:
-    from app.api import batches, dead_letters, deliveries, files, health, infer, jobs, models
+    from app.api import (
+        batches,
+        dead_letters,
+        deliveries,
+        files,
+        health,
+        infer,
+        jobs,
+        models,
+        schedules,
+    )  # fmt: skip
 
     config: dict[str, Any] = {
         "API_TITLE": "Inference jobs",
@@ -53,8 +63,8 @@ def register_api(app: Flask) -> None:
     api = Api(app)
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
     blueprints = (
-        jobs.blp, infer.blp, batches.blp, files.blp, deliveries.blp, dead_letters.blp, models.blp,
-        health.blp,
+        jobs.blp, infer.blp, batches.blp, files.blp, schedules.blp, deliveries.blp,
+        dead_letters.blp, models.blp, health.blp,
     )  # fmt: skip
     for blueprint in blueprints:
         api.register_blueprint(blueprint)

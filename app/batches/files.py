@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO
 
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches.readers import FORMATS
-from app.db.models import Batch, File, FilePart
-from app.domain import Conflict, InvalidRequest, NotFound, TooLarge
+from app.db.models import Batch, File, FilePart, Schedule
+from app.domain import Conflict, DomainError, InvalidRequest, NotFound, TooLarge
 
 PART_BYTES = 1 << 20
 
@@ -36,16 +36,37 @@ def format_of(filename: str, declared: str | None) -> str:
 def store(
     session: Session, tenant_id: int, filename: str, fmt: str, body: IO[bytes], max_bytes: int
 ) -> File:
-    """Read `body` to its end into a new file; TooLarge past `max_bytes`."""
+    """Read `body` to its end into a new file (committed); TooLarge past `max_bytes`."""
+    try:
+        file = store_parts(session, tenant_id, filename, fmt,
+                           iter(lambda: _read_part(body), b""), max_bytes)  # fmt: skip
+    except DomainError:
+        session.rollback()
+        raise
+    session.commit()
+    return file
+
+
+def store_parts(
+    session: Session,
+    tenant_id: int,
+    filename: str,
+    fmt: str,
+    parts: Iterable[bytes],
+    max_bytes: int,
+) -> File:
+    """A new file of these parts, in the session's transaction: the caller
+    commits, or rolls back on an error (TooLarge, an empty file)."""
     file = File(id=uuid.uuid4(), tenant_id=tenant_id, filename=filename[:255], format=fmt,
                 size_bytes=0, sha256="", parts=0)  # fmt: skip
     session.add(file)
     session.flush()
     digest, size, seq = hashlib.sha256(), 0, 0
-    while part := _read_part(body):
+    for part in parts:
+        if not part:
+            continue
         size += len(part)
         if size > max_bytes:
-            session.rollback()
             raise TooLarge(
                 f"the file is larger than the upload limit of {max_bytes} bytes "
                 "(MAX_UPLOAD_BYTES); split it into several batches",
@@ -55,10 +76,9 @@ def store(
         session.execute(insert(FilePart).values(file_id=file.id, seq=seq, data=part))
         seq += 1
     if size == 0:
-        session.rollback()
         raise InvalidRequest("the file is empty", errors={"body": ["send the file's bytes"]})
     file.size_bytes, file.sha256, file.parts = size, digest.hexdigest(), seq
-    session.commit()
+    session.flush()
     return file
 
 
@@ -94,8 +114,20 @@ def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> None:
     )
     if busy is not None:
         raise Conflict(f"batch {busy} is still reading file {file_id}; cancel it or wait")
+    schedule = session.scalar(select(Schedule.name).where(Schedule.input_file_id == file_id))
+    if schedule is not None:
+        raise Conflict(f"schedule {schedule!r} reads file {file_id}; change or delete it first")
     session.execute(delete(File).where(File.id == file_id))
     session.commit()
+
+
+def first_part(session: Session, file_id: uuid.UUID) -> bytes:
+    """The file's first part, read in the session's own transaction (a file
+    stored in it and not yet committed included)."""
+    data = session.scalar(
+        select(FilePart.data).where(FilePart.file_id == file_id, FilePart.seq == 0)
+    )
+    return data or b""
 
 
 def parts(

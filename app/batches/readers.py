@@ -20,7 +20,7 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -65,6 +65,17 @@ def _single_input(card: ModelCard, fmt: str) -> str:
 # --- .npy -------------------------------------------------------------------
 
 
+def npy_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """The shape, Fortran order and dtype an .npy header declares; the stream is
+    left at the first byte of data. Nothing is unpickled."""
+    version = np.lib.format.read_magic(stream)
+    read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
+        version, np.lib.format.read_array_header_2_0
+    )
+    shape, fortran, dtype = read(stream)
+    return tuple(shape), bool(fortran), dtype
+
+
 def _npy_rows(
     card: ModelCard, parts: Iterator[bytes], chunk_rows: int, skip_rows: int
 ) -> Iterator[dict[str, Any]]:
@@ -81,11 +92,7 @@ def _npy_rows(
     fill(65536)  # the header is in the first few hundred bytes
     header = io.BytesIO(bytes(buffer[:65536]))
     try:
-        version = np.lib.format.read_magic(header)
-        read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
-            version, np.lib.format.read_array_header_2_0
-        )
-        shape, fortran, dtype = read(header)
+        shape, fortran, dtype = npy_header(header)
     except (ValueError, EOFError) as exc:
         raise BadRows(0, f"not a readable .npy file ({exc})") from None
     if dtype.hasobject:

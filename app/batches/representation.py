@@ -45,6 +45,12 @@ class BatchSchema(Schema):
     started_at = fields.DateTime(allow_none=True)
     finished_at = fields.DateTime(allow_none=True)
     cancel_requested_at = fields.DateTime(allow_none=True)
+    schedule_id = fields.UUID(allow_none=True, metadata={"description": "The schedule it runs for"})
+    scheduled_for = fields.DateTime(allow_none=True, metadata={"description": "Its tick"})
+    output_path = fields.String(
+        allow_none=True, metadata={"description": "Where its results are written"}
+    )
+    exported_at = fields.DateTime(allow_none=True)
 
 
 def describe(session: Session, batch: Batch) -> dict[str, Any]:
@@ -54,7 +60,8 @@ def describe(session: Session, batch: Batch) -> dict[str, Any]:
     return {
         **{c: getattr(batch, c) for c in (
             "id", "status", "model", "model_version", "input_file_id", "rows", "chunk_rows",
-            "created_at", "started_at", "finished_at", "cancel_requested_at")},
+            "created_at", "started_at", "finished_at", "cancel_requested_at", "schedule_id",
+            "scheduled_for", "output_path", "exported_at")},
         "rows_done": counted.rows_done,
         "rows_failed": counted.rows_failed,
         "rows_pending": counted.rows_pending,

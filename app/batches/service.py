@@ -60,11 +60,6 @@ def create(
     (checked at its start now, cut by a worker). Rows that do not fit the
     model are a 422 here; in a file, past its first rows, they fail the batch."""
     card = repository.resolve(model, version)
-    if card.batching.max_batch_size <= 0:
-        raise InvalidRequest(
-            f"model {card.ref} has no batch dimension (max_batch_size 0): send its rows as jobs",
-            errors={"model": ["a model whose inputs have a batch dimension"]},
-        )
     if (inputs is None) == (file_id is None):
         raise InvalidRequest(
             "send either `inputs` (rows, as in a job) or `file_id` (an uploaded file)",
@@ -75,17 +70,9 @@ def create(
             check_url(webhook["url"], allow_private=settings.webhook_allow_private_networks)
         except UnsafeUrl as exc:
             raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
-    batch = Batch(
-        id=uuid.uuid4(), tenant_id=tenant_id, model=card.name, model_version=card.version,
-        status="queued", chunk_rows=chunk_rows(card, settings), split_rows=0,
-        max_attempts=int(card.extra.get("max_attempts", settings.job_max_attempts)),
-        webhook_url=webhook["url"] if webhook else None,
-        webhook_events=list(webhook["events"]) if webhook else None,
-    )  # fmt: skip
+    batch = new_batch(card, settings, tenant_id, webhook)
     if file_id is not None:
-        file = files.get(session, tenant_id, file_id)
-        _check_start(card, file.format, next(files.parts(session_factory(session), file_id, 1)))
-        batch.input_file_id = file.id
+        attach_file(session, batch, card, file_id)
         session.add(batch)
         session.commit()
         if not start_split(batch.id):
@@ -103,6 +90,31 @@ def create(
     session.commit()
     wake(batch.model)
     return batch
+
+
+def new_batch(
+    card: ModelCard, settings: Settings, tenant_id: int, webhook: dict[str, Any] | None = None
+) -> Batch:
+    """A queued batch of `card`'s model, not yet added to a session."""
+    if card.batching.max_batch_size <= 0:
+        raise InvalidRequest(
+            f"model {card.ref} has no batch dimension (max_batch_size 0): send its rows as jobs",
+            errors={"model": ["a model whose inputs have a batch dimension"]},
+        )
+    return Batch(
+        id=uuid.uuid4(), tenant_id=tenant_id, model=card.name, model_version=card.version,
+        status="queued", chunk_rows=chunk_rows(card, settings), split_rows=0,
+        max_attempts=int(card.extra.get("max_attempts", settings.job_max_attempts)),
+        webhook_url=webhook["url"] if webhook else None,
+        webhook_events=list(webhook["events"]) if webhook else None,
+    )  # fmt: skip
+
+
+def attach_file(session: Session, batch: Batch, card: ModelCard, file_id: uuid.UUID) -> None:
+    """Make `file_id` the batch's input once its first rows fit the model (422 if not)."""
+    file = files.get(session, batch.tenant_id, file_id)
+    _check_start(card, file.format, files.first_part(session, file_id))
+    batch.input_file_id = file.id
 
 
 def start_split(batch_id: uuid.UUID) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -16,6 +17,8 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    UniqueConstraint,
+    false,
     func,
     text,
 )
@@ -197,6 +200,18 @@ class Batch(Base):
         Index(
             "ix_batches_open", "split_at", postgresql_where=text("status IN ('queued', 'running')")
         ),
+        Index(
+            "ix_batches_schedule_run",
+            "schedule_id",
+            "scheduled_for",
+            unique=True,
+            postgresql_where=text("schedule_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_batches_to_export",
+            "finished_at",
+            postgresql_where=text("output_path IS NOT NULL AND exported_at IS NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
@@ -223,6 +238,48 @@ class Batch(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A schedule's run: which tick it is, and where its results are written.
+    schedule_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("schedules.id", ondelete="SET NULL")
+    )
+    scheduled_for: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    output_path: Mapped[str | None] = mapped_column(Text)
+    exported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Schedule(Base):
+    """A cron schedule whose every run is a batch (`batches.schedule_id`)."""
+
+    __tablename__ = "schedules"
+    __mapper_args__ = {"eager_defaults": True}
+    __table_args__ = (
+        CheckConstraint(
+            "(input_file_id IS NULL) <> (input_path IS NULL)", name="schedules_one_input"
+        ),
+        UniqueConstraint("tenant_id", "name", name="uq_schedules_tenant_name"),
+        Index("ix_schedules_due", "next_run_at", postgresql_where=text("NOT paused")),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100))
+    cron: Mapped[str] = mapped_column(String(120))
+    timezone: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(100))
+    model_version: Mapped[str | None] = mapped_column(String(50))
+    # The input: an uploaded file, or a file or folder in the tenant's data area.
+    input_file_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("files.id", ondelete="RESTRICT")
+    )
+    input_path: Mapped[str | None] = mapped_column(Text)
+    # A folder of the tenant's data area each run's results are written to, if any.
+    output_path: Mapped[str | None] = mapped_column(Text)
+    paused: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    # The one tick due next; firing it moves it on (see app.schedules.service.fire_due).
+    next_run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class DeadLetter(Base):

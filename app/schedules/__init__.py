@@ -1,0 +1,1 @@
+"""Beat schedules: cron runs of batches, stored in PostgreSQL."""

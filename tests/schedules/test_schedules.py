@@ -1,0 +1,293 @@
+"""Beat schedules on real parts: schedules in PostgreSQL, two real `celery beat`
+processes ticking every half second, a real worker firing due schedules and
+running each run's batch, results written into the tenant's data area."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+from flask import Flask
+from flask.testing import FlaskClient
+
+from app.config import ROOT, Settings
+from app.db.models import Batch, Schedule, Tenant
+from app.db.session import Database
+from app.inference.repository import ModelCard
+from app.inference.sessions import SessionPool
+from app.launcher import beat_command
+from app.schedules import paths, service
+from tests.conftest import TenantAuth, WorkerProcess, make_tenant, service_env
+
+RNG = np.random.default_rng(5)
+EVERY_2_S = "* * * * * */2"  # six fields, seconds last: a compressed clock
+
+
+def area(database: Database, settings: Settings, tenant: TenantAuth) -> Path:
+    with database.sessionmaker() as session:
+        name = session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant.id))
+    assert name is not None
+    root = paths.tenant_root(settings.data_dir, tenant.id, name)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def write_jsonl(path: Path, pixels: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"pixels": row.tolist()}) + "\n" for row in pixels))
+
+
+def runs(client: FlaskClient, tenant: TenantAuth, schedule_id: str) -> list[dict[str, Any]]:
+    response = client.get(f"/schedules/{schedule_id}/runs?limit=200", headers=tenant.headers)
+    assert response.status_code == 200, response.json
+    items: list[dict[str, Any]] = response.json["items"]
+    return items
+
+
+class Beat:
+    """A real `celery beat` on this run's queue, ticking schedules every 0.5 s."""
+
+    def __init__(self, settings: Settings, folder: Path, name: str) -> None:
+        env = service_env(settings, SCHEDULE_TICK_SECONDS="0.5")
+        self.log_path = folder / f"{name}.log"
+        self.log = self.log_path.open("wb")
+        args = beat_command(folder / f"{name}-schedule", "--max-interval", "1")
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def two_beats(settings: Settings, tmp_path: Path) -> Iterator[list[Beat]]:
+    beats = [Beat(settings, tmp_path, "beat-a"), Beat(settings, tmp_path, "beat-b")]
+    yield beats
+    for beat in beats:
+        beat.stop()
+
+
+def test_two_beats_fire_each_tick_once_and_runs_write_their_results(
+    client: FlaskClient,
+    tenant: TenantAuth,
+    database: Database,
+    settings: Settings,
+    worker: WorkerProcess,
+    model_repository: Path,
+    two_beats: list[Beat],
+) -> None:
+    root = area(database, settings, tenant)
+    pixels = (RNG.random((30, 64)) * 16).astype(np.float32)
+    write_jsonl(root / "incoming" / "a.jsonl", pixels[:10])
+    write_jsonl(root / "incoming" / "b.jsonl", pixels[10:])
+    body = {"name": "nightly", "cron": EVERY_2_S, "model": "digits",
+            "input": {"path": "incoming"}, "output": "scored"}  # fmt: skip
+    response = client.post("/schedules", json=body, headers=tenant.headers)
+    assert response.status_code == 201, response.json
+    schedule = response.json
+    assert response.headers["Location"] == f"/schedules/{schedule['id']}"
+
+    deadline = time.monotonic() + 90
+    while len([r for r in runs(client, tenant, schedule["id"])
+                if r["status"] not in ("queued", "running")]) < 4:  # fmt: skip
+        assert time.monotonic() < deadline, runs(client, tenant, schedule["id"])
+        time.sleep(0.2)
+    paused = client.patch(f"/schedules/{schedule['id']}", json={"paused": True},
+                          headers=tenant.headers)  # fmt: skip
+    assert paused.status_code == 200 and paused.json["paused"] is True
+    time.sleep(1.0)  # a tick fired just before the pause may still be finishing
+    before = len(runs(client, tenant, schedule["id"]))
+    time.sleep(4.0)  # two ticks of the cron, eight of each beat
+    everything = runs(client, tenant, schedule["id"])
+    assert len(everything) == before, "a paused schedule fired"
+
+    ticks = [datetime.fromisoformat(r["scheduled_for"]) for r in everything]
+    assert len(ticks) == len(set(ticks)), "a tick fired twice"
+    log = worker.log_path.read_text(errors="replace")
+    assert "Sending due task fire-schedules" in two_beats[1].log_path.read_text()
+    failed_ticks = [line for line in log.splitlines() if "schedules.tick[" in line
+                    and "raised" in line]  # fmt: skip
+    assert failed_ticks == [], "a tick's task failed (a second firing refused by the index?)"
+    assert all(t.second % 2 == 0 and t.microsecond == 0 for t in ticks)
+    with database.sessionmaker() as session:  # each run's input: both files, in name order
+        assert session.scalar(
+            sa.select(sa.func.count()).select_from(Batch).where(
+                Batch.schedule_id == uuid.UUID(schedule["id"]), Batch.rows != 30
+            )
+        ) == 0  # fmt: skip
+    finished = [r for r in everything if r["status"] == "succeeded"]
+    assert len(finished) >= 4, everything
+    expected = SessionPool("cpu").run(
+        ModelCard.load(model_repository / "digits" / "1"), {"pixels": pixels}
+    )
+    deadline = time.monotonic() + 30
+    for run in finished:
+        tick = datetime.fromisoformat(run["scheduled_for"])
+        written = root / "scored" / f"nightly-{tick:%Y%m%dT%H%M%SZ}.npy"
+        while not written.exists():  # the next tick of a worker writes it
+            assert time.monotonic() < deadline, f"{written} not written"
+            time.sleep(0.2)
+        results = np.load(written, allow_pickle=False)
+        assert np.array_equal(results["label"], expected["label"])
+        assert np.array_equal(results["probabilities"], expected["probabilities"])
+    assert not list((root / "scored").glob(".*.part")), "a partial file was left behind"
+
+
+def test_a_tick_missed_while_down_fires_once_on_start(
+    app: Flask, client: FlaskClient, tenant: TenantAuth, database: Database, settings: Settings
+) -> None:
+    upload = client.post("/files?filename=r.npy", data=_npy(5), headers=tenant.headers)
+    body = {"name": "hourly", "cron": "0 * * * *", "timezone": "Europe/Paris",
+            "model": "digits", "input": {"file_id": upload.json["id"]}}  # fmt: skip
+    schedule_id = client.post("/schedules", json=body, headers=tenant.headers).json["id"]
+    missed = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=30)
+    with database.sessionmaker() as session:  # thirty hourly ticks went by while down
+        session.execute(sa.update(Schedule).where(Schedule.id == uuid.UUID(schedule_id))
+                        .values(next_run_at=missed))  # fmt: skip
+        session.commit()
+    started: list[uuid.UUID] = []
+    with app.app_context(), database.sessionmaker() as session:
+        fired = service.fire_due(session, app.extensions["models"], settings, _record(started))
+        again = service.fire_due(session, app.extensions["models"], settings, _record(started))
+        schedule = session.get(Schedule, uuid.UUID(schedule_id))
+        assert schedule is not None
+        next_run = schedule.next_run_at
+    assert len(fired) == 1 and again == [] and started == fired
+    [run] = runs(client, tenant, schedule_id)
+    assert datetime.fromisoformat(run["scheduled_for"]) == missed
+    assert run["status"] == "queued" and run["file_id"] == upload.json["id"]
+    assert datetime.now(UTC) < next_run <= datetime.now(UTC) + timedelta(hours=1)
+    assert next_run.minute == 0  # the next whole hour, read in Paris time
+
+
+def test_a_run_whose_input_is_gone_or_leads_out_is_a_failed_run_saying_why(
+    app: Flask, client: FlaskClient, tenant: TenantAuth, database: Database, settings: Settings,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    root = area(database, settings, tenant)
+    write_jsonl(root / "in2" / "x.jsonl", (RNG.random((3, 64)) * 16).astype(np.float32))
+    body = {"name": "gone", "cron": "0 * * * *", "model": "digits", "input": {"path": "in2"}}
+    schedule_id = client.post("/schedules", json=body, headers=tenant.headers).json["id"]
+    outside = tmp_path / "secrets"
+    write_jsonl(outside / "y.jsonl", (RNG.random((3, 64)) * 16).astype(np.float32))
+    (root / "in2" / "x.jsonl").unlink()
+    (root / "in2").rmdir()
+    os.symlink(outside, root / "in2")  # swapped for a link out of the area after saving
+    for _ in range(2):
+        with database.sessionmaker() as session:
+            session.execute(
+                sa.update(Schedule)
+                .where(Schedule.id == uuid.UUID(schedule_id))
+                .values(next_run_at=datetime.now(UTC) - timedelta(minutes=1))
+            )
+            session.commit()  # fmt: skip
+        with app.app_context(), database.sessionmaker() as session:
+            service.fire_due(session, app.extensions["models"], settings, _record([]))
+        (root / "in2").unlink(missing_ok=True)  # then: gone
+    failed = runs(client, tenant, schedule_id)
+    assert [r["status"] for r in failed] == ["failed", "failed"]
+    messages = sorted(r["error"]["message"] for r in failed)
+    assert "does not exist" in messages[0] and "leads out of your data area" in messages[1]
+    assert all(r["error"]["code"] == "input_unavailable" for r in failed)
+
+
+def test_bad_schedules_are_clear_problems(
+    client: FlaskClient, tenant: TenantAuth, database: Database, settings: Settings,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    root = area(database, settings, tenant)
+    os.symlink(tmp_path, root / "link-out")
+    good = {"name": "ok", "cron": "0 3 * * *", "model": "digits", "input": {"path": "in"}}
+
+    def problem(changes: dict[str, Any], status: int, field: str) -> None:
+        response = client.post("/schedules", json={**good, **changes}, headers=tenant.headers)
+        assert response.status_code == status, response.json
+        assert response.mimetype == "application/problem+json"
+        assert field in json.dumps(response.json), response.json
+
+    problem({"cron": "every night"}, 422, "cron")
+    problem({"timezone": "Mars/Olympus"}, 422, "timezone")
+    problem({"input": {"path": "../other-tenant"}}, 422, "input_path")
+    problem({"input": {"path": "/etc"}}, 422, "input_path")
+    problem({"input": {"path": "link-out/x"}}, 422, "input_path")
+    problem({"output": "../../escape"}, 422, "output_path")
+    problem({"input": {}}, 422, "input")
+    problem({"input": {"file_id": str(uuid.uuid4())}}, 404, "no file")
+    problem({"model": "nope"}, 404, "nope")
+    problem({"model": "slow"}, 422, "batch dimension")
+    problem({"cron": None}, 422, "cron")
+    created = client.post("/schedules", json=good, headers=tenant.headers)
+    assert created.status_code == 201
+    problem({}, 422, "name")  # the same name again
+    other = make_tenant(database)
+    url = f"/schedules/{created.json['id']}"
+    assert client.get(url, headers=other.headers).status_code == 404
+    assert client.patch(url, json={"paused": True}, headers=other.headers).status_code == 404
+    assert client.delete(url, headers=other.headers).status_code == 404
+    assert client.get(f"{url}/runs", headers=other.headers).status_code == 404
+    assert client.get("/schedules", headers=other.headers).json["items"] == []
+    assert client.patch(url, json={"cron": "x"}, headers=tenant.headers).status_code == 422
+    assert client.get(url).status_code == 401
+    assert client.delete(url, headers=tenant.headers).status_code == 204
+    assert client.get(url, headers=tenant.headers).status_code == 404
+
+
+def test_the_cli_manages_the_same_schedules(
+    client: FlaskClient, tenant: TenantAuth, database: Database, settings: Settings
+) -> None:
+    from app.schedules.cli import schedules
+
+    with database.sessionmaker() as session:
+        name = session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant.id))
+    env = {"DATABASE_URL": settings.database_url, "DATA_DIR": str(settings.data_dir),
+           "MODEL_REPOSITORY": str(settings.model_repository)}  # fmt: skip
+    cli = CliRunner()
+    added = cli.invoke(schedules, ["add", "--tenant", str(name), "--name", "cli", "--cron",
+                                   "30 2 * * 1", "--model", "digits", "--input-path", "in"],
+                       env=env)  # fmt: skip
+    assert added.exit_code == 0, added.output
+    shown = json.loads(added.output)
+    assert shown["cron"] == "30 2 * * 1" and shown["input"] == {"path": "in"}
+    listed = client.get("/schedules", headers=tenant.headers).json["items"]
+    assert [s["name"] for s in listed] == ["cli"]
+    paused = cli.invoke(schedules, ["pause", "--tenant", str(name), "cli"], env=env)
+    assert paused.exit_code == 0 and json.loads(paused.output)["paused"] is True
+    bad = cli.invoke(schedules, ["add", "--tenant", str(name), "--name", "x", "--cron",
+                                 "0 3 * * *", "--model", "digits", "--input-path", "../out"],
+                     env=env)  # fmt: skip
+    assert bad.exit_code != 0 and "contains '..'" in bad.output
+    gone = cli.invoke(schedules, ["delete", "--tenant", str(name), "cli"], env=env)
+    assert gone.exit_code == 0
+    assert client.get("/schedules", headers=tenant.headers).json["items"] == []
+
+
+def _npy(rows: int) -> bytes:
+    out = io.BytesIO()
+    np.save(out, (RNG.random((rows, 64)) * 16).astype(np.float32))
+    return out.getvalue()
+
+
+def _record(into: list[uuid.UUID]) -> Any:
+    def start(batch_id: uuid.UUID) -> bool:
+        into.append(batch_id)
+        return True
+
+    return start
