@@ -15,6 +15,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.embedded import resolve_urls
     from app.errors import register_error_handlers
     from app.inference.repository import ModelRepository
+    from app.jobs.admission import Admission
     from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
@@ -39,5 +40,6 @@ def create_app(settings: Settings | None = None) -> Flask:
         celery, settings.redis_url, settings.jobs_queue
     )
     app.extensions["inserts"] = JobInserter(database.engine, dispatcher.wake)
+    app.extensions["admission"] = Admission(settings.max_queued_per_model)
     register_api(app)
     return app

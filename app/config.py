@@ -46,6 +46,9 @@ class Settings:
     max_request_bytes: int = 8 * 1024 * 1024
     # MAX_UPLOAD_BYTES: the largest file POST /files accepts (stored in PostgreSQL).
     max_upload_bytes: int = 2 * 1024 * 1024 * 1024
+    # MAX_QUEUED_PER_MODEL: queued jobs a model takes before submits get 429 with
+    # Retry-After (batch chunks count as jobs); 0 = no bound.
+    max_queued_per_model: int = 50_000
     # BATCH_CHUNK_ROWS: rows per chunk job of a batch (a model's card may set its own).
     batch_chunk_rows: int = 4096
     # DATA_DIR: tenants' data areas (DATA_DIR/<tenant>), where schedules read inputs and
@@ -143,6 +146,7 @@ class Settings:
             max_request_bytes=_env_int("MAX_REQUEST_BYTES", d.max_request_bytes),
             max_upload_bytes=_env_int("MAX_UPLOAD_BYTES", d.max_upload_bytes),
             batch_chunk_rows=_env_int("BATCH_CHUNK_ROWS", d.batch_chunk_rows),
+            max_queued_per_model=_env_int("MAX_QUEUED_PER_MODEL", d.max_queued_per_model),
             data_dir=Path(_env_str("DATA_DIR", _env_str("VAR_DIR", str(d.var_dir)) + "/data")),
             schedule_tick_seconds=_env_float("SCHEDULE_TICK_SECONDS", d.schedule_tick_seconds),
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),

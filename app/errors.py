@@ -82,6 +82,13 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "or the request's `timeout` parameter). It goes on: GET the Location URL "
         "(/jobs/<job_id>, with ?wait=30 to wait) for its result.",
     ),
+    "queue-full": (
+        429,
+        "Too many jobs queued for this model",
+        "The model's queue is at its bound (MAX_QUEUED_PER_MODEL). Nothing of this request "
+        "was kept: send it again after Retry-After seconds, computed from how fast the "
+        "model's jobs finish.",
+    ),
     "service-unavailable": (
         503,
         "Service unavailable",

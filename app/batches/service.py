@@ -31,7 +31,7 @@ from app.db.models import BATCH_TERMINAL_STATUSES, Batch, Job
 from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.tensors import pack
-from app.jobs import dispatch
+from app.jobs import admission, dispatch
 from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
 from app.jobs.service import check_inputs
 from app.webhooks.ssrf import UnsafeUrl, check_url
@@ -73,6 +73,7 @@ def create(
     batch = new_batch(card, settings, tenant_id, webhook)
     if file_id is not None:
         attach_file(session, batch, card, file_id)
+        admission.admit(session, card.name)
         session.add(batch)
         session.commit()
         if not start_split(batch.id):
@@ -80,6 +81,7 @@ def create(
         return batch
     arrays = check_inputs(card, inputs)
     total = len(next(iter(arrays.values())))
+    admission.admit(session, card.name, math.ceil(total / batch.chunk_rows))
     batch.status, batch.rows, batch.split_rows = "running", total, total
     batch.chunks, batch.started_at = math.ceil(total / batch.chunk_rows), datetime.now(UTC)
     session.add(batch)

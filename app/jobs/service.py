@@ -20,7 +20,7 @@ from app.db.models import TERMINAL_STATUSES, Job
 from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
 from app.inference.repository import ModelCard, ModelRepository
 from app.inference.tensors import InvalidInputs, pack, parse_inputs
-from app.jobs import dispatch, idempotency, transitions
+from app.jobs import admission, dispatch, idempotency, transitions
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOB, JobInserter
 from app.webhooks.ssrf import UnsafeUrl, check_url
@@ -61,6 +61,7 @@ def submit(
         earlier = idempotency.claim(session, tenant_id, idempotency_key, fingerprint)
         if earlier is not None:
             return get(session, tenant_id, earlier)
+    admission.admit(session, card.name)  # QueueFull: a 429 at the edge, nothing kept
     values = {
         "id": uuid.uuid4(),
         "tenant_id": tenant_id,

@@ -1,0 +1,60 @@
+"""A bound on each model's queue: past MAX_QUEUED_PER_MODEL every door answers
+429 with Retry-After, keeps nothing of the refused request, and admits again
+once the queue drains. Other models are not affected."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import sqlalchemy as sa
+from flask import Flask
+
+from app import create_app
+from app.config import Settings
+from app.db.models import Job
+from app.db.session import Database
+from tests.conftest import TenantAuth
+
+ROW = [[1.0] * 64]
+
+
+def test_a_full_queue_is_a_429_with_retry_after_at_every_door(
+    settings: Settings, database: Database, tenant: TenantAuth
+) -> None:
+    # Its own queue, which no worker reads: what is admitted stays queued.
+    app: Flask = create_app(
+        settings.with_overrides(max_queued_per_model=3, jobs_queue=f"full-{uuid.uuid4().hex}")
+    )
+    client, auth = app.test_client(), tenant.headers
+    accepted = [client.post("/jobs", json={"model": "digits", "inputs": {"pixels": ROW}},
+                            headers=auth) for _ in range(3)]  # fmt: skip
+    assert [r.status_code for r in accepted] == [202, 202, 202]
+
+    refused = client.post("/jobs", json={"model": "digits", "inputs": {"pixels": ROW}},
+                          headers=auth)  # fmt: skip
+    assert refused.status_code == 429, refused.json
+    assert refused.mimetype == "application/problem+json"
+    assert refused.json["type"].endswith("/queue-full")
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert "MAX_QUEUED_PER_MODEL" in refused.json["detail"] and refused.json["limit"] == 3
+
+    v2 = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": ROW[0]}]}
+    sync = client.post("/v2/models/digits/infer", json=v2, headers=auth)
+    assert sync.status_code == 429 and "Retry-After" in sync.headers
+    assert "MAX_QUEUED_PER_MODEL" in sync.json["error"]  # where KServe clients read it
+    batch = client.post("/batches", json={"model": "digits", "inputs": {"pixels": ROW}},
+                        headers=auth)  # fmt: skip
+    assert batch.status_code == 429
+    with database.sessionmaker() as session:  # nothing of the refused requests was kept
+        kept = session.scalar(
+            sa.select(sa.func.count()).where(Job.tenant_id == tenant.id, Job.model == "digits")
+        )
+    assert kept == 3
+
+    for response in accepted:  # the queue drains (here: cancelled) ...
+        assert client.post(f"/jobs/{response.json['id']}/cancel", headers=auth).status_code == 200
+    time.sleep(0.6)  # ... and the next reading of it admits again
+    again = client.post("/jobs", json={"model": "digits", "inputs": {"pixels": ROW}}, headers=auth)
+    assert again.status_code == 202
+    client.post(f"/jobs/{again.json['id']}/cancel", headers=auth)
