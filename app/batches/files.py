@@ -18,8 +18,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.batches.readers import FORMATS
 from app.db.models import Batch, File, FilePart, Schedule
 from app.domain import Conflict, DomainError, InvalidRequest, NotFound, TooLarge
+from app.jobs.chunks import PART_BYTES, read_range
 
-PART_BYTES = 1 << 20
+__all__ = ["PART_BYTES", "read_range"]
 
 
 def format_of(filename: str, declared: str | None) -> str:
@@ -62,9 +63,7 @@ def store_parts(
     session.add(file)
     session.flush()
     digest, size, seq = hashlib.sha256(), 0, 0
-    for part in parts:
-        if not part:
-            continue
+    for part in _exact(parts):
         size += len(part)
         if size > max_bytes:
             raise TooLarge(
@@ -80,6 +79,19 @@ def store_parts(
     file.size_bytes, file.sha256, file.parts = size, digest.hexdigest(), seq
     session.flush()
     return file
+
+
+def _exact(parts: Iterable[bytes]) -> Iterator[bytes]:
+    """Parts of exactly PART_BYTES (the last may be shorter), whatever came in:
+    then byte N of a file is in part N // PART_BYTES, for range reads."""
+    buffer = bytearray()
+    for part in parts:
+        buffer += part
+        while len(buffer) >= PART_BYTES:
+            yield bytes(buffer[:PART_BYTES])
+            del buffer[:PART_BYTES]
+    if buffer:
+        yield bytes(buffer)
 
 
 def _read_part(body: IO[bytes]) -> bytes:
@@ -110,7 +122,9 @@ def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> None:
     """Delete a file no unfinished batch still reads."""
     get(session, tenant_id, file_id)
     busy = session.scalar(
-        select(Batch.id).where(Batch.input_file_id == file_id, Batch.status == "queued").limit(1)
+        select(Batch.id)
+        .where(Batch.input_file_id == file_id, Batch.status.in_(("queued", "running")))
+        .limit(1)
     )
     if busy is not None:
         raise Conflict(f"batch {busy} is still reading file {file_id}; cancel it or wait")

@@ -13,6 +13,7 @@ webhook deliveries in the same statement.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import uuid
@@ -27,10 +28,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, readers
 from app.config import Settings
-from app.db.models import BATCH_TERMINAL_STATUSES, Batch, Job
+from app.db.models import BATCH_TERMINAL_STATUSES, Batch, File, Job
 from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
+from app.inference.datatypes import V2_TO_NUMPY
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
-from app.inference.tensors import pack
+from app.inference.tensors import pack, pack_header
 from app.jobs import admission, dispatch
 from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
 from app.jobs.service import check_inputs
@@ -159,15 +161,72 @@ def _complete_rows(fmt: str, part: bytes) -> list[bytes]:
 def _insert_chunk(
     session: Session, batch: Batch, index: int, first_row: int, arrays: dict[str, np.ndarray]
 ) -> None:
-    session.execute(
-        insert(Job).values(
-            id=uuid.uuid4(), tenant_id=batch.tenant_id, model=batch.model,
-            model_version=batch.model_version, status="queued", input_data=pack(arrays),
-            batch_rows=len(next(iter(arrays.values()))), attempts=0,
-            max_attempts=batch.max_attempts, batch_id=batch.id, batch_index=index,
-            first_row=first_row,
-        )
-    )  # fmt: skip
+    rows = len(next(iter(arrays.values())))
+    session.execute(insert(Job).values(_chunk(batch, index, first_row, rows, pack(arrays))))
+
+
+def _chunk(batch: Batch, index: int, first_row: int, rows: int, data: bytes) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4(), "tenant_id": batch.tenant_id, "model": batch.model,
+        "model_version": batch.model_version, "status": "queued", "input_data": data,
+        "batch_rows": rows, "attempts": 0, "max_attempts": batch.max_attempts,
+        "batch_id": batch.id, "batch_index": index, "first_row": first_row,
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _InPlace:
+    """An .npy whose rows are already laid out as the model's one input wants."""
+
+    input: str
+    datatype: str
+    data_offset: int
+    shape: tuple[int, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return V2_TO_NUMPY[self.datatype].itemsize * math.prod(self.shape[1:])
+
+
+def _in_place(session: Session, card: ModelCard, file: File) -> _InPlace | None:
+    """How to read the file's rows in place, or None when they need converting
+    (another dtype, several inputs, text, Fortran order): then they are copied."""
+    if file.format != "npy" or len(card.inputs) != 1:
+        return None
+    spec = card.inputs[0]
+    wanted = V2_TO_NUMPY.get(spec.datatype)
+    if wanted is None or wanted.hasobject:
+        return None
+    stream = io.BytesIO(files.first_part(session, file.id))
+    try:
+        shape, fortran, dtype = readers.npy_header(stream)
+    except (ValueError, EOFError):
+        return None
+    fits = len(shape) == len(spec.shape) and all(
+        want < 0 or got == want for got, want in zip(shape[1:], spec.shape[1:], strict=True)
+    )
+    if fortran or dtype != wanted.newbyteorder("<") or not fits:
+        return None
+    return _InPlace(spec.name, spec.datatype, stream.tell(), shape)
+
+
+def _split_in_place(session: Session, batch: Batch, file: File, plan: _InPlace) -> bool:
+    """Every remaining chunk in one transaction, each a header and an offset into
+    the file: no row is read or copied (workers read and check them)."""
+    total, start = plan.shape[0], batch.split_rows
+    if not _advance(session, batch.id, start, total):
+        return False
+    chunks = []
+    for first in range(start, total, batch.chunk_rows):
+        rows = min(batch.chunk_rows, total - first)
+        header = pack_header([(plan.input, plan.datatype, (rows, *plan.shape[1:]))])
+        chunk = _chunk(batch, first // batch.chunk_rows, first, rows, header)
+        chunk |= {"input_file_id": file.id,
+                  "input_offset": plan.data_offset + first * plan.row_bytes}  # fmt: skip
+        chunks.append(chunk)
+    if chunks:
+        session.execute(insert(Job), chunks)
+    return True
 
 
 def split(
@@ -186,18 +245,29 @@ def split(
         card = repository.resolve_rescanning(batch.model, batch.model_version)
         if batch.input_file_id is None:
             raise readers.BadRows(batch.split_rows, "its input file was deleted")
-        fmt = files.get(session, batch.tenant_id, batch.input_file_id).format
-        parts = files.parts(session_factory(session), batch.input_file_id)
-        index, row = batch.split_rows // batch.chunk_rows, batch.split_rows
-        for arrays in readers.chunks(card, fmt, parts, batch.chunk_rows, skip_rows=row):
-            n = len(next(iter(arrays.values())))
-            if not _advance(session, batch.id, row, row + n):
+        file = files.get(session, batch.tenant_id, batch.input_file_id)
+        plan = _in_place(session, card, file)
+        if plan is not None:
+            if not _split_in_place(session, batch, file, plan):
                 session.rollback()
                 return "stopped: cancelled, or split elsewhere"
-            _insert_chunk(session, batch, index, row, arrays)
             session.commit()
             wake(batch.model)
-            index, row = index + 1, row + n
+            row = plan.shape[0]
+            index = math.ceil(row / batch.chunk_rows)
+        else:
+            index, row = batch.split_rows // batch.chunk_rows, batch.split_rows
+            parts = files.parts(session_factory(session), file.id)
+            for arrays in readers.chunks(card, file.format, parts, batch.chunk_rows,
+                                         skip_rows=row):  # fmt: skip
+                n = len(next(iter(arrays.values())))
+                if not _advance(session, batch.id, row, row + n):
+                    session.rollback()
+                    return "stopped: cancelled, or split elsewhere"
+                _insert_chunk(session, batch, index, row, arrays)
+                session.commit()
+                wake(batch.model)
+                index, row = index + 1, row + n
     except (readers.BadRows, UnknownModel) as exc:
         session.rollback()
         _fail(session, batch.id, "invalid_input", str(exc))

@@ -156,6 +156,11 @@ class Job(Base):
     batch_index: Mapped[int | None] = mapped_column(Integer)
     first_row: Mapped[int | None] = mapped_column(BigInteger)
     output_data: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    # Rows read in place from an uploaded .npy (input_data then holds only the header).
+    input_file_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("files.id", ondelete="SET NULL")
+    )
+    input_offset: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class File(Base):

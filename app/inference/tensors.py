@@ -89,12 +89,10 @@ def pack(arrays: dict[str, np.ndarray]) -> bytes:
     (a BYTES tensor's elements each as a 4-byte length and their UTF-8 bytes).
     About the raw size (float32 stays 4 bytes a value); `unpack` reads it
     without parsing a number."""
-    header = [
-        {"name": name, "datatype": NUMPY_TO_V2[array.dtype], "shape": list(array.shape)}
-        for name, array in arrays.items()
-    ]
-    head = json.dumps(header, separators=(",", ":")).encode()
-    parts = [struct.pack("<I", len(head)), head]
+    header = pack_header(
+        [(name, NUMPY_TO_V2[array.dtype], array.shape) for name, array in arrays.items()]
+    )
+    parts = [header]
     parts += [
         encode_bytes(a)
         if a.dtype == object
@@ -102,6 +100,21 @@ def pack(arrays: dict[str, np.ndarray]) -> bytes:
         for a in arrays.values()
     ]
     return b"".join(parts)
+
+
+def pack_header(tensors: list[tuple[str, str, tuple[int, ...]]]) -> bytes:
+    """The packed form's header alone, for (name, datatype, shape) of each tensor:
+    followed by the tensors' bytes it is `pack`'s output."""
+    header = [{"name": n, "datatype": d, "shape": list(s)} for n, d, s in tensors]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<I", len(head)) + head
+
+
+def tensor_bytes(header: bytes) -> int:
+    """How many bytes of data follow a packed header of fixed-size datatypes."""
+    (length,) = struct.unpack_from("<I", header)
+    tensors = json.loads(header[4 : 4 + length])
+    return sum(math.prod(t["shape"]) * V2_TO_NUMPY[t["datatype"]].itemsize for t in tensors)
 
 
 def unpack(data: bytes | memoryview) -> dict[str, np.ndarray]:

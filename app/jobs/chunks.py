@@ -1,5 +1,6 @@
 """Chunk jobs as their batch sees them: a batch finishes when its last chunk
-does, and stopping a batch stops its chunks.
+does, stopping a batch stops its chunks, and a chunk's rows may be read in
+place from its uploaded file.
 
 `settle` must run after the chunks' own changes were committed: of two workers
 finishing a batch's last two chunks at once, the one that commits last then
@@ -13,12 +14,31 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
+from app.db.models import FilePart
 from app.jobs.transitions import UUIDS
 
 CHUNK_TERMINAL = "('succeeded', 'failed', 'cancelled', 'expired')"
+# Uploaded files are stored in parts of exactly this size (the last may be shorter).
+PART_BYTES = 1 << 20
+
+
+def read_range(session: Session, file_id: uuid.UUID, offset: int, size: int) -> bytes:
+    """`size` bytes of the file from `offset`, reading only the parts that hold them."""
+    first, last = offset // PART_BYTES, (offset + size - 1) // PART_BYTES
+    query = (
+        select(FilePart.data)
+        .where(FilePart.file_id == file_id, FilePart.seq.between(first, last))
+        .order_by(FilePart.seq)
+    )
+    data = b"".join(session.scalars(query))
+    start = offset - first * PART_BYTES
+    chunk = data[start : start + size]
+    if len(chunk) != size:
+        raise ValueError(f"file {file_id} has no bytes {offset}-{offset + size - 1}")
+    return chunk
 
 
 def stop_chunks(session: Session, batch_id: uuid.UUID) -> None:

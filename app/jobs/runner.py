@@ -30,8 +30,8 @@ from app.config import Settings
 from app.inference.engine import NonFiniteOutput, infer
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.sessions import SessionPool
-from app.inference.tensors import from_json, pack, to_json, unpack
-from app.jobs.chunks import settle
+from app.inference.tensors import from_json, pack, parse_inputs, tensor_bytes, to_json, unpack
+from app.jobs.chunks import read_range, settle
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish, renew_leases
 
 logger = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob
     runnable, requests = [], []
     for job in jobs:
         try:
-            requests.append(_inputs(card, job))
+            requests.append(_inputs(runtime, card, job))
             runnable.append(job)
         except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
             outcomes[job.id] = _failed(job, "invalid_input", exc)
@@ -187,11 +187,27 @@ def _succeeded(job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:
     return Outcome(job.id, job.attempt, "succeeded", outputs=to_json(outputs))
 
 
-def _inputs(card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:
+def _inputs(runtime: Runtime, card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:
+    if job.input_file_id is not None and job.input_data is not None:
+        return _rows_in_file(runtime, card, job.input_data, job.input_file_id, job.input_offset)
     if job.input_data is not None:
         arrays = unpack(job.input_data)
         return {spec.name: arrays[spec.name] for spec in card.inputs}
     return from_json(card.inputs, job.inputs or {})
+
+
+def _rows_in_file(
+    runtime: Runtime, card: ModelCard, header: bytes, file_id: uuid.UUID, offset: int | None
+) -> dict[str, np.ndarray]:
+    """A chunk whose rows were left in place in its .npy upload: its header
+    (the packed form's, naming shape and datatype) plus the file's bytes. They
+    were not looked at when the batch was cut, so they are checked here like
+    any job's inputs: a bad row fails its own chunk (invalid_input)."""
+    header = bytes(header)  # psycopg2 hands bytea over as a memoryview
+    size = tensor_bytes(header)
+    with runtime.new_session() as session:
+        data = read_range(session, file_id, offset or 0, size)
+    return parse_inputs(card, unpack(header + data))
 
 
 def _after_error(settings: Settings, job: ClaimedJob, exc: Exception) -> Outcome:

@@ -34,6 +34,8 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     batch_id: uuid.UUID | None = None  # a chunk of this batch
+    input_file_id: uuid.UUID | None = None  # its rows are in this file, from input_offset
+    input_offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ class Outcome:
 
 
 _CLAIMED = (
-    "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at, batch_id"
+    "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at, batch_id, "
+    "input_file_id, input_offset"
 )
 _LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
 _CLAIMABLE = """
@@ -138,7 +141,7 @@ def claim_next(
 def _claimed(r: Any) -> ClaimedJob:
     return ClaimedJob(
         r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts,
-        r.batch_id,
+        r.batch_id, r.input_file_id, r.input_offset,
     )  # fmt: skip
 
 

@@ -94,6 +94,11 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("batch_index", sa.Integer))
     op.add_column("jobs", sa.Column("first_row", sa.BigInteger))
     op.add_column("jobs", sa.Column("output_data", sa.LargeBinary))
+    # A chunk of an .npy file already laid out as the model wants: its rows are read
+    # from the file's parts at `input_offset`, never copied (input_data: the header).
+    op.add_column("jobs", sa.Column("input_file_id", _UUID,
+                                    sa.ForeignKey("files.id", ondelete="SET NULL")))  # fmt: skip
+    op.add_column("jobs", sa.Column("input_offset", sa.BigInteger))
     # A chunk's packed tensors are a MiB or so: pglz compressing them cost PostgreSQL
     # more CPU than the model's run (a 1M-row batch took 2.3x as long). Jobs' own
     # small tensors stay inline either way.
@@ -123,7 +128,8 @@ def downgrade() -> None:
         op.drop_column(table, "batch_id")
         op.alter_column(table, "job_id", nullable=False)
     op.drop_index("ix_jobs_batch_chunk", "jobs")
-    for column in ("output_data", "first_row", "batch_index", "batch_id"):
+    for column in ("input_offset", "input_file_id", "output_data", "first_row", "batch_index",
+                   "batch_id"):  # fmt: skip
         op.drop_column("jobs", column)
     op.drop_table("batches")
     op.drop_table("file_parts")

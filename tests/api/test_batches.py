@@ -145,7 +145,8 @@ def test_file_batch_of_100000_rows_equals_direct_ort_with_a_chunk_failing_once(
             )
         if chunk is not None and chunk.error_code == "resource_exhausted":
             break
-        assert time.monotonic() < deadline, "chunk 2 never failed"
+        seen = chunk and (chunk.status, chunk.error_code, chunk.error_message)
+        assert time.monotonic() < deadline, f"chunk 2 never failed for lack of memory: {seen}"
         time.sleep(0.02)
     fixed = flaky / "model.onnx.fixed"
     shutil.copy(model_repository / "digits" / "1" / "model.onnx", fixed)
@@ -235,6 +236,31 @@ def test_a_chunk_that_keeps_failing_is_dead_lettered_and_the_batch_says_which_ro
                     "WHERE j.batch_id = :id"), {"id": batch["id"]},
         ).scalars().all()  # fmt: skip
     assert letters == ["non_finite_output"]
+
+
+def test_npy_rows_read_in_place_are_checked_by_the_worker_chunk_by_chunk(
+    bclient: FlaskClient, auth: dict[str, str], worker: WorkerProcess, database: Database
+) -> None:
+    pixels = rows(40)
+    pixels[21, 3] = np.nan  # past the rows checked at submit
+    file_id = upload(bclient, auth, npy_bytes(pixels), "nan.npy")
+    batch = submit(bclient, auth, model="digits-small", file_id=file_id)
+    done = wait_batch(bclient, auth, batch["id"])
+    assert done["status"] == "partially_succeeded", done
+    assert done["failed_rows"] == [
+        {"first": 16, "last": 31, "status": "failed", "error": "invalid_input"}
+    ]
+    with database.sessionmaker() as session:  # the rows stayed in the file: nothing copied
+        chunks = session.execute(
+            sa.select(Job.input_file_id, Job.input_offset).where(
+                Job.batch_id == uuid.UUID(batch["id"])
+            ).order_by(Job.batch_index)
+        ).all()  # fmt: skip
+    header = len(npy_bytes(pixels)) - pixels.nbytes
+    assert [(str(f), o) for f, o in chunks] == [
+        (file_id, header + first * 64 * 4) for first in (0, 16, 32)
+    ]
+    assert bclient.delete(f"/files/{file_id}", headers=auth).status_code == 204  # finished
 
 
 def test_a_bad_row_past_the_first_fails_the_batch_naming_it(
