@@ -46,6 +46,13 @@ class Settings:
     max_request_bytes: int = 8 * 1024 * 1024
     # MAX_UPLOAD_BYTES: the largest file POST /files accepts (stored in PostgreSQL).
     max_upload_bytes: int = 2 * 1024 * 1024 * 1024
+    # MAX_MODEL_BYTES: the largest model.onnx PUT /v2/repository/models/... accepts
+    # (streamed to a file in MODEL_REPOSITORY, never held in memory).
+    max_model_bytes: int = 2 * 1024 * 1024 * 1024
+    # MODEL_STATE_CACHE_SECONDS: how often a process checks the shared model states
+    # (PostgreSQL) for a load, unload or new model; such changes reach every API and
+    # worker process within this time.
+    model_state_cache_seconds: float = 2.0
     # BATCH_CHUNK_ROWS: rows per chunk job of a batch (a model's card may set its own).
     batch_chunk_rows: int = 4096
     # JOBS_QUEUE: the Celery queue that inference jobs travel on.
@@ -136,6 +143,10 @@ class Settings:
             model_repository=Path(_env_str("MODEL_REPOSITORY", str(d.model_repository))),
             max_request_bytes=_env_int("MAX_REQUEST_BYTES", d.max_request_bytes),
             max_upload_bytes=_env_int("MAX_UPLOAD_BYTES", d.max_upload_bytes),
+            max_model_bytes=_env_int("MAX_MODEL_BYTES", d.max_model_bytes),
+            model_state_cache_seconds=_env_float(
+                "MODEL_STATE_CACHE_SECONDS", d.model_state_cache_seconds
+            ),
             batch_chunk_rows=_env_int("BATCH_CHUNK_ROWS", d.batch_chunk_rows),
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),
             drain_seconds=_env_float("DRAIN_SECONDS", d.drain_seconds),

@@ -55,11 +55,12 @@ def create(
     webhook: dict[str, Any] | None = None,
     start_split: Callable[[uuid.UUID], bool],
     wake: Callable[[str], object],
+    tenant: str | None = None,
 ) -> Batch:
     """A batch of inline `inputs` (cut into chunks now) or of an uploaded file
     (checked at its start now, cut by a worker). Rows that do not fit the
     model are a 422 here; in a file, past its first rows, they fail the batch."""
-    card = repository.resolve(model, version)
+    card = repository.resolve(model, version, tenant)
     if card.batching.max_batch_size <= 0:
         raise InvalidRequest(
             f"model {card.ref} has no batch dimension (max_batch_size 0): send its rows as jobs",

@@ -67,13 +67,14 @@ def infer(
     inserter: JobInserter | None,
     sessions: Callable[[], SessionPool],
     max_attempts: int = 3,
+    tenant: str | None = None,
 ) -> Answer:
     """Outputs for `inputs` (as a job accepts them), within `timeout_s`.
 
     Raises InputsDoNotFit before anything runs, InferenceFailed when the model
     failed the request, DeadlinePassed when the job is still unfinished.
     """
-    card = repository.resolve(model, version)
+    card = repository.resolve(model, version, tenant)
     if card.extra.get("execution") == INLINE:
         arrays = service.check_inputs(card, inputs)
         [result] = engine.infer(sessions(), card, [arrays])
@@ -84,7 +85,7 @@ def infer(
         return Answer(card, result, None)
     job = service.submit(
         session, repository, tenant_id, card.name, card.version, inputs,
-        max_attempts=max_attempts, inserter=inserter,
+        max_attempts=max_attempts, inserter=inserter, tenant=tenant,
     )  # fmt: skip
     job = service.wait_until_finished(session, bus, tenant_id, job.id, timeout_s)
     if job.status == "succeeded":
