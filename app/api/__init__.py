@@ -33,6 +33,7 @@ class Api(SmorestApi):
 
 def register_api(app: Flask) -> None:
     from app.api import batches, dead_letters, deliveries, files, health, infer, jobs, models
+    from app.api import repository as model_repository
 
     config: dict[str, Any] = {
         "API_TITLE": "Inference jobs",
@@ -54,7 +55,7 @@ def register_api(app: Flask) -> None:
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
     blueprints = (
         jobs.blp, infer.blp, batches.blp, files.blp, deliveries.blp, dead_letters.blp, models.blp,
-        health.blp,
+        model_repository.blp, health.blp,
     )  # fmt: skip
     for blueprint in blueprints:
         api.register_blueprint(blueprint)
