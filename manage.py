@@ -155,11 +155,17 @@ def models_build(force: bool) -> None:
 
 @models.command("list")
 def models_list() -> None:
-    """List the models and versions in the repository, with their files' state."""
+    """List every version in the repository: READY, or UNAVAILABLE and why."""
+    from app.db.session import Database
     from app.inference.repository import ModelRepository
+    from app.inference.states import SharedStates
 
-    root = Settings.from_env().model_repository
-    for status in ModelRepository(root).index():
+    settings = _settings()
+    database = Database(settings.database_url)
+    root = settings.model_repository
+    statuses = ModelRepository(root, SharedStates(database.engine)).index()
+    database.engine.dispose()
+    for status in statuses:
         where = root / status.name / status.version
         click.echo(f"{status.name}:{status.version}\t{status.state}\t{where}\t{status.reason}")
 

@@ -187,7 +187,8 @@ def split(
             index, row = index + 1, row + n
     except (readers.BadRows, UnknownModel) as exc:
         session.rollback()
-        _fail(session, batch.id, "invalid_input", str(exc))
+        code = "model_unavailable" if isinstance(exc, UnknownModel) else "invalid_input"
+        _fail(session, batch.id, code, str(exc))
         return f"failed: {exc}"
     started = session.execute(
         text("UPDATE batches SET status = 'running', rows = :rows, chunks = :chunks, "
