@@ -108,12 +108,19 @@ def unload(name: str) -> list[VersionStatus]:
     return control.unload(_engine(), _repository(), name)
 
 
+class IndexSchema(Schema):
+    ready = fields.Boolean(load_default=False, metadata={"description": "Only READY versions"})
+
+
 @blp.post("/index")
+@blp.arguments(IndexSchema(), required=False)
 @blp.response(200, VersionStatusSchema(many=True))
 @operator_only
-def index() -> list[VersionStatus]:
-    """Every version in the folder: READY, or UNAVAILABLE with the reason."""
-    return _repository().index()
+def index(body: dict[str, Any]) -> list[VersionStatus]:
+    """Every version in the folder: READY, or UNAVAILABLE with the reason
+    (Triton's index; `{"ready": true}` lists only READY ones)."""
+    statuses = _repository().index()
+    return [s for s in statuses if s.state == "READY"] if body.get("ready") else statuses
 
 
 def _stream_to_file(repository: ModelRepository, limit: int) -> Path:

@@ -24,7 +24,7 @@ import onnxruntime as ort
 
 from app.domain import Conflict, InvalidModel, InvalidRequest
 from app.inference.datatypes import ORT_TO_V2
-from app.inference.repository import ModelCard, TensorSpec
+from app.inference.repository import ModelCard, TensorSpec, version_key
 from app.inference.sessions import ModelMismatch, check_card
 
 logger = logging.getLogger(__name__)
@@ -86,16 +86,21 @@ def inspect(path: Path) -> Graph:
     )
 
 
-def draft_card(
-    graph: Graph, description: str = "", tenants: list[str] | None = None
-) -> dict[str, Any]:
+# What a new version takes over from the model's newest card: the model's own
+# settings (who may use it, which versions serve) and what a person wrote.
+INHERITED = ("description", "labels", "execution", "version_policy", "tenants")
+
+
+def draft_card(graph: Graph, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """A card.json for the user to edit: every field the service reads, with
     the graph's tensors and a batching guess (batch when every tensor has a
-    free first dimension, as Triton's auto-complete does)."""
+    free first dimension, as Triton's auto-complete does). `base` (the newest
+    version's card) gives the INHERITED fields, so a new version keeps its
+    model's tenants and version policy."""
     tensors = [*graph.inputs, *graph.outputs]
     batches = all(spec.shape and spec.shape[0] == -1 for spec in tensors)
-    return {
-        "description": description,
+    card: dict[str, Any] = {
+        "description": "",
         "platform": "onnxruntime_onnx",
         "inputs": [s.to_dict() for s in graph.inputs],
         "outputs": [s.to_dict() for s in graph.outputs],
@@ -106,8 +111,9 @@ def draft_card(
         },
         "execution": "worker",
         "version_policy": {"all": {}},
-        **({"tenants": tenants} if tenants is not None else {}),
     }
+    card.update({k: base[k] for k in INHERITED if base and k in base})
+    return card
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,8 @@ def add_model(
     """Check `source`, draft its card, and place both as `name`/`version`
     (default: one past the highest numbered version, or 1). Conflict when the
     version exists and not `force`. `move` takes the file (a staged upload)
-    instead of copying it."""
+    instead of copying it. `description` and `tenants` override those the
+    new card takes from the newest version's."""
     check_name(name)
     if version is None:
         version = next_version(root, name)
@@ -153,7 +160,11 @@ def add_model(
         else:
             shutil.copyfile(source, onnx_path)
         graph = inspect(onnx_path)
-        card_json = draft_card(graph, description, tenants)
+        card_json = draft_card(graph, _newest_card(root, name))
+        if description:
+            card_json["description"] = description
+        if tenants is not None:
+            card_json["tenants"] = tenants
         (version_dir / "card.json").write_text(json.dumps(card_json, indent=2) + "\n")
         _place(version_dir, target, staging)
     finally:
@@ -167,6 +178,22 @@ def staging_file(root: Path) -> Path:
     folder = root / INCOMING
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"upload-{uuid.uuid4().hex}.onnx"
+
+
+def _newest_card(root: Path, name: str) -> dict[str, Any] | None:
+    """The raw card of `name`'s highest readable version, if any."""
+    versions = sorted(
+        (p for p in (root / name).glob("*/card.json") if not p.parent.name.startswith(".")),
+        key=lambda p: version_key(p.parent.name),
+    )
+    for path in reversed(versions):
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(raw, dict):
+            return raw
+    return None
 
 
 def next_version(root: Path, name: str) -> str:

@@ -229,7 +229,7 @@ class ModelCard:
         )
 
 
-def _version_key(version: str) -> tuple[int, int | str]:
+def version_key(version: str) -> tuple[int, int | str]:
     return (0, int(version)) if version.isdigit() else (1, version)
 
 
@@ -346,7 +346,7 @@ class ModelRepository:
     def on_disk(self, name: str) -> list[ModelCard]:
         """Every readable version of `name`, serving or not, oldest first."""
         versions = self._cards.get(name, {})
-        return [versions[v] for v in sorted(versions, key=_version_key)]
+        return [versions[v] for v in sorted(versions, key=version_key)]
 
     def index(self) -> list[VersionStatus]:
         """Every version in the folder and whether it serves, and why not."""
@@ -355,8 +355,7 @@ class ModelRepository:
             self._broken
         )
         return [
-            self._status(n, v)
-            for n, v in sorted(found, key=lambda nv: (nv[0], _version_key(nv[1])))
+            self._status(n, v) for n, v in sorted(found, key=lambda nv: (nv[0], version_key(nv[1])))
         ]
 
     def resolve_rescanning(
@@ -392,7 +391,7 @@ class ModelRepository:
 
     def _newest(self, name: str) -> ModelCard:
         versions = self._cards[name]
-        return versions[max(versions, key=_version_key)]
+        return versions[max(versions, key=version_key)]
 
     def _serving(self, name: str) -> list[str]:
         return [v for v in self._selected(name) if self._shared(name, v) is None]
@@ -400,7 +399,7 @@ class ModelRepository:
     def _selected(self, name: str) -> list[str]:
         if name not in self._cards:
             return []
-        versions = sorted(self._cards[name], key=_version_key)
+        versions = sorted(self._cards[name], key=version_key)
         return self._newest(name).version_policy.select(versions)
 
     def _shared(self, name: str, version: str) -> State | None:

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from flask import Flask
 from flask.testing import FlaskClient
 
+from app import create_app
 from app.config import ROOT, Settings
 from app.db.models import Tenant
 from app.db.session import Database
@@ -344,3 +345,32 @@ def test_version_policy_latest_serves_only_the_newest(
     assert "version_policy" in old.json["detail"]
     models = client.get("/models").json["models"]
     assert next(m for m in models if m["name"] == name)["versions"] == ["2"]
+
+
+def test_a_new_version_keeps_its_models_tenants_and_policy(
+    settings: Settings, client: FlaskClient, database: Database, operator: dict[str, str],
+    iris_onnx: Path,
+) -> None:  # fmt: skip
+    """A version PUT without a card must not open a model granted to one tenant."""
+    acme, other = make_tenant(database), make_tenant(database)
+    name = fresh_name()
+    granted = cli_add(settings, str(iris_onnx), "--name", name, "--description", "irises",
+                      "--tenant", tenant_name(database, acme))  # fmt: skip
+    assert granted.exit_code == 0, granted.output
+    assert put(client, operator, name, "2", iris_onnx.read_bytes()).status_code == 201
+    card = json.loads((settings.model_repository / name / "2" / "card.json").read_text())
+    assert card["tenants"] == [tenant_name(database, acme)] and card["description"] == "irises"
+    assert not listed(client, name, other.headers)
+    assert client.get(f"/v2/models/{name}", headers=acme.headers).json["versions"] == ["2"]
+    ready = client.post("/v2/repository/index", json={"ready": True}, headers=operator).json
+    assert {e["version"] for e in ready if e["name"] == name} == {"1", "2"}
+
+
+def test_a_model_over_max_model_bytes_is_refused(
+    settings: Settings, database: Database, iris_onnx: Path
+) -> None:
+    small = create_app(settings.with_overrides(max_model_bytes=100)).test_client()
+    with database.sessionmaker() as session:
+        headers = {"Authorization": f"Bearer {create_operator_key(session)}"}
+    response = put(small, headers, fresh_name(), "1", iris_onnx.read_bytes())
+    assert response.status_code == 413 and "MAX_MODEL_BYTES" in response.json["detail"]
