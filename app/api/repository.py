@@ -9,6 +9,7 @@ from typing import Any
 from flask import current_app, request
 from flask_smorest import Blueprint
 from marshmallow import Schema, fields
+from sqlalchemy.engine import Engine
 
 from app.auth import operator_only
 from app.domain import TooLarge
@@ -57,8 +58,9 @@ def _repository() -> ModelRepository:
     return repository
 
 
-def _engine() -> Any:
-    return current_app.extensions["database"].engine
+def _engine() -> Engine:
+    engine: Engine = current_app.extensions["database"].engine
+    return engine
 
 
 @blp.put("/models/<name>/versions/<version>")
@@ -81,14 +83,7 @@ def put_version(args: dict[str, Any], name: str, version: str) -> tuple[dict[str
         )  # fmt: skip
     finally:
         staged.unlink(missing_ok=True)
-    body = {
-        "name": added.card.name,
-        "version": added.card.version,
-        "replaced": added.replaced,
-        "card": added.card.to_dict(),
-        "skipped_outputs": list(added.skipped_outputs),
-    }
-    return body, 201
+    return added.to_dict(), 201
 
 
 @blp.post("/models/<name>/load")

@@ -122,6 +122,15 @@ class Added:
     replaced: bool
     skipped_outputs: tuple[str, ...]
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.card.name,
+            "version": self.card.version,
+            "replaced": self.replaced,
+            "card": self.card.to_dict(),
+            "skipped_outputs": list(self.skipped_outputs),
+        }
+
 
 def add_model(
     root: Path,

@@ -242,10 +242,6 @@ class VersionStatus:
     state: str  # READY or UNAVAILABLE
     reason: str = ""
 
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "version": self.version, "state": self.state,
-                "reason": self.reason}  # fmt: skip
-
 
 _ABSENT = "not in the repository"
 
