@@ -379,7 +379,9 @@ class ModelRepository:
             return self._cards[name][version]
         known = [f"{name}:{v}" for v in serving]
         if version is None:
-            raise UnknownModel(name, version, known, "no version is serving")
+            versions = sorted(self._cards[name], key=version_key)
+            why = "; ".join(f"version {v}: {self._status(name, v).reason}" for v in versions)
+            raise UnknownModel(name, version, known, f"no version is serving: {why}")
         status = self._status(name, version)
         if status.reason == _ABSENT:
             raise UnknownModel(name, version, known)

@@ -77,7 +77,13 @@ def infer(
     card = repository.resolve(model, version, tenant)
     if card.extra.get("execution") == INLINE:
         arrays = service.check_inputs(card, inputs)
-        [result] = engine.infer(sessions(), card, [arrays])
+        pool = sessions()
+        try:
+            pool.get(card)
+        except Exception as exc:  # its file is missing, corrupt or unlike its card
+            detail = f"model {card.ref} cannot serve: {type(exc).__name__}: {exc}"
+            raise _failed("model_invalid", detail, None) from None
+        [result] = engine.infer(pool, card, [arrays])
         if isinstance(result, Exception):
             non_finite = isinstance(result, engine.NonFiniteOutput)
             code = "non_finite_output" if non_finite else "inference_error"

@@ -374,3 +374,25 @@ def test_a_model_over_max_model_bytes_is_refused(
         headers = {"Authorization": f"Bearer {create_operator_key(session)}"}
     response = put(small, headers, fresh_name(), "1", iris_onnx.read_bytes())
     assert response.status_code == 413 and "MAX_MODEL_BYTES" in response.json["detail"]
+
+
+def test_an_inline_model_with_a_broken_file_answers_model_invalid(
+    settings: Settings, client: FlaskClient, auth: dict[str, str], operator: dict[str, str],
+    iris_onnx: Path,
+) -> None:  # fmt: skip
+    name = fresh_name()
+    assert put(client, operator, name, "1", iris_onnx.read_bytes()).status_code == 201
+    version_dir = settings.model_repository / name / "1"
+    card = json.loads((version_dir / "card.json").read_text())
+    (version_dir / "model.onnx").write_bytes(b"\x00corrupt")
+    (version_dir / "card.json").write_text(json.dumps({**card, "execution": "inline"}))
+    app_repository = client.application.extensions["models"]
+    eventually(lambda: app_repository.resolve(name).extra.get("execution") == "inline")
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": ROWS[0]}]}
+    failed = client.post(f"/v2/models/{name}/infer", json=body, headers=auth)
+    assert failed.status_code == 500 and failed.json["error_code"] == "model_invalid"
+    assert "cannot serve" in failed.json["detail"]
+    # After a load names the broken file, the model is not served at all.
+    assert client.post(f"/v2/repository/models/{name}/load", headers=operator).status_code == 422
+    refused = client.post(f"/v2/models/{name}/infer", json=body, headers=auth)
+    assert refused.status_code == 404 and "not an ONNX model" in refused.json["detail"]
