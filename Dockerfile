@@ -33,12 +33,14 @@ RUN set -eux; \
 COPY . .
 
 # The bundled models are built offline from what installed packages ship; make sure
-# the non-root user can read the repository whatever the build host's umask.
+# the non-root user can read the repository whatever the build host's umask, and
+# write it (operators add models to it).
 RUN python manage.py models build \
     && chmod -R a+rX /app/models \
     && useradd --create-home --uid 10001 --user-group app \
     && mkdir -p /app/var \
-    && chown app:app /app/var
+    && chown app:app /app/var \
+    && chown -R app:app /app/models
 
 USER app
 

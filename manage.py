@@ -75,17 +75,29 @@ def db_revision(message: str) -> None:
 
 
 @cli.command("create-api-key")
-@click.option("--tenant", required=True, help="Tenant name; created if new")
+@click.option("--tenant", help="Tenant name; created if new")
+@click.option("--operator", is_flag=True, help="An operator key (model repository routes)")
 @click.option("--json", "as_json", is_flag=True, help="Print {tenant, api_key, webhook_secret}")
-def create_api_key(tenant: str, as_json: bool) -> None:
-    """Create an API key for TENANT. The key is printed once and stored hashed."""
+def create_api_key(tenant: str | None, operator: bool, as_json: bool) -> None:
+    """Create an API key for TENANT, or an operator key. The key is printed once
+    and stored hashed."""
     from app.db.session import Database
     from app.tenants import create_api_key as create
+    from app.tenants import create_operator_key
 
+    if operator == (tenant is not None):
+        raise click.UsageError("give either --tenant NAME or --operator")
     database = Database(_settings().database_url)
     with database.sessionmaker() as session:
-        creds = create(session, tenant)
+        if operator:
+            key = create_operator_key(session)
+        else:
+            creds = create(session, str(tenant))
     database.engine.dispose()
+    if operator:
+        shown = {"kind": "operator", "api_key": key}
+        click.echo(json.dumps(shown) if as_json else f"operator key: {key}\n(not shown again)")
+        return
     if as_json:
         click.echo(json.dumps(creds.__dict__))
     else:
@@ -144,11 +156,65 @@ def models_build(force: bool) -> None:
 
 @models.command("list")
 def models_list() -> None:
-    """List the models and versions in the repository."""
+    """List every version in the repository: READY, or UNAVAILABLE and why."""
+    from app.db.session import Database
+    from app.inference.repository import ModelRepository
+    from app.inference.states import SharedStates
+
+    settings = _settings()
+    database = Database(settings.database_url)
+    root = settings.model_repository
+    statuses = ModelRepository(root, SharedStates(database.engine)).index()
+    database.engine.dispose()
+    for status in statuses:
+        where = root / status.name / status.version
+        click.echo(f"{status.name}:{status.version}\t{status.state}\t{where}\t{status.reason}")
+
+
+@models.command("add")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", required=True, help="The model's name: [A-Za-z0-9_.-]")
+@click.option("--version", default=None, help="Default: one past the highest version, or 1")
+@click.option("--force", is_flag=True, help="Replace the version if it exists")
+@click.option("--description", default="", help="Written into the card")
+@click.option("--tenant", "tenants", multiple=True, help="Only these tenants see it (repeat)")
+def models_add(
+    path: Path,
+    name: str,
+    version: str | None,
+    force: bool,
+    description: str,
+    tenants: tuple[str, ...],
+) -> None:
+    """Check PATH (an .onnx file) with ONNX Runtime, draft its card.json from the
+    graph, and place both in MODEL_REPOSITORY/NAME/VERSION/. Running API and
+    worker processes serve it within MODEL_STATE_CACHE_SECONDS."""
+    from app.db.session import Database
+    from app.domain import DomainError
+    from app.inference import control
     from app.inference.repository import ModelRepository
 
-    for card in ModelRepository(Settings.from_env().model_repository).all():
-        click.echo(f"{card.ref}\t{Path(card.onnx_path)}")
+    settings = _settings()
+    database = Database(settings.database_url)
+    try:
+        added = control.add(
+            database.engine, ModelRepository(settings.model_repository), path, name, version,
+            force=force, description=description, tenants=list(tenants) or None,
+        )  # fmt: skip
+    except DomainError as exc:
+        raise click.ClickException(exc.detail) from None
+    finally:
+        database.engine.dispose()
+    card = added.card
+    click.echo(f"{'replaced' if added.replaced else 'added'} {card.ref} at {card.path}")
+    for spec in card.inputs:
+        click.echo(f"  input  {spec.name} {spec.datatype} {list(spec.shape)}")
+    for spec in card.outputs:
+        click.echo(f"  output {spec.name} {spec.datatype} {list(spec.shape)}")
+    for skipped in added.skipped_outputs:
+        click.echo(f"  left out output {skipped}: a job cannot return that type")
+    click.echo(f"  batching: max_batch_size {card.batching.max_batch_size}")
+    click.echo(f"edit {card.path / 'card.json'} for its description, labels and batching")
 
 
 cli.add_command(bench_command)

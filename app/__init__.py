@@ -15,6 +15,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.embedded import resolve_urls
     from app.errors import register_error_handlers
     from app.inference.repository import ModelRepository
+    from app.inference.states import SharedStates
     from app.jobs.admission import Admission
     from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
@@ -31,7 +32,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["settings"] = settings
     app.extensions["database"] = database = Database(settings.database_url, settings.db_pool_size)
     app.extensions["events"] = EventBus(database.engine)
-    app.extensions["models"] = ModelRepository(settings.model_repository)
+    app.extensions["models"] = ModelRepository(
+        settings.model_repository,
+        SharedStates(database.engine),
+        settings.model_state_cache_seconds,
+    )
     app.extensions["api_keys"] = KeyCache(settings.api_key_cache_seconds)
     app.teardown_appcontext(close_session)
     register_error_handlers(app)

@@ -1,4 +1,5 @@
-"""Bearer-key authentication for the job routes."""
+"""Bearer-key authentication: tenant keys for the job routes, operator keys for
+the model repository routes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from flask import current_app, g, request
 from flask_smorest import Blueprint
 
 from app.db.session import current_session
+from app.domain import Forbidden
 from app.errors import Problem
-from app.tenants import KeyCache, TenantRef
+from app.inference.repository import PUBLIC
+from app.tenants import OPERATOR, Caller, KeyCache, TenantRef
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,30 +35,67 @@ def current_actor() -> str:
     return actor
 
 
+def _caller() -> Caller:
+    """The caller named by `Authorization: Bearer <key>`; 401 without a valid key."""
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Problem(
+            "unauthorized",
+            "send the header `Authorization: Bearer <api key>`",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    keys: KeyCache = current_app.extensions["api_keys"]
+    caller = keys.caller(current_session(), key.strip())
+    if caller is None:
+        raise Problem(
+            "unauthorized",
+            "the API key is not valid or was revoked",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
+    who = caller.tenant.name if caller.tenant else caller.kind
+    g.actor = f"{who} (key {key.strip()[:10]}...)"
+    return caller
+
+
+def optional_tenant() -> str | None:
+    """For routes open without a key (model metadata): the tenant's name, or
+    `PUBLIC` (only models open to every tenant) without a key; a key that is
+    sent must be valid."""
+    if "Authorization" not in request.headers:
+        return PUBLIC
+    caller = _caller()
+    return caller.tenant.name if caller.tenant else None  # an operator sees every model
+
+
 def authenticated(view: F) -> F:
-    """Require `Authorization: Bearer <key>`, expose the tenant as `current_tenant()`."""
+    """Require a tenant's key, expose the tenant as `current_tenant()`. An
+    operator key is refused (403): it belongs to no tenant."""
 
     @functools.wraps(view)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise Problem(
-                "unauthorized",
-                "send the header `Authorization: Bearer <api key>`",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        keys: KeyCache = current_app.extensions["api_keys"]
-        tenant = keys.lookup(current_session(), key.strip())
-        if tenant is None:
-            raise Problem(
-                "unauthorized",
-                "the API key is not valid or was revoked",
-                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-            )
-        g.tenant = tenant
-        g.actor = f"{tenant.name} (key {key.strip()[:10]}...)"
+        caller = _caller()
+        if caller.tenant is None:
+            raise Forbidden("this route needs a tenant's API key; an operator key has no jobs")
+        g.tenant = caller.tenant
         return view(*args, **kwargs)
 
     documented = _docs.doc(security=[{"bearerAuth": []}])(wrapper)
     with_401: F = _docs.alt_response(401, response="UNAUTHORIZED")(documented)
-    return with_401
+    with_403: F = _docs.alt_response(403, response="FORBIDDEN")(with_401)
+    return with_403
+
+
+def operator_only(view: F) -> F:
+    """Require an operator's key (`manage.py create-api-key --operator`); a
+    tenant's key is refused (403)."""
+
+    @functools.wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _caller().kind != OPERATOR:
+            raise Forbidden("this route needs an operator key (create-api-key --operator)")
+        return view(*args, **kwargs)
+
+    documented = _docs.doc(security=[{"bearerAuth": []}])(wrapper)
+    with_401: F = _docs.alt_response(401, response="UNAUTHORIZED")(documented)
+    with_403: F = _docs.alt_response(403, response="FORBIDDEN")(with_401)
+    return with_403

@@ -49,6 +49,13 @@ class Settings:
     # MAX_QUEUED_PER_MODEL: queued jobs a model takes before submits get 429 with
     # Retry-After (batch chunks count as jobs); 0 = no bound.
     max_queued_per_model: int = 50_000
+    # MAX_MODEL_BYTES: the largest model.onnx PUT /v2/repository/models/... accepts
+    # (streamed to a file in MODEL_REPOSITORY, never held in memory).
+    max_model_bytes: int = 2 * 1024 * 1024 * 1024
+    # MODEL_STATE_CACHE_SECONDS: how often a process checks the shared model states
+    # (PostgreSQL) for a load, unload or new model; such changes reach every API and
+    # worker process within this time.
+    model_state_cache_seconds: float = 2.0
     # BATCH_CHUNK_ROWS: rows per chunk job of a batch (a model's card may set its own).
     batch_chunk_rows: int = 4096
     # DATA_DIR: tenants' data areas (DATA_DIR/<tenant>), where schedules read inputs and
@@ -145,6 +152,10 @@ class Settings:
             model_repository=Path(_env_str("MODEL_REPOSITORY", str(d.model_repository))),
             max_request_bytes=_env_int("MAX_REQUEST_BYTES", d.max_request_bytes),
             max_upload_bytes=_env_int("MAX_UPLOAD_BYTES", d.max_upload_bytes),
+            max_model_bytes=_env_int("MAX_MODEL_BYTES", d.max_model_bytes),
+            model_state_cache_seconds=_env_float(
+                "MODEL_STATE_CACHE_SECONDS", d.model_state_cache_seconds
+            ),
             batch_chunk_rows=_env_int("BATCH_CHUNK_ROWS", d.batch_chunk_rows),
             max_queued_per_model=_env_int("MAX_QUEUED_PER_MODEL", d.max_queued_per_model),
             data_dir=Path(_env_str("DATA_DIR", _env_str("VAR_DIR", str(d.var_dir)) + "/data")),

@@ -60,3 +60,16 @@ class TooLarge(DomainError):
     """More bytes than a limit allows (413)."""
 
     problem_type = "payload-too-large"
+
+
+class InvalidModel(DomainError):
+    """A model file or its definition cannot serve: not ONNX, not loadable by ONNX
+    Runtime, of unsupported types, or not matching its card (422 invalid-model)."""
+
+    problem_type = "invalid-model"
+
+
+class Forbidden(DomainError):
+    """The key is valid but of the wrong kind for this route (403)."""
+
+    problem_type = "forbidden"

@@ -33,6 +33,13 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "Send `Authorization: Bearer <api key>`. Create a key with "
         "`python manage.py create-api-key --tenant NAME`.",
     ),
+    "forbidden": (
+        403,
+        "Forbidden for this key",
+        "The key is valid but not for this route: the model repository routes need an "
+        "operator key (`python manage.py create-api-key --operator`); job and inference "
+        "routes need a tenant key.",
+    ),
     "not-found": (404, "Not found", "Check the id or name in the URL."),
     "unknown-model": (
         404,
@@ -67,6 +74,12 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "The `errors` member names each input that was wrong, with the expected name, "
         "shape and datatype; GET /v2/models/<name> gives the model's inputs.",
     ),
+    "invalid-model": (
+        422,
+        "Model cannot serve",
+        "The model file is not an ONNX model ONNX Runtime can load, uses datatypes the "
+        "service does not support, or does not match its card.json; `detail` says which.",
+    ),
     "inference-failed": (
         500,
         "Inference failed",
@@ -100,6 +113,7 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
 _STATUS_CODES = {
     400: "malformed-request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not-found",
     405: "method-not-allowed",
     409: "conflict",
@@ -167,9 +181,12 @@ def problem_from_http_exception(exc: HTTPException) -> Problem:
     if status == 400 and "json" in str(detail).lower():
         detail = "The request body is not valid JSON: " + str(detail)
     if status == 413:
-        upload = request.path.startswith("/files")
         limit = request.max_content_length
-        setting = "MAX_UPLOAD_BYTES" if upload else "MAX_REQUEST_BYTES"
+        setting = (
+            "MAX_UPLOAD_BYTES" if request.path.startswith("/files")
+            else "MAX_MODEL_BYTES" if request.path.startswith("/v2/repository")
+            else "MAX_REQUEST_BYTES"
+        )  # fmt: skip
         detail = f"The request body is larger than the limit of {limit} bytes ({setting})."
     headers: dict[str, str] = {}
     if status == 401:

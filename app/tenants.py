@@ -16,6 +16,8 @@ from sqlalchemy.orm import Session
 from app.db.models import ApiKey, Tenant
 
 KEY_PREFIX = "ik_"
+OPERATOR_KEY_PREFIX = "iko_"
+TENANT, OPERATOR = "tenant", "operator"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,15 @@ def create_api_key(session: Session, tenant_name: str) -> Credentials:
     return Credentials(tenant.name, api_key, tenant.webhook_secret)
 
 
+def create_operator_key(session: Session) -> str:
+    """A new operator key: it manages the model repository and belongs to no
+    tenant, so it reads no tenant's jobs."""
+    api_key = OPERATOR_KEY_PREFIX + secrets.token_urlsafe(32)
+    session.add(ApiKey(kind=OPERATOR, key_hash=hash_key(api_key), prefix=api_key[:10]))
+    session.commit()
+    return api_key
+
+
 def _new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
@@ -58,14 +69,6 @@ def rotate_webhook_secret(session: Session, tenant_name: str, overlap_hours: flo
     return tenant.webhook_secret
 
 
-def tenant_for_key(session: Session, api_key: str) -> Tenant | None:
-    return session.scalar(
-        select(Tenant)
-        .join(ApiKey, ApiKey.tenant_id == Tenant.id)
-        .where(ApiKey.key_hash == hash_key(api_key), ApiKey.revoked_at.is_(None))
-    )
-
-
 @dataclass(frozen=True)
 class TenantRef:
     """Who a request comes from: all a request needs of its tenant."""
@@ -74,28 +77,51 @@ class TenantRef:
     name: str
 
 
+@dataclass(frozen=True)
+class Caller:
+    """A valid key's kind, and its tenant (None for an operator key)."""
+
+    kind: str
+    tenant: TenantRef | None
+
+
+def caller_for_key(session: Session, api_key: str) -> Caller | None:
+    row = session.execute(
+        select(ApiKey.kind, Tenant.id, Tenant.name)
+        .outerjoin(Tenant, ApiKey.tenant_id == Tenant.id)
+        .where(ApiKey.key_hash == hash_key(api_key), ApiKey.revoked_at.is_(None))
+    ).first()
+    if row is None:
+        return None
+    return Caller(row.kind, TenantRef(row.id, row.name) if row.id is not None else None)
+
+
 class KeyCache:
-    """Tenants by API key hash, kept `ttl_s` seconds, so a busy client costs one
+    """Callers by API key hash, kept `ttl_s` seconds, so a busy client costs one
     key query per few seconds rather than one per request. A revoked key keeps
     working at most that long. Unknown keys are never cached (a client trying
     random keys cannot fill memory); the cache holds at most `max_keys`."""
 
     def __init__(self, ttl_s: float = 5.0, max_keys: int = 10_000) -> None:
         self.ttl_s, self.max_keys = ttl_s, max_keys
-        self._entries: dict[str, tuple[float, TenantRef]] = {}
+        self._entries: dict[str, tuple[float, Caller]] = {}
         self._lock = threading.Lock()
 
     def lookup(self, session: Session, api_key: str) -> TenantRef | None:
+        """The key's tenant; None for an unknown key or an operator's."""
+        caller = self.caller(session, api_key)
+        return caller.tenant if caller is not None else None
+
+    def caller(self, session: Session, api_key: str) -> Caller | None:
         digest = hash_key(api_key)
         now = time.monotonic()
         entry = self._entries.get(digest)
         if entry is not None and entry[0] > now:
             return entry[1]
-        tenant = tenant_for_key(session, api_key)
-        if tenant is None:
+        ref = caller_for_key(session, api_key)
+        if ref is None:
             self._entries.pop(digest, None)
             return None
-        ref = TenantRef(tenant.id, tenant.name)
         with self._lock:
             if len(self._entries) >= self.max_keys:
                 self._entries = {k: v for k, v in self._entries.items() if v[0] > now}

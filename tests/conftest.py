@@ -107,6 +107,9 @@ def settings(database_url: str, redis_url: str, model_repository: Path) -> Setti
         model_repository=model_repository,
         jobs_queue=f"test-{RUN_ID}",
         data_dir=TEST_VAR / f"data-{RUN_ID}",
+        # Tests make many apps, none of which is ever stopped: each keeps at most four
+        # idle connections, so the suite stays below the server's 100.
+        db_pool_size=4,
     )
 
 

@@ -43,6 +43,7 @@ def register_api(app: Flask) -> None:
         models,
         schedules,
     )  # fmt: skip
+    from app.api import repository as model_repository
 
     config: dict[str, Any] = {
         "API_TITLE": "Inference jobs",
@@ -64,7 +65,7 @@ def register_api(app: Flask) -> None:
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
     blueprints = (
         jobs.blp, infer.blp, batches.blp, files.blp, schedules.blp, deliveries.blp,
-        dead_letters.blp, models.blp, health.blp,
+        dead_letters.blp, models.blp, model_repository.blp, health.blp,
     )  # fmt: skip
     for blueprint in blueprints:
         api.register_blueprint(blueprint)

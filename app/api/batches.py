@@ -71,7 +71,7 @@ def submit(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
         session, current_app.extensions["models"], current_app.extensions["settings"],
         current_tenant().id, body["model"], body["version"], inputs=body["inputs"],
         file_id=body["file_id"], webhook=body["webhook"], start_split=service.start_split,
-        wake=dispatch.current().wake,
+        wake=dispatch.current().wake, tenant=current_tenant().name,
     )  # fmt: skip
     return describe(session, batch), 202, {"Location": f"/batches/{batch.id}"}
 
@@ -123,7 +123,7 @@ def cancel_batch(batch_id: uuid.UUID) -> dict[str, Any]:
 def batch_results(args: dict[str, Any], batch_id: uuid.UUID) -> Response:
     session = current_session()
     batch = service.get(session, current_tenant().id, batch_id)
-    card = current_app.extensions["models"].resolve(batch.model, batch.model_version)
+    card = current_app.extensions["models"].card(batch.model, batch.model_version)
     fmt = request.accept_mimetypes.best_match([results.JSONL, results.NPY], results.JSONL)
     counted = service.progress(session, batch)
     results.check_ready(batch, counted.rows_failed, fmt)

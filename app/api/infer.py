@@ -62,6 +62,7 @@ def infer(name: str, version: str | None = None) -> Response:
         inserter=current_app.extensions["inserts"],
         sessions=lambda: current_runtime().sessions,
         max_attempts=settings.job_max_attempts,
+        tenant=current_tenant().name,
     )
     parameters: dict[str, Any] = {"job_id": str(answer.job_id)} if answer.job_id else {}
     body, headers = kserve.encode_response(answer.card, call, answer.outputs, parameters)

@@ -51,6 +51,7 @@ def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, 
         webhook=body["webhook"],
         allow_private_webhooks=current_app.extensions["settings"].webhook_allow_private_networks,
         inserter=current_app.extensions["inserts"],
+        tenant=current_tenant().name,
     )
     headers = {"Location": f"/jobs/{job.id}"}
     wait = preferred_wait(headers_in.get("prefer"), current_app.extensions["settings"])

@@ -8,6 +8,7 @@ from flask import current_app
 from flask_smorest import Blueprint
 
 from app.api.schemas import ModelListSchema, ModelMetadataSchema
+from app.auth import optional_tenant
 from app.errors import Problem
 from app.inference.repository import ModelCard, ModelRepository
 
@@ -20,14 +21,18 @@ def _repository() -> ModelRepository:
 
 
 def _resolve(name: str, version: str | None = None) -> ModelCard:
-    return _repository().resolve(name, version)  # UnknownModel: 404 via app.errors
+    """What the caller may see: models its tenant is granted (open ones without
+    a key); others answer 404 like absent ones. UnknownModel: 404 via app.errors."""
+    return _repository().resolve(name, version, optional_tenant())
 
 
 @blp.get("/models")
 @blp.response(200, ModelListSchema)
+@blp.alt_response(401, response="UNAUTHORIZED", description="A key was sent and is not valid")
 def list_models() -> dict[str, Any]:
+    """The serving models; with a tenant's key, also those granted to it."""
     repository = _repository()
-    cards = [repository.resolve(name) for name in repository.names()]
+    cards = [repository.resolve(name) for name in repository.names(optional_tenant())]
     return {
         "models": [{**card.to_dict(), "versions": repository.versions(card.name)} for card in cards]
     }

@@ -57,11 +57,12 @@ def create(
     webhook: dict[str, Any] | None = None,
     start_split: Callable[[uuid.UUID], bool],
     wake: Callable[[str], object],
+    tenant: str | None = None,
 ) -> Batch:
     """A batch of inline `inputs` (cut into chunks now) or of an uploaded file
     (checked at its start now, cut by a worker). Rows that do not fit the
     model are a 422 here; in a file, past its first rows, they fail the batch."""
-    card = repository.resolve(model, version)
+    card = repository.resolve(model, version, tenant)
     if (inputs is None) == (file_id is None):
         raise InvalidRequest(
             "send either `inputs` (rows, as in a job) or `file_id` (an uploaded file)",
@@ -270,7 +271,8 @@ def split(
                 index, row = index + 1, row + n
     except (readers.BadRows, UnknownModel) as exc:
         session.rollback()
-        _fail(session, batch.id, "invalid_input", str(exc))
+        code = "model_unavailable" if isinstance(exc, UnknownModel) else "invalid_input"
+        _fail(session, batch.id, code, str(exc))
         return f"failed: {exc}"
     started = session.execute(
         text("UPDATE batches SET status = 'running', rows = :rows, chunks = :chunks, "

@@ -50,11 +50,25 @@ class Tenant(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
+API_KEY_KINDS = ("tenant", "operator")
+
+
 class ApiKey(Base):
+    """A tenant's key (job routes) or an operator's (the model repository routes).
+    An operator key belongs to no tenant, so it can never read a tenant's jobs."""
+
     __tablename__ = "api_keys"
+    __table_args__ = (
+        CheckConstraint(
+            "(kind = 'tenant' AND tenant_id IS NOT NULL) OR "
+            "(kind = 'operator' AND tenant_id IS NULL)",
+            name="api_keys_kind_valid",
+        ),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    tenant_id: Mapped[int | None] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16), server_default="tenant")
     # SHA-256 of the key: keys are 256-bit random tokens, so a fast hash is safe and
     # keeps the per-request lookup an index probe.
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
@@ -443,3 +457,28 @@ class DisabledWebhookUrl(Base):
     disabled_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
+
+
+MODEL_STATES = ("READY", "UNAVAILABLE")
+
+
+class ModelState(Base):
+    """A model version's load state, shared by every API and worker process (which
+    may run on other machines): a version with no row serves if its files are in
+    the repository; UNAVAILABLE (unloaded, or failed its check) does not.
+    Processes notice changes by the newest `updated_at` (app.inference.states)."""
+
+    __tablename__ = "model_states"
+    __table_args__ = (
+        CheckConstraint(
+            "state IN (" + ", ".join(f"'{s}'" for s in MODEL_STATES) + ")",
+            name="model_states_state_valid",
+        ),
+        Index("ix_model_states_updated", "updated_at"),
+    )
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    version: Mapped[str] = mapped_column(String(50), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -89,7 +89,7 @@ class SessionPool:
         used = session.get_providers()
         if self.provider == "cuda" and used[0] != "CUDAExecutionProvider":
             raise RuntimeError(f"ORT_PROVIDER=cuda but CUDA could not start for {card.ref}")
-        _check_card(card, session)
+        check_card(card, session)
         device = (
             f" on GPU {self.device_id}" if used[0].startswith("CUDA") and self.device_id else ""
         )
@@ -115,7 +115,7 @@ class SessionPool:
         return {ref: s.get_providers()[0] for ref, (_, s) in self._sessions.items()}
 
 
-def _check_card(card: ModelCard, session: ort.InferenceSession) -> None:
+def check_card(card: ModelCard, session: ort.InferenceSession) -> None:
     """The graph takes and gives what the card says: the card's own tensors, or
     with a pipeline, the model-side tensors the pipeline declares."""
 

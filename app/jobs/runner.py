@@ -159,10 +159,16 @@ def _card(runtime: Runtime, model: str, version: str | None) -> ModelCard | None
 
 
 def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob]) -> list[Outcome]:
-    card = _card(runtime, model, version)
-    if card is None:
-        exc = UnknownModel(model, version, runtime.repository.names())
+    try:
+        card = runtime.repository.resolve_rescanning(model, version)
+    except UnknownModel as exc:  # unloaded, or out of its version policy, since submit
         return [_failed(job, "model_unavailable", exc) for job in jobs]
+    try:
+        runtime.sessions.get(card)
+    except Exception as exc:  # file missing, corrupt, or not what its card says
+        if not _transient(exc):
+            logger.error("model %s cannot serve, failing %d job(s): %s", card.ref, len(jobs), exc)
+            return [_failed(job, "model_invalid", exc) for job in jobs]
     outcomes: dict[uuid.UUID, Outcome] = {}
     runnable, requests = [], []
     for job in jobs:
@@ -214,8 +220,7 @@ def _after_error(settings: Settings, job: ClaimedJob, exc: Exception) -> Outcome
     if isinstance(exc, NonFiniteOutput):
         logger.warning("job %s failed: %s", job.id, exc)
         return _failed(job, "non_finite_output", exc)
-    transient = any(marker in str(exc).lower() for marker in _TRANSIENT_MARKERS)
-    if not transient:
+    if not _transient(exc):
         logger.warning("job %s failed: %s", job.id, exc)
         return _failed(job, "inference_error", exc)
     if job.attempt >= job.max_attempts and "cap" not in settings.guards_off:
@@ -233,6 +238,10 @@ def _after_error(settings: Settings, job: ClaimedJob, exc: Exception) -> Outcome
         traceback="".join(traceback.format_exception(exc)),
         delay_s=delay,
     )
+
+
+def _transient(exc: Exception) -> bool:
+    return any(marker in str(exc).lower() for marker in _TRANSIENT_MARKERS)
 
 
 def _failed(job: ClaimedJob, code: str, exc: Exception) -> Outcome:

@@ -40,6 +40,7 @@ def submit(
     webhook: dict[str, Any] | None = None,
     allow_private_webhooks: bool = False,
     inserter: JobInserter | None = None,
+    tenant: str | None = None,
 ) -> Job:
     """Check the inputs against the model, store the job, then wake its workers.
 
@@ -48,8 +49,9 @@ def submit(
     wakes them. A card may set its own `max_attempts`.
     With an idempotency key, a repeat of the same request returns the first job.
     An `inserter` (the API's) writes the row together with concurrent submits.
+    `tenant` (the tenant's name) sees only the models its card grants it.
     """
-    card = repository.resolve(model, version)  # UnknownModel: a 404 at the edge
+    card = repository.resolve(model, version, tenant)  # UnknownModel: a 404 at the edge
     arrays = check_inputs(card, inputs)
     if webhook is not None:
         try:

@@ -67,16 +67,23 @@ def infer(
     inserter: JobInserter | None,
     sessions: Callable[[], SessionPool],
     max_attempts: int = 3,
+    tenant: str | None = None,
 ) -> Answer:
     """Outputs for `inputs` (as a job accepts them), within `timeout_s`.
 
     Raises InputsDoNotFit before anything runs, InferenceFailed when the model
     failed the request, DeadlinePassed when the job is still unfinished.
     """
-    card = repository.resolve(model, version)
+    card = repository.resolve(model, version, tenant)
     if card.extra.get("execution") == INLINE:
         arrays = service.check_inputs(card, inputs)
-        [result] = engine.infer(sessions(), card, [arrays])
+        pool = sessions()
+        try:
+            pool.get(card)
+        except Exception as exc:  # its file is missing, corrupt or unlike its card
+            detail = f"model {card.ref} cannot serve: {type(exc).__name__}: {exc}"
+            raise _failed("model_invalid", detail, None) from None
+        [result] = engine.infer(pool, card, [arrays])
         if isinstance(result, Exception):
             non_finite = isinstance(result, engine.NonFiniteOutput)
             code = "non_finite_output" if non_finite else "inference_error"
@@ -84,7 +91,7 @@ def infer(
         return Answer(card, result, None)
     job = service.submit(
         session, repository, tenant_id, card.name, card.version, inputs,
-        max_attempts=max_attempts, inserter=inserter,
+        max_attempts=max_attempts, inserter=inserter, tenant=tenant,
     )  # fmt: skip
     job = service.wait_until_finished(session, bus, tenant_id, job.id, timeout_s)
     if job.status == "succeeded":

@@ -62,9 +62,14 @@ def _check_cron(cron: str, timezone: str) -> None:
         ) from None
 
 
-def _root(session: Session, settings: Settings, tenant_id: int) -> Path:
+def _tenant(session: Session, tenant_id: int) -> Tenant:
     tenant = session.get(Tenant, tenant_id)
     assert tenant is not None
+    return tenant
+
+
+def _root(session: Session, settings: Settings, tenant_id: int) -> Path:
+    tenant = _tenant(session, tenant_id)
     return paths.tenant_root(settings.data_dir, tenant.id, tenant.name)
 
 
@@ -113,7 +118,8 @@ def _apply(
     if "model" in spec or "version" in spec:
         model = spec.get("model", schedule.model)
         version = spec.get("version", None if "model" in spec else schedule.model_version)
-        card = repository.resolve(model, version)  # UnknownModel: 404
+        tenant = _tenant(session, schedule.tenant_id).name
+        card = repository.resolve(model, version, tenant)  # UnknownModel: 404 (or not theirs)
         batches.new_batch(card, settings, schedule.tenant_id)  # 422 without a batch dimension
         schedule.model, schedule.model_version = card.name, version
     root = _root(session, settings, schedule.tenant_id)
@@ -229,7 +235,8 @@ def _run(
     schedule.next_run_at = next_tick(schedule.cron, schedule.timezone, max(now, tick))
     schedule.last_run_at = now
     try:
-        card = repository.resolve_rescanning(schedule.model, schedule.model_version)
+        tenant = _tenant(session, schedule.tenant_id).name
+        card = repository.resolve_rescanning(schedule.model, schedule.model_version, tenant)
         batch = batches.new_batch(card, settings, schedule.tenant_id)
         file_id = schedule.input_file_id or _import(session, settings, schedule, tick)
         with session.begin_nested():  # a run that fails its check leaves the tick's move

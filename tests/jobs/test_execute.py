@@ -105,6 +105,8 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
         return True
 
     monkeypatch.setattr("app.jobs.dispatch.Dispatcher.wake", wake)
+    with database.sessionmaker() as session:  # the queue bound's reading, taken at most
+        app.extensions["admission"].admit(session, "digits", 0)  # every 0.5 s per model
     event.listen(database.engine, "before_cursor_execute", record)
     try:
         with database.sessionmaker() as session:

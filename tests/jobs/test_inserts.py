@@ -7,8 +7,9 @@ import uuid
 from typing import Any
 
 import sqlalchemy as sa
-from flask import Flask
 
+from app import create_app
+from app.config import Settings
 from app.db.models import Job
 from app.db.session import Database
 from app.jobs.inserts import JobInserter
@@ -26,8 +27,9 @@ def row(tenant_id: int) -> dict[str, Any]:
 
 
 def test_concurrent_submits_share_transactions_and_all_commit(
-    app: Flask, database: Database, tenant: TenantAuth
+    settings: Settings, database: Database, tenant: TenantAuth
 ) -> None:
+    app = create_app(settings.with_overrides(db_pool_size=24))  # a connection per request
     ids: list[str] = []
     barrier = threading.Barrier(24)
 
@@ -45,6 +47,7 @@ def test_concurrent_submits_share_transactions_and_all_commit(
         t.start()
     for t in threads:
         t.join()
+    app.extensions["database"].engine.dispose()
     with database.sessionmaker() as session:
         created = session.scalars(sa.select(Job.created_at).where(Job.id.in_(ids))).all()
     assert len(created) == 24
