@@ -120,6 +120,11 @@ class Job(Base):
             unique=True,
             postgresql_where=text("batch_id IS NOT NULL"),
         ),
+        Index(
+            "ix_jobs_batch_open",
+            "batch_id",
+            postgresql_where=text("batch_id IS NOT NULL AND status IN ('queued', 'running')"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)

@@ -127,7 +127,9 @@ def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -
     for job in claimed:
         groups[(job.model, job.model_version)].append(job)
     with _leases_renewed(runtime, claimed):
-        outcomes = [o for (m, v), jobs in groups.items() for o in _run_group(runtime, m, v, jobs)]
+        outcomes = [
+            o for (m, v), jobs in groups.items() for o in _run_group(session, runtime, m, v, jobs)
+        ]
     written = finish(session, outcomes, guarded="finish" not in runtime.settings.guards_off)
     session.commit()
     if batches := {job.batch_id for job in claimed if job.batch_id is not None}:
@@ -158,7 +160,9 @@ def _card(runtime: Runtime, model: str, version: str | None) -> ModelCard | None
         return None
 
 
-def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob]) -> list[Outcome]:
+def _run_group(
+    session: Session, runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob]
+) -> list[Outcome]:
     try:
         card = runtime.repository.resolve_rescanning(model, version)
     except UnknownModel as exc:  # unloaded, or out of its version policy, since submit
@@ -173,7 +177,7 @@ def _run_group(runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob
     runnable, requests = [], []
     for job in jobs:
         try:
-            requests.append(_inputs(runtime, card, job))
+            requests.append(_inputs(session, card, job))
             runnable.append(job)
         except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
             outcomes[job.id] = _failed(job, "invalid_input", exc)
@@ -193,9 +197,9 @@ def _succeeded(job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:
     return Outcome(job.id, job.attempt, "succeeded", outputs=to_json(outputs))
 
 
-def _inputs(runtime: Runtime, card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:
+def _inputs(session: Session, card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:
     if job.input_file_id is not None and job.input_data is not None:
-        return _rows_in_file(runtime, card, job.input_data, job.input_file_id, job.input_offset)
+        return _rows_in_file(session, card, job.input_data, job.input_file_id, job.input_offset)
     if job.input_data is not None:
         arrays = unpack(job.input_data)
         return {spec.name: arrays[spec.name] for spec in card.inputs}
@@ -203,7 +207,7 @@ def _inputs(runtime: Runtime, card: ModelCard, job: ClaimedJob) -> dict[str, np.
 
 
 def _rows_in_file(
-    runtime: Runtime, card: ModelCard, header: bytes, file_id: uuid.UUID, offset: int | None
+    session: Session, card: ModelCard, header: bytes, file_id: uuid.UUID, offset: int | None
 ) -> dict[str, np.ndarray]:
     """A chunk whose rows were left in place in its .npy upload: its header
     (the packed form's, naming shape and datatype) plus the file's bytes. They
@@ -211,8 +215,7 @@ def _rows_in_file(
     any job's inputs: a bad row fails its own chunk (invalid_input)."""
     header = bytes(header)  # psycopg2 hands bytea over as a memoryview
     size = tensor_bytes(header)
-    with runtime.new_session() as session:
-        data = read_range(session, file_id, offset or 0, size)
+    data = read_range(session, file_id, offset or 0, size)  # in the finish's transaction
     return parse_inputs(card, unpack(header + data))
 
 

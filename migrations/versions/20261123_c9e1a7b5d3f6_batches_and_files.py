@@ -110,6 +110,11 @@ def upgrade() -> None:
         "ix_jobs_batch_chunk", "jobs", ["batch_id", "batch_index"], unique=True,
         postgresql_where=sa.text("batch_id IS NOT NULL"),
     )  # fmt: skip
+    # Whether a batch has chunks left: one probe, whatever its size (see settle).
+    op.create_index(
+        "ix_jobs_batch_open", "jobs", ["batch_id"],
+        postgresql_where=sa.text("batch_id IS NOT NULL AND status IN ('queued', 'running')"),
+    )  # fmt: skip
     for table in ("webhook_deliveries", "dead_letters"):
         op.alter_column(table, "job_id", nullable=True)
         op.add_column(table, sa.Column("batch_id", _UUID,
@@ -127,6 +132,7 @@ def downgrade() -> None:
         op.drop_constraint(f"{table}_subject", table)
         op.drop_column(table, "batch_id")
         op.alter_column(table, "job_id", nullable=False)
+    op.drop_index("ix_jobs_batch_open", "jobs")
     op.drop_index("ix_jobs_batch_chunk", "jobs")
     for column in ("input_offset", "input_file_id", "output_data", "first_row", "batch_index",
                    "batch_id"):  # fmt: skip
