@@ -63,16 +63,17 @@ class Graph:
     skipped_outputs: tuple[str, ...] = field(default=())  # of types a job cannot return
 
 
-def inspect(path: Path) -> Graph:
+def inspect(path: Path, shown: str | None = None) -> Graph:
     """Load `path` with ONNX Runtime (CPU) and read its inputs and outputs.
     InvalidModel when it is not ONNX, ORT cannot load it, or an input has a type
     the service does not support. Outputs of such types (a scikit-learn ZipMap)
     are left out of the card; at least one output must remain."""
-    session = _load(path)
+    shown = shown or path.name  # how errors name the file: as its sender knows it
+    session = _load(path, shown)
     bad_inputs = [f"{i.name} ({i.type})" for i in session.get_inputs() if i.type not in ORT_TO_V2]
     if bad_inputs:
         raise InvalidModel(
-            f"{path.name} has inputs of types the service does not support: "
+            f"{shown} has inputs of types the service does not support: "
             f"{', '.join(bad_inputs)}; supported: {', '.join(sorted(ORT_TO_V2))}"
         )
     outputs = [o for o in session.get_outputs() if o.type in ORT_TO_V2]
@@ -168,7 +169,7 @@ def add_model(
             os.replace(source, onnx_path)
         else:
             shutil.copyfile(source, onnx_path)
-        graph = inspect(onnx_path)
+        graph = inspect(onnx_path, f"{name}:{version}" if move else str(source))
         card_json = draft_card(graph, _newest_card(root, name))
         if description:
             card_json["description"] = description
@@ -221,13 +222,14 @@ def check_loadable(card: ModelCard) -> None:
         raise InvalidModel(f"the graph does not match card.json: {exc}") from None
 
 
-def _load(path: Path) -> ort.InferenceSession:
+def _load(path: Path, shown: str | None = None) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises its own types (InvalidProtobuf, Fail, ...)
+        where = shown or f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
         raise InvalidModel(
-            f"{path.parent.parent.name}/{path.parent.name}/{path.name} is not an ONNX model "
-            f"ONNX Runtime can load: {type(exc).__name__}: {_short(exc)}"
+            f"{where} is not an ONNX model ONNX Runtime can load: "
+            f"{type(exc).__name__}: {_short(exc, path)}"
         ) from None
 
 
@@ -245,6 +247,9 @@ def _spec(node: Any) -> TensorSpec:
     return TensorSpec(node.name, ORT_TO_V2[node.type], shape)
 
 
-def _short(exc: Exception, limit: int = 300) -> str:
+def _short(exc: Exception, path: Path | None = None, limit: int = 300) -> str:
+    """The error's text on one line, without the server's own path to the file."""
     text = str(exc).strip().replace("\n", " ")
+    if path is not None:
+        text = text.replace(f"Load model from {path} failed:", "").replace(str(path), path.name)
     return text if len(text) <= limit else text[:limit] + "..."
