@@ -11,6 +11,7 @@ from app.config import Settings
 
 def create_app(settings: Settings | None = None) -> Flask:
     from app.api import register_api
+    from app.api.holds import Holds
     from app.db.session import Database, close_session
     from app.embedded import resolve_urls
     from app.errors import register_error_handlers
@@ -46,5 +47,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     )
     app.extensions["inserts"] = JobInserter(database.engine, dispatcher.wake)
     app.extensions["admission"] = Admission(settings.max_queued_per_model)
+    app.extensions["holds"] = Holds(settings.max_waits_per_tenant, settings.max_waits)
     register_api(app)
     return app

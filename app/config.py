@@ -46,6 +46,11 @@ class Settings:
     max_request_bytes: int = 8 * 1024 * 1024
     # MAX_UPLOAD_BYTES: the largest file POST /files accepts (stored in PostgreSQL).
     max_upload_bytes: int = 2 * 1024 * 1024 * 1024
+    # MAX_WAITS: requests one API process lets wait at once (event streams, long-polls,
+    # Prefer: wait, sync calls); keep it below its threads (make run: 16) so ordinary
+    # requests always find one. MAX_WAITS_PER_TENANT: one tenant's share of them.
+    max_waits: int = 12
+    max_waits_per_tenant: int = 4
     # MAX_QUEUED_PER_MODEL: queued jobs a model takes before submits get 429 with
     # Retry-After (batch chunks count as jobs); 0 = no bound.
     max_queued_per_model: int = 50_000
@@ -158,6 +163,8 @@ class Settings:
             ),
             batch_chunk_rows=_env_int("BATCH_CHUNK_ROWS", d.batch_chunk_rows),
             max_queued_per_model=_env_int("MAX_QUEUED_PER_MODEL", d.max_queued_per_model),
+            max_waits=_env_int("MAX_WAITS", d.max_waits),
+            max_waits_per_tenant=_env_int("MAX_WAITS_PER_TENANT", d.max_waits_per_tenant),
             data_dir=Path(_env_str("DATA_DIR", _env_str("VAR_DIR", str(d.var_dir)) + "/data")),
             schedule_tick_seconds=_env_float("SCHEDULE_TICK_SECONDS", d.schedule_tick_seconds),
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),

@@ -95,6 +95,13 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "or the request's `timeout` parameter). It goes on: GET the Location URL "
         "(/jobs/<job_id>, with ?wait=30 to wait) for its result.",
     ),
+    "too-many-waits": (
+        429,
+        "Too many waiting requests",
+        "Event streams, long-polls, `Prefer: wait` and sync calls hold a server thread each; a "
+        "tenant may hold MAX_WAITS_PER_TENANT of them per API process, everyone together "
+        "MAX_WAITS. Close one, or poll without waiting; retry after Retry-After seconds.",
+    ),
     "queue-full": (
         429,
         "Too many jobs queued for this model",

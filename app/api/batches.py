@@ -7,9 +7,9 @@ import uuid
 from typing import Any
 
 from flask import Response, current_app, request, stream_with_context
-from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
 
+from app.api.blueprint import Blueprint
 from app.api.schemas import WebhookSchema
 from app.auth import authenticated, current_tenant
 from app.batches import results, service

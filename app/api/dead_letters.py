@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask_smorest import Blueprint
-
+from app.api.blueprint import Blueprint
 from app.api.schemas import (
     BulkReplaySchema,
     DeadLetterListArgsSchema,
@@ -31,9 +30,9 @@ def _filters(args: dict[str, Any]) -> Filters:
 
 
 @blp.get("")
+@authenticated
 @blp.arguments(DeadLetterListArgsSchema(), location="query")
 @blp.response(200, DeadLetterPageSchema)
-@authenticated
 def list_letters(args: dict[str, Any]) -> dict[str, Any]:
     items, next_cursor = dead_letters.list_letters(
         current_session(), current_tenant().id, _filters(args), args["limit"], args.get("cursor")
@@ -60,9 +59,9 @@ def replay_letter(letter_id: int) -> dict[str, Any]:
 
 
 @blp.post("/replay")
+@authenticated
 @blp.arguments(BulkReplaySchema())
 @blp.response(202, ReplayResultSchema, description="Every matching letter not yet replayed")
-@authenticated
 def replay_matching(body: dict[str, Any]) -> dict[str, Any]:
     job_ids = dead_letters.replay_matching(
         current_session(), current_tenant().id, _filters(body), body["limit"], current_actor()

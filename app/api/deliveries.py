@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from flask_smorest import Blueprint
 from sqlalchemy import select
 
+from app.api.blueprint import Blueprint
 from app.api.schemas import WebhookDeliveryListSchema, WebhookDeliverySchema
 from app.auth import authenticated, current_tenant
 from app.db.models import WebhookAttempt, WebhookDelivery

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sqlalchemy.orm import Session
 
@@ -26,8 +26,21 @@ MAX_STREAM_S = 600.0  # then the client reconnects with Last-Event-ID
 
 
 def job_event_stream(
-    database: Database, bus: EventBus, job_id: uuid.UUID, after: int
+    database: Database,
+    bus: EventBus,
+    job_id: uuid.UUID,
+    after: int,
+    release: Callable[[], None] = lambda: None,
 ) -> Iterator[str]:
+    """`release` is called when the stream ends, however it ends (the client
+    going away closes the generator)."""
+    try:
+        yield from _stream(database, bus, job_id, after)
+    finally:
+        release()
+
+
+def _stream(database: Database, bus: EventBus, job_id: uuid.UUID, after: int) -> Iterator[str]:
     ends_at = time.monotonic() + MAX_STREAM_S
     with bus.watching(job_id) as watch:
         while True:

@@ -6,9 +6,9 @@ import uuid
 from typing import Any
 
 from flask import current_app, request
-from flask_smorest import Blueprint
 from marshmallow import Schema, fields
 
+from app.api.blueprint import Blueprint
 from app.auth import authenticated, current_tenant
 from app.batches import files
 from app.db.models import File

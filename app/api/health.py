@@ -6,9 +6,9 @@ from typing import Any
 
 import redis
 from flask import current_app
-from flask_smorest import Blueprint
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.api.blueprint import Blueprint
 from app.errors import PROBLEM_TYPES, Problem
 
 blp = Blueprint("health", __name__, description="Health and server metadata")

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Response, current_app, request
-from flask_smorest import Blueprint
 
+from app.api import holds
+from app.api.blueprint import Blueprint
 from app.auth import authenticated, current_tenant
 from app.db.session import current_session
 from app.inference import kserve
@@ -50,7 +51,18 @@ def infer(name: str, version: str | None = None) -> Response:
         request.get_data(), request.headers.get(kserve.HEADER_LENGTH)
     )  # after authentication: an anonymous body is never parsed
     timeout_s = min(call.timeout_s or settings.sync_timeout_seconds, settings.max_wait_seconds)
-    answer = sync.infer(
+    with holds.current().holding(current_tenant().id):
+        answer = _infer(name, version, call, timeout_s)
+    parameters: dict[str, Any] = {"job_id": str(answer.job_id)} if answer.job_id else {}
+    body, headers = kserve.encode_response(answer.card, call, answer.outputs, parameters)
+    return Response(body, status=200, headers=headers)
+
+
+def _infer(
+    name: str, version: str | None, call: kserve.InferRequest, timeout_s: float
+) -> sync.Answer:
+    settings = current_app.extensions["settings"]
+    return sync.infer(
         current_session(),
         current_app.extensions["models"],
         current_tenant().id,
@@ -64,6 +76,3 @@ def infer(name: str, version: str | None = None) -> Response:
         max_attempts=settings.job_max_attempts,
         tenant=current_tenant().name,
     )
-    parameters: dict[str, Any] = {"job_id": str(answer.job_id)} if answer.job_id else {}
-    body, headers = kserve.encode_response(answer.card, call, answer.outputs, parameters)
-    return Response(body, status=200, headers=headers)

@@ -7,8 +7,9 @@ import uuid
 from typing import Any
 
 from flask import Response, current_app, request, stream_with_context
-from flask_smorest import Blueprint
 
+from app.api import holds
+from app.api.blueprint import Blueprint
 from app.api.event_stream import job_event_stream
 from app.api.schemas import (
     EventStreamArgsSchema,
@@ -23,12 +24,14 @@ from app.auth import authenticated, current_tenant
 from app.config import Settings
 from app.db.models import TERMINAL_STATUSES, Job
 from app.db.session import current_session
+from app.domain import InvalidRequest
 from app.jobs import service
 
 blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous inference jobs")
 
 
 @blp.post("")
+@authenticated
 @blp.arguments(SubmitJobSchema())
 @blp.arguments(SubmitHeadersSchema(), location="headers")
 @blp.response(202, JobSchema, description="Accepted; poll the Location URL")
@@ -36,7 +39,6 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
 @blp.alt_response(409, response="CONFLICT", description="Same Idempotency-Key still in flight")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
-@authenticated
 def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
     job = service.submit(
         current_session(),
@@ -57,8 +59,15 @@ def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, 
     wait = preferred_wait(headers_in.get("prefer"), current_app.extensions["settings"])
     if wait is None:
         return job, 202, headers
-    bus = current_app.extensions["events"]
-    job = service.wait_until_finished(current_session(), bus, current_tenant().id, job.id, wait)
+    try:
+        release = holds.current().acquire(current_tenant().id)
+    except holds.TooManyWaits:
+        return job, 202, headers  # the job is accepted all the same: no wait, as RFC 7240 allows
+    try:
+        bus = current_app.extensions["events"]
+        job = service.wait_until_finished(current_session(), bus, current_tenant().id, job.id, wait)
+    finally:
+        release()
     headers["Preference-Applied"] = f"wait={wait:g}"
     return job, 200 if job.status in TERMINAL_STATUSES else 202, headers
 
@@ -74,10 +83,10 @@ def preferred_wait(prefer: str | None, settings: Settings) -> float | None:
 
 
 @blp.get("")
+@authenticated
 @blp.arguments(ListJobsArgsSchema(), location="query")
 @blp.response(200, JobPageSchema)
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad filter or cursor")
-@authenticated
 def list_jobs(args: dict[str, Any]) -> service.Page:
     return service.list_jobs(current_session(), current_tenant().id, **args)
 
@@ -92,18 +101,22 @@ def cancel_job(job_id: uuid.UUID) -> Job:
 
 
 @blp.get("/<uuid:job_id>")
+@authenticated
 @blp.arguments(GetJobArgsSchema(), location="query")
 @blp.response(200, JobSchema)
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
-@authenticated
 def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
     bus = current_app.extensions["events"]
-    return service.wait_for_change(
-        current_session(), bus, current_tenant().id, job_id, args["wait"]
-    )
+    if args["wait"] <= 0:
+        return service.get(current_session(), current_tenant().id, job_id)
+    with holds.current().holding(current_tenant().id):
+        return service.wait_for_change(
+            current_session(), bus, current_tenant().id, job_id, args["wait"]
+        )
 
 
 @blp.get("/<uuid:job_id>/events")
+@authenticated
 @blp.arguments(EventStreamArgsSchema(), location="query")
 @blp.doc(
     responses={
@@ -115,15 +128,27 @@ def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
     }
 )
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
-@authenticated
 def job_events(args: dict[str, Any], job_id: uuid.UUID) -> Response:
     service.get(current_session(), current_tenant().id, job_id)  # 404 before streaming
     current_session().commit()
-    header = request.headers.get("Last-Event-ID", "")
-    after = int(header) if header.isdigit() else args.get("last_event_id", 0)
+    header = request.headers.get("Last-Event-ID", "").strip()
+    if header and not (header.isascii() and header.isdigit()):
+        raise InvalidRequest(
+            f"Last-Event-ID {header[:40]!r} is not an event id; send the id of the last "
+            "event received (digits), or no header to start from the first event",
+            errors={"Last-Event-ID": ["a non-negative integer"]},
+            status=400,
+        )
+    after = int(header) if header else args.get("last_event_id", 0)
+    if not service.events_due(current_session(), job_id, after):
+        current_session().commit()
+        return Response(status=204)  # all was sent: EventSource stops reconnecting on a 204
+    current_session().commit()
+    release = holds.current().acquire(current_tenant().id)
     stream = job_event_stream(
-        current_app.extensions["database"], current_app.extensions["events"], job_id, after
-    )
+        current_app.extensions["database"], current_app.extensions["events"], job_id, after,
+        release,
+    )  # fmt: skip
     return Response(
         stream_with_context(stream),
         mimetype="text/event-stream",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from flask import current_app
-from flask_smorest import Blueprint
 
+from app.api.blueprint import Blueprint
 from app.api.schemas import ModelListSchema, ModelMetadataSchema
 from app.auth import optional_tenant
 from app.errors import Problem

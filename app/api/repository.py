@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from flask import current_app, request
-from flask_smorest import Blueprint
 from marshmallow import Schema, fields
 from sqlalchemy.engine import Engine
 
+from app.api.blueprint import Blueprint
 from app.auth import operator_only
 from app.domain import TooLarge
 from app.inference import control
@@ -65,12 +65,12 @@ def _engine() -> Engine:
 
 @blp.put("/models/<name>/versions/<version>")
 @blp.doc(requestBody=_MODEL_FILE)
+@operator_only
 @blp.arguments(PutArgsSchema(), location="query")
 @blp.response(201, AddedSchema)
 @blp.alt_response(409, response="CONFLICT", description="The version exists (use ?force=true)")
 @blp.alt_response(413, response="PAYLOAD_TOO_LARGE", description="Over MAX_MODEL_BYTES")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Not a model that can serve")
-@operator_only
 def put_version(args: dict[str, Any], name: str, version: str) -> tuple[dict[str, Any], int]:
     check_ref(name, version)  # before the upload, not after it
     limit = current_app.extensions["settings"].max_model_bytes
@@ -108,9 +108,9 @@ class IndexSchema(Schema):
 
 
 @blp.post("/index")
+@operator_only
 @blp.arguments(IndexSchema(), required=False)
 @blp.response(200, VersionStatusSchema(many=True))
-@operator_only
 def index(body: dict[str, Any]) -> list[VersionStatus]:
     """Every version in the folder: READY, or UNAVAILABLE with the reason
     (Triton's index; `{"ready": true}` lists only READY ones)."""

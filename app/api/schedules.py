@@ -6,10 +6,10 @@ import uuid
 from typing import Any
 
 from flask import current_app
-from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
 
 from app.api.batches import BatchListSchema
+from app.api.blueprint import Blueprint
 from app.auth import authenticated, current_tenant
 from app.batches.representation import describe
 from app.db.models import Schedule

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
-from marshmallow import EXCLUDE, Schema, fields, validate
+from datetime import datetime, timedelta
+from typing import Any
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from app.db.models import JOB_STATUSES
 from app.jobs.representation import JobSchema
 from app.webhooks.ssrf import DEFAULT_EVENTS, EVENTS
+
+MAX_CANCEL_AFTER_S = 366 * 24 * 3600
+
+
+def _real_offset(value: datetime) -> None:
+    """Offsets real time zones use: PostgreSQL refuses beyond about ±16 h (a 500)."""
+    offset = value.utcoffset()
+    if offset is not None and abs(offset) > timedelta(hours=14):
+        raise ValidationError("the UTC offset must be between -14:00 and +14:00")
+
+
+def instant(**kwargs: Any) -> fields.AwareDateTime:
+    """An ISO 8601 date and time with a real UTC offset."""
+    return fields.AwareDateTime(validate=_real_offset, **kwargs)
 
 
 class ProblemSchema(Schema):
@@ -56,7 +73,7 @@ class SubmitJobSchema(Schema):
         load_default=None,
         metadata={"description": "Push this job's events, signed per Standard Webhooks"},
     )
-    deadline = fields.AwareDateTime(
+    deadline = instant(
         load_default=None,
         metadata={
             "description": "The job expires (status expired) if not finished by then. "
@@ -71,8 +88,10 @@ class SubmitHeadersSchema(Schema):
 
     cancel_after = fields.Float(
         data_key="Cancel-After",
-        validate=validate.Range(min=0, min_inclusive=False),
-        metadata={"description": "Seconds: the job expires if not finished by then"},
+        validate=validate.Range(min=0, min_inclusive=False, max=MAX_CANCEL_AFTER_S),
+        metadata={
+            "description": "Seconds (at most a year): the job expires if not finished by then"
+        },
     )
     prefer = fields.String(
         data_key="Prefer",
@@ -183,8 +202,8 @@ class DeadLetterSchema(Schema):
 class DeadLetterFiltersSchema(Schema):
     model = fields.String()
     error_code = fields.String()
-    since = fields.AwareDateTime(metadata={"description": "Created at or after"})
-    until = fields.AwareDateTime(metadata={"description": "Created before"})
+    since = instant(metadata={"description": "Created at or after"})
+    until = instant(metadata={"description": "Created before"})
     replayed = fields.Boolean()
 
 

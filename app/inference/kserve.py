@@ -45,7 +45,7 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     head, rest = _split(body, header_length)
     try:
         raw = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _invalid("body", f"is not a JSON inference request ({exc})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("inputs"), list):
         raise _invalid("inputs", "expected an object with a list of input tensors under 'inputs'")

@@ -199,6 +199,13 @@ def _to_array(spec: TensorSpec, value: Any, declared_shape: Any) -> np.ndarray:
         raise ValueError(f"has shape {list(array.shape)}; expected a {expected}")
     if array.size == 0:
         raise ValueError(f"is empty; expected a {expected} with at least one element")
+    if dtype.kind in "iu" and array.dtype.kind in "iu":
+        limits = np.iinfo(dtype)
+        if array.min() < limits.min or array.max() > limits.max:
+            raise ValueError(
+                f"has values outside {spec.datatype}'s range ({limits.min} to {limits.max}); "
+                f"expected a {expected}"
+            )
     converted = array if array.dtype == object else array.astype(dtype)
     if dtype.kind == "f" and not np.isfinite(converted).all():
         raise ValueError(f"contains NaN, infinity or a value too large for {spec.datatype}")
@@ -246,7 +253,9 @@ def _kind(item: Any) -> str:
 
 
 def _reshape(array: np.ndarray, shape: Any, expected: str) -> np.ndarray:
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise ValueError(f"shape must be a list of non-negative integers; expected a {expected}")
     if array.size != math.prod(shape):
         raise ValueError(

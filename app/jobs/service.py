@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select, tuple_
+from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session
 
 from app.db.models import TERMINAL_STATUSES, Job
@@ -164,6 +164,30 @@ def _wait(
             if job.status in TERMINAL_STATUSES or left <= 0 or enough:
                 return job
             seen = watch.wait(seen, left)
+
+
+_EVENTS_DUE = text(
+    """
+    SELECT (SELECT max(id) FROM job_events) AS newest,
+           (SELECT max(id) FROM job_events WHERE job_id = :id) AS own,
+           (SELECT status FROM jobs WHERE id = :id) AS status
+    """
+)
+
+
+def events_due(session: Session, job_id: uuid.UUID, after: int) -> bool:
+    """Whether a stream resumed after event `after` has anything to send: not
+    once the job finished and its terminal event was sent. An `after` past every
+    event there is cannot come from this service: a 400, not a stream that waits
+    for it."""
+    row = session.execute(_EVENTS_DUE, {"id": job_id}).one()
+    if after > (row.newest or 0):
+        raise InvalidRequest(
+            f"Last-Event-ID {after} is past every event this service has sent; send the id "
+            "of the last event received, or none to start from the first",
+            status=400, errors={"Last-Event-ID": ["the id of an event received"]},
+        )  # fmt: skip
+    return not (row.status in TERMINAL_STATUSES and after >= (row.own or 0))
 
 
 def deadline(absolute: datetime | None, cancel_after_s: float | None) -> datetime | None:
