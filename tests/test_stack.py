@@ -165,3 +165,48 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         assert stack.stop() == 0
     finally:
         stack.kill()
+
+
+def _key(stack: Stack, tenant: str) -> dict[str, str]:
+    cli = subprocess.run(
+        [sys.executable, "manage.py", "create-api-key", "--tenant", tenant, "--json"],
+        cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return {"Authorization": f"Bearer {json.loads(cli.stdout)['api_key']}"}
+
+
+def test_one_tenant_holding_streams_leaves_the_others_served(var_dir: Path) -> None:
+    """Under the real gunicorn (2 processes x 16 threads): a tenant opening many
+    event streams is refused beyond its share (429) and, however many it opens,
+    another tenant's submit and the readiness check answer within seconds."""
+    stack = Stack(var_dir)
+    streams: list[requests.Response] = []
+    try:
+        stack.start()
+        greedy, polite = _key(stack, "greedy"), _key(stack, "polite")
+        rows = [[8.0] * 64] * 8192  # a heavy job of about ten seconds: its stream stays open
+        job = requests.post(f"{stack.base}/jobs", headers=greedy, timeout=30,
+                            json={"model": "heavy", "inputs": {"pixels": rows}}).json()  # fmt: skip
+        statuses = []
+        for _ in range(40):  # more than the 32 threads of both processes
+            response = requests.get(f"{stack.base}/jobs/{job['id']}/events", headers=greedy,
+                                    stream=True, timeout=30)  # fmt: skip
+            statuses.append(response.status_code)
+            if response.status_code == 200:
+                streams.append(response)  # kept open: each holds a thread
+            else:
+                assert response.headers["Content-Type"] == "application/problem+json"
+                assert response.headers["Retry-After"]
+        assert statuses.count(200) <= 8 and statuses.count(429) >= 32, statuses
+        started = time.monotonic()
+        one = {"model": "digits", "inputs": {"pixels": [[1.0] * 64]}}
+        submitted = requests.post(f"{stack.base}/jobs", headers=polite, json=one, timeout=5)
+        assert submitted.status_code == 202
+        assert requests.get(f"{stack.base}/v2/health/ready", timeout=5).status_code == 200
+        assert time.monotonic() - started < 5
+    finally:
+        for response in streams:
+            response.close()
+        if stack.proc is not None and stack.proc.poll() is None:
+            stack.stop()
+        stack.kill()
