@@ -246,5 +246,25 @@ def register_error_handlers(app: Flask) -> None:
                     headers={"Retry-After": "5"},
                 )
             )
+        if _nul_in_text(exc):
+            return problem_response(
+                Problem(
+                    "malformed-request",
+                    "a text field or header contains a NUL character (\\u0000), which no "
+                    "name, filter or key may hold; remove it",
+                    status=400,
+                )
+            )
         app.logger.exception("unhandled error")
         return problem_response(Problem("internal-error", "An unexpected error occurred."))
+
+
+def _nul_in_text(exc: BaseException | None) -> bool:
+    """psycopg2 refuses text holding NUL when it binds a parameter; any string a
+    client sends (a model filter, a key, a file name) can carry one."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, ValueError) and "NUL (0x00)" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False

@@ -49,7 +49,7 @@ _UPLOAD = {
 @blp.post("")
 @blp.doc(requestBody=_UPLOAD)
 @blp.response(201, FileSchema)
-@blp.alt_response(413, response="PAYLOAD_TOO_LARGE", description="Over MAX_UPLOAD_BYTES")
+@blp.alt_response(413, response="REQUEST_ENTITY_TOO_LARGE", description="Over MAX_UPLOAD_BYTES")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Unknown format or empty")
 @authenticated
 @blp.arguments(UploadArgsSchema(), location="query")

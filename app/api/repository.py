@@ -69,7 +69,7 @@ def _engine() -> Engine:
 @blp.arguments(PutArgsSchema(), location="query")
 @blp.response(201, AddedSchema)
 @blp.alt_response(409, response="CONFLICT", description="The version exists (use ?force=true)")
-@blp.alt_response(413, response="PAYLOAD_TOO_LARGE", description="Over MAX_MODEL_BYTES")
+@blp.alt_response(413, response="REQUEST_ENTITY_TOO_LARGE", description="Over MAX_MODEL_BYTES")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Not a model that can serve")
 def put_version(args: dict[str, Any], name: str, version: str) -> tuple[dict[str, Any], int]:
     check_ref(name, version)  # before the upload, not after it

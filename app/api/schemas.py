@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
+from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, validate
 
 from app.db.models import JOB_STATUSES
 from app.jobs.representation import JobSchema
@@ -27,7 +27,11 @@ def instant(**kwargs: Any) -> fields.AwareDateTime:
 
 
 class ProblemSchema(Schema):
-    """RFC 9457 problem details, the body of every error."""
+    """RFC 9457 problem details, the body of every error. Problems carry extension
+    members of their own (`errors`, `expected`, `job_id`, `limit`, ...)."""
+
+    class Meta:
+        unknown = INCLUDE
 
     type = fields.String(metadata={"example": "/problems/invalid-input"})
     title = fields.String()

@@ -122,6 +122,12 @@ def test_hostile_bodies_and_headers_get_clear_4xx_problems(
         ("body not UTF-8", hc.post("/jobs", data=b"\xff\xfe", content_type="application/json",
                                    headers=auth), 400),
         ("wait NaN", hc.get(f"/jobs/{mine}?wait=nan", headers=auth), 422),
+        ("NUL in a filter", hc.get("/jobs?model=%00", headers=auth), 400),
+        ("NUL in a replay filter", hc.post("/dead-letters/replay", json={"model": "a\x00"},
+                                           headers=auth), 400),
+        ("NUL in Idempotency-Key", hc.post("/jobs", json=job(),
+                                           headers={**auth, "Idempotency-Key": "k\x00"}), 400),
+        ("NUL in a file name", hc.post("/files?filename=a%00.npy", data=b"x", headers=auth), 400),
     ]  # fmt: skip
     for name, response, status in cases:
         if status == 202:
