@@ -11,10 +11,12 @@ from app.api.schemas import (
     DeadLetterPageSchema,
     DeadLetterSchema,
     ReplayResultSchema,
+    TracebackSchema,
 )
-from app.auth import authenticated, current_actor, current_tenant
+from app.auth import authenticated, current_actor, current_tenant, operator_only
 from app.db.models import DeadLetter
 from app.db.session import current_session
+from app.domain import NotFound
 from app.jobs import dead_letters
 from app.jobs.dead_letters import Filters
 
@@ -46,6 +48,19 @@ def list_letters(args: dict[str, Any]) -> dict[str, Any]:
 @authenticated
 def get_letter(letter_id: int) -> DeadLetter:
     return dead_letters.get(current_session(), current_tenant().id, letter_id)
+
+
+@blp.get("/<int:letter_id>/traceback")
+@blp.response(200, TracebackSchema)
+@blp.alt_response(404, response="NOT_FOUND")
+@operator_only
+def letter_traceback(letter_id: int) -> dict[str, Any]:
+    """An operator's view of any tenant's failure: the traceback names the
+    service's own files and lines, which tenants are not shown."""
+    letter = current_session().get(DeadLetter, letter_id)
+    if letter is None:
+        raise NotFound(f"no dead letter with id {letter_id}")
+    return {"id": letter.id, "tenant_id": letter.tenant_id, "traceback": letter.traceback}
 
 
 @blp.post("/<int:letter_id>/replay")

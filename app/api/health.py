@@ -76,5 +76,5 @@ def _check_models() -> str:
     if not repository.all():
         repository.refresh()
     if not repository.all():
-        return f"no model in {repository.root}; run `python manage.py models build`"
+        return "no model is built; run `python manage.py models build`"
     return "ok"

@@ -88,7 +88,8 @@ def preferred_wait(prefer: str | None, settings: Settings) -> float | None:
 @blp.response(200, JobPageSchema)
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad filter or cursor")
 def list_jobs(args: dict[str, Any]) -> service.Page:
-    return service.list_jobs(current_session(), current_tenant().id, **args)
+    outputs = args.pop("include", None) == "outputs"
+    return service.list_jobs(current_session(), current_tenant().id, **args, outputs=outputs)
 
 
 @blp.post("/<uuid:job_id>/cancel")

@@ -141,8 +141,22 @@ class JobErrorSchema(Schema):
     message = fields.String()
 
 
+class JobListItemSchema(JobSchema):
+    """A job in a list: its outputs only when the list was asked for them
+    (`include=outputs`); otherwise they are never read from the database."""
+
+    outputs = fields.Method(
+        "get_outputs",
+        allow_none=True,
+        metadata={"description": "With ?include=outputs; else null (GET /jobs/<id> has them)"},
+    )
+
+    def get_outputs(self, job: Any) -> Any:
+        return job.__dict__.get("outputs")  # a deferred column not loaded is not in __dict__
+
+
 class JobPageSchema(Schema):
-    items = fields.List(fields.Nested(JobSchema))
+    items = fields.List(fields.Nested(JobListItemSchema))
     next_cursor = fields.String(
         allow_none=True, metadata={"description": "Pass as ?cursor= for the next page"}
     )
@@ -153,6 +167,10 @@ class ListJobsArgsSchema(Schema):
     model = fields.String()
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
     cursor = fields.String()
+    include = fields.String(
+        validate=validate.OneOf(["outputs"]),
+        metadata={"description": "`outputs` to have each job's outputs in the list"},
+    )
 
 
 class TensorMetadataSchema(Schema):
@@ -195,12 +213,20 @@ class DeadLetterSchema(Schema):
     error_code = fields.String()
     error_class = fields.String()
     message = fields.String()
-    traceback = fields.String(allow_none=True)
+    traceback = fields.Constant(
+        None, metadata={"description": "Shown to operators only: GET /dead-letters/<id>/traceback"}
+    )
     attempts = fields.Integer()
     first_failed_at = fields.DateTime()
     last_failed_at = fields.DateTime()
     created_at = fields.DateTime()
     replayed_at = fields.DateTime(allow_none=True)
+
+
+class TracebackSchema(Schema):
+    id = fields.Integer()
+    tenant_id = fields.Integer()
+    traceback = fields.String(allow_none=True)
 
 
 class DeadLetterFiltersSchema(Schema):

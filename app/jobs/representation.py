@@ -23,7 +23,7 @@ class JobSchema(Schema):
     status = fields.String(metadata={"enum": list(JOB_STATUSES)})
     model = fields.String()
     model_version = fields.String()
-    outputs = fields.Raw(
+    outputs: fields.Field = fields.Raw(
         allow_none=True, metadata={"description": "Output name -> nested list, once succeeded"}
     )
     error = fields.Method("get_error", metadata={"description": "{code, message} when failed"})

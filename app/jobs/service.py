@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import select, text, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from app.db.models import TERMINAL_STATUSES, Job
 from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
@@ -243,9 +243,14 @@ def list_jobs(
     status: str | None = None,
     model: str | None = None,
     cursor: str | None = None,
+    outputs: bool = False,
 ) -> Page:
-    """Newest first, keyset-paginated on (created_at, id): stable under inserts."""
+    """Newest first, keyset-paginated on (created_at, id): stable under inserts.
+    Inputs are never read; outputs only with `outputs` (200 jobs' outputs can
+    be megabytes nobody asked for)."""
     query = select(Job).where(Job.tenant_id == tenant_id, Job.batch_id.is_(None))  # not chunks
+    if not outputs:
+        query = query.options(defer(Job.outputs))
     if status:
         query = query.where(Job.status == status)
     if model:

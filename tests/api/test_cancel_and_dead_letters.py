@@ -20,6 +20,7 @@ from app.db.models import AuditEvent, Job
 from app.db.session import Database, current_session
 from app.jobs import runner, sweeps
 from app.jobs.runtime import current_runtime
+from app.tenants import create_operator_key
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 from tests.models import HUGE, build_memhog
 
@@ -147,7 +148,13 @@ def test_dead_letters_list_filter_and_read(
     letter = items[0]
     assert letter["error_code"] == "retries_exhausted" and letter["error_class"] == "Fail"
     assert "Failed to allocate memory" in letter["message"] and letter["attempts"] == 1
-    assert letter["first_failed_at"] and letter["last_failed_at"] and letter["traceback"]
+    assert letter["first_failed_at"] and letter["last_failed_at"]
+    assert letter["traceback"] is None  # the service's files and lines: operators only
+    with database.sessionmaker() as session:
+        operator = {"Authorization": f"Bearer {create_operator_key(session)}"}
+    shown = client.get(f"/dead-letters/{letter['id']}/traceback", headers=operator)
+    assert shown.status_code == 200 and "Failed to allocate memory" in shown.json["traceback"]
+    assert client.get(f"/dead-letters/{letter['id']}/traceback", headers=auth).status_code == 403
     assert letter_ids(client, auth, model="digits") == []
     assert len(letter_ids(client, auth, error_code="retries_exhausted", model="memhog")) == 3
     assert letter_ids(client, auth, replayed="true") == []

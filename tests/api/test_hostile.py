@@ -222,3 +222,30 @@ def test_waiting_requests_are_bounded_per_tenant_and_in_total(
     again = hc.get(f"/jobs/{queued[a.id]}?wait=1", headers=a.headers)
     assert again.status_code == 200
     stop.set()
+
+
+def test_lists_leave_outputs_out_unless_asked(
+    client: FlaskClient, tenant: TenantAuth, database: Database, worker: Any
+) -> None:
+    from sqlalchemy import event
+
+    done = client.post("/jobs", json=job(), headers=tenant.headers).json
+    wait_for_job(client, tenant.headers, done["id"])
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        statements.append(sql)
+
+    engine = client.application.extensions["database"].engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        plain = client.get("/jobs?limit=200", headers=tenant.headers).json["items"]
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    listed = [s for s in statements if "FROM jobs" in s]
+    loaded = ("jobs.outputs", "jobs.inputs", "jobs.input_data", "jobs.output_data")
+    assert listed and not [s for s in listed if any(column in s for column in loaded)]
+    assert plain[0]["id"] == done["id"] and plain[0]["outputs"] is None
+    full = client.get("/jobs?include=outputs", headers=tenant.headers).json["items"]
+    assert full[0]["outputs"]["label"] == [1] or "label" in full[0]["outputs"]
+    assert client.get("/jobs?include=inputs", headers=tenant.headers).status_code == 422
