@@ -107,6 +107,27 @@ def create_api_key(tenant: str | None, operator: bool, as_json: bool) -> None:
         )
 
 
+@cli.command("revoke-api-key")
+@click.option("--prefix", help="The key's first 10 (or more) characters, or the whole key")
+@click.option("--tenant", help="Revoke every key of this tenant")
+def revoke_api_key(prefix: str | None, tenant: str | None) -> None:
+    """Revoke a key, or all of a tenant's; running APIs refuse it within seconds."""
+    from app.db.session import Database
+    from app.tenants import revoke_api_keys
+
+    database = Database(_settings().database_url)
+    try:
+        with database.sessionmaker() as session:
+            revoked = revoke_api_keys(session, prefix=prefix, tenant=tenant)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    finally:
+        database.engine.dispose()
+    if not revoked:
+        raise click.ClickException("no active key matched")
+    click.echo(json.dumps({"revoked": revoked}))
+
+
 @cli.command("rotate-webhook-secret")
 @click.option("--tenant", required=True)
 @click.option(

@@ -137,9 +137,9 @@ class Launcher:
         for path in ensure_models(self.settings.model_repository):
             logger.info("built model in %s", path)
         upgrade(self.settings.database_url)
-        self.first_key = self._first_key()
+        self.first_key, self.first_secret = self._first_key()
 
-    def _first_key(self) -> str | None:
+    def _first_key(self) -> tuple[str | None, str | None]:
         from app.db.session import Database
         from app.tenants import create_api_key, has_tenants
 
@@ -147,8 +147,9 @@ class Launcher:
         try:
             with database.sessionmaker() as session:
                 if has_tenants(session):
-                    return None
-                return create_api_key(session, "default").api_key
+                    return None, None
+                creds = create_api_key(session, "default")
+                return creds.api_key, creds.webhook_secret
         finally:
             database.engine.dispose()
 
@@ -199,6 +200,7 @@ class Launcher:
         ]
         if self.first_key:
             lines.append(f"Your API key (tenant 'default', shown once): {self.first_key}")
+            lines.append(f"Its webhook signing secret (shown once): {self.first_secret}")
         else:
             lines.append("Create an API key: python manage.py create-api-key --tenant NAME")
         lines += [

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Tenant
@@ -129,6 +129,25 @@ class KeyCache:
                     self._entries.clear()
             self._entries[digest] = (now + self.ttl_s, ref)
         return ref
+
+
+def revoke_api_keys(session: Session, *, prefix: str | None, tenant: str | None) -> list[str]:
+    """Revoke the key starting with `prefix` (its first 10 characters are shown
+    beside it), or every key of `tenant`; returns the prefixes revoked. API
+    processes stop accepting them within API_KEY_CACHE_SECONDS."""
+    query = update(ApiKey).where(ApiKey.revoked_at.is_(None)).values(revoked_at=func.now())
+    if prefix is not None:
+        if len(prefix) < 10:
+            raise ValueError("give at least the key's first 10 characters")
+        query = query.where(ApiKey.prefix == prefix[:10])
+    elif tenant is not None:
+        owner = select(Tenant.id).where(Tenant.name == tenant).scalar_subquery()
+        query = query.where(ApiKey.tenant_id == owner)
+    else:
+        raise ValueError("name a key (its prefix) or a tenant")
+    revoked = list(session.scalars(query.returning(ApiKey.prefix)))
+    session.commit()
+    return revoked
 
 
 def has_tenants(session: Session) -> bool:
