@@ -115,7 +115,11 @@ def check_url(
         raise UnsafeUrl(f"webhook host {host!r} does not resolve")
     if not allow_private:
         for text in addresses:
-            if not is_public(ipaddress.ip_address(text), allowed):
+            try:
+                public = is_public(ipaddress.ip_address(text), allowed)
+            except ValueError:
+                public = False
+            if not public:
                 raise UnsafeUrl(_not_public(host))
     return Target(parts.scheme, host, port, addresses[0], path)
 
