@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import certifi
 from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.util.ssl_match_hostname import CertificateError as HostnameMismatch
 
 from app.webhooks.ssrf import Target
 
@@ -38,13 +39,19 @@ class Answer:
 
 
 def post(
-    target: Target, body: bytes, headers: dict[str, str], timeout: float, proxy_url: str = ""
+    target: Target,
+    body: bytes,
+    headers: dict[str, str],
+    timeout: float,
+    proxy_url: str = "",
+    ca_certs: str | None = None,
 ) -> Answer:
-    """POST `body` to `target`, all of it within `timeout` seconds."""
+    """POST `body` to `target`, all of it within `timeout` seconds. https trusts
+    `ca_certs` (a PEM bundle; default: certifi's)."""
     started = time.monotonic()
     cut = threading.Event()
     sockets: list[socket.socket] = []
-    conn = _connection(target, timeout, proxy_url)
+    conn = _connection(target, timeout, proxy_url, ca_certs or certifi.where())
     watchdog = threading.Timer(timeout, _shut, args=(sockets, cut))
     watchdog.daemon = True
     watchdog.start()
@@ -81,7 +88,7 @@ def public_error(exc: BaseException) -> str:
             break
         if isinstance(seen, ConnectionRefusedError):
             return "connection refused"
-        if isinstance(seen, ssl.SSLError | ssl.CertificateError):
+        if isinstance(seen, ssl.SSLError | ssl.CertificateError | HostnameMismatch):
             return "TLS error"
         if isinstance(seen, TimeoutError | socket.timeout):
             return "timed out"
@@ -89,7 +96,7 @@ def public_error(exc: BaseException) -> str:
     return "connection failed"
 
 
-def _connection(target: Target, timeout: float, proxy_url: str) -> HTTPConnection:
+def _connection(target: Target, timeout: float, proxy_url: str, ca_certs: str) -> HTTPConnection:
     host, port = target.address, target.port
     if proxy_url:
         proxy = urlsplit(proxy_url)
@@ -98,7 +105,7 @@ def _connection(target: Target, timeout: float, proxy_url: str) -> HTTPConnectio
         return HTTPConnection(host, port, timeout=timeout)
     conn = HTTPSConnection(
         host, port, timeout=timeout, server_hostname=target.host,
-        assert_hostname=target.host, cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
+        assert_hostname=target.host, cert_reqs="CERT_REQUIRED", ca_certs=ca_certs,
     )  # fmt: skip
     if proxy_url:
         conn.set_tunnel(target.host, target.port)
