@@ -588,18 +588,22 @@ def test_the_lease_starts_when_a_sender_takes_the_delivery(
     database: Database,
 ) -> None:  # fmt: skip
     """Its message waited in the queue longer than the lease the sweep gave it: the
-    sweep must not take it back while it is being sent."""
+    sweep must not take it back while it is being sent. (A retry: its payload is
+    written already, so the sender holds no row lock that would hide the bug.)"""
     slow = hooks.with_overrides(webhook_timeout_seconds=3.0)
-    receiver.scripts["/late-message"] = [Reply(200, delay=1.0)]
+    receiver.scripts["/late-message"] = [Reply(500), Reply(200, delay=1.0)]
     delivery_id = done_job(app_, tenant, f"{receiver.base}/late-message")
     assert take(app_, slow, delivery_id)
+    with database.sessionmaker() as session:
+        assert delivery.deliver(session, slow, delivery_id) == "pending"
+    wait_until(lambda: take(app_, slow, delivery_id))
     expire_lease(database, delivery_id)  # the message sat in the queue
     thread, result = in_thread(database, slow, delivery_id)
-    wait_until(lambda: len(receiver.at("/late-message")) == 1)
+    wait_until(lambda: len(receiver.at("/late-message")) == 2)
     retaken = take(app_, slow, delivery_id)  # the sweep, while the POST is under way
     thread.join()
     assert not retaken and result["status"] == "delivered"
-    assert len(receiver.at("/late-message")) == 1
+    assert len(receiver.at("/late-message")) == 2
 
 
 def test_a_sender_that_lost_its_lease_writes_nothing(
