@@ -113,7 +113,8 @@ class Settings:
     # WEBHOOKS_QUEUE: the Celery queue of webhook deliveries, so slow receivers never
     # hold inference workers.
     webhooks_queue: str = "webhooks"
-    # WEBHOOK_TIMEOUT_SECONDS: how long a receiver may take to answer.
+    # WEBHOOK_TIMEOUT_SECONDS: the whole budget of one attempt (connect, send, answer,
+    # reading at most 4 KiB of the body), wall clock: a receiver that trickles is cut off.
     webhook_timeout_seconds: float = 15.0
     # WEBHOOK_RETRY_SCHEDULE: seconds before each attempt (comma list); its length is the
     # number of attempts. Jittered by up to 10%. Default: over about a day.
@@ -123,6 +124,13 @@ class Settings:
     # WEBHOOK_ALLOW_PRIVATE_NETWORKS: allow webhook URLs on loopback and private ranges
     # (development and tests). Off by default: those are where SSRF does harm.
     webhook_allow_private_networks: bool = False
+    # WEBHOOK_ALLOWED_NETWORKS: comma list of CIDRs that count as public for webhook URLs
+    # (a known internal receiver; tests use a loopback address as the "public" one).
+    webhook_allowed_networks: tuple[str, ...] = ()
+    # WEBHOOK_PROXY_URL: send every delivery through this http:// egress proxy, which then
+    # resolves and enforces the egress policy. Unset: connect to the checked address.
+    # Proxy variables of the environment (HTTP_PROXY, .netrc) are never used.
+    webhook_proxy_url: str = ""
     # WEBHOOK_MAX_PAYLOAD_BYTES: a larger job is sent with its outputs replaced by a link.
     webhook_max_payload_bytes: int = 256 * 1024
     # GUARDS_OFF: comma list of safety guards to switch off: claim, finish (the state and
@@ -204,6 +212,10 @@ class Settings:
                 "WEBHOOK_ALLOW_PRIVATE_NETWORKS", "false"
             ).lower()
             in ("1", "true", "yes"),
+            webhook_allowed_networks=tuple(
+                n.strip() for n in _env_str("WEBHOOK_ALLOWED_NETWORKS", "").split(",") if n.strip()
+            ),
+            webhook_proxy_url=_env_str("WEBHOOK_PROXY_URL", d.webhook_proxy_url),
             webhook_max_payload_bytes=_env_int(
                 "WEBHOOK_MAX_PAYLOAD_BYTES", d.webhook_max_payload_bytes
             ),

@@ -52,6 +52,7 @@ def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, 
         idempotency_key=headers_in.get("idempotency_key"),
         webhook=body["webhook"],
         allow_private_webhooks=current_app.extensions["settings"].webhook_allow_private_networks,
+        allowed_webhook_networks=current_app.extensions["settings"].webhook_allowed_networks,
         inserter=current_app.extensions["inserts"],
         tenant=current_tenant().name,
     )

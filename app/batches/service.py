@@ -36,7 +36,7 @@ from app.inference.tensors import pack, pack_header
 from app.jobs import admission, dispatch
 from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
 from app.jobs.service import check_inputs
-from app.webhooks.ssrf import UnsafeUrl, check_url
+from app.webhooks.ssrf import UnsafeUrl, check_url, networks
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,11 @@ def create(
         )
     if webhook is not None:
         try:
-            check_url(webhook["url"], allow_private=settings.webhook_allow_private_networks)
+            check_url(
+                webhook["url"],
+                allow_private=settings.webhook_allow_private_networks,
+                allowed=networks(settings.webhook_allowed_networks),
+            )
         except UnsafeUrl as exc:
             raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
     batch = new_batch(card, settings, tenant_id, webhook)

@@ -23,7 +23,7 @@ from app.inference.tensors import InvalidInputs, pack, parse_inputs
 from app.jobs import admission, dispatch, idempotency, transitions
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOB, JobInserter
-from app.webhooks.ssrf import UnsafeUrl, check_url
+from app.webhooks.ssrf import UnsafeUrl, check_url, networks
 
 
 def submit(
@@ -39,6 +39,7 @@ def submit(
     idempotency_key: str | None = None,
     webhook: dict[str, Any] | None = None,
     allow_private_webhooks: bool = False,
+    allowed_webhook_networks: tuple[str, ...] = (),
     inserter: JobInserter | None = None,
     tenant: str | None = None,
 ) -> Job:
@@ -55,7 +56,11 @@ def submit(
     arrays = check_inputs(card, inputs)
     if webhook is not None:
         try:
-            check_url(webhook["url"], allow_private=allow_private_webhooks)
+            check_url(
+                webhook["url"],
+                allow_private=allow_private_webhooks,
+                allowed=networks(allowed_webhook_networks),
+            )
         except UnsafeUrl as exc:
             raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
     if idempotency_key is not None:

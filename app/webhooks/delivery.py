@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import random
-import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import requests
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
@@ -35,8 +34,8 @@ from app.db.models import (
     WebhookDelivery,
 )
 from app.jobs.representation import JobSchema
-from app.webhooks import signing
-from app.webhooks.ssrf import UnsafeUrl, check_url
+from app.webhooks import retry_after, signing, transport
+from app.webhooks.ssrf import Resolver, UnsafeUrl, check_url, networks
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +44,9 @@ SWEEP_TASK = "webhooks.sweep"
 
 
 def lease_seconds(settings: Settings) -> float:
-    """Longer than any attempt can take (the HTTP timeout), with room to record it."""
+    """Longer than any attempt can take (the whole-attempt HTTP budget), with room to
+    record it. It starts again when a sender takes the delivery, so time spent in the
+    queue does not eat into it."""
     return settings.webhook_timeout_seconds * 2 + 5
 
 
@@ -71,88 +72,139 @@ def take_due(session: Session, settings: Settings, limit: int = 200) -> list[int
     return ids
 
 
-def _take(session: Session, delivery_id: int) -> WebhookDelivery | None:
-    taken = session.execute(
-        text("UPDATE webhook_deliveries SET status = 'in_flight' "
-             "WHERE id = :id AND status = 'sending' RETURNING id"),
-        {"id": delivery_id},
-    ).scalar()  # fmt: skip
+_TAKE = text(
+    """
+    UPDATE webhook_deliveries SET status = 'in_flight',
+           lease_expires_at = now() + make_interval(secs => :lease)
+    WHERE id = :id AND status = 'sending'
+    RETURNING attempts, lease_expires_at
+    """
+)
+# Every write after the take names the take it finishes: a sender whose lease ran
+# out (and whose delivery another sender took) changes nothing.
+_GUARD = "id = :id AND status = 'in_flight' AND attempts = :attempts AND lease_expires_at = :lease"
+_FINISH = text(
+    f"""
+    UPDATE webhook_deliveries SET status = :status, attempts = attempts + :counted,
+           lease_expires_at = NULL, next_attempt_at = coalesce(:next, next_attempt_at),
+           delivered_at = coalesce(:delivered, delivered_at)
+    WHERE {_GUARD} RETURNING id
+    """
+)
+_SET_PAYLOAD = text(f"UPDATE webhook_deliveries SET payload = :payload WHERE {_GUARD} RETURNING id")
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """What one sender read before its POST, and the take it must name to write."""
+
+    id: int
+    attempts: int
+    lease: datetime
+
+
+def deliver(
+    session: Session, settings: Settings, delivery_id: int, *, resolver: Resolver | None = None
+) -> str | None:
+    """One attempt of one delivery; returns its status afterwards (None: not ours).
+
+    The lease starts at the take, and no transaction is open during the POST."""
+    row = session.execute(
+        _TAKE, {"id": delivery_id, "lease": lease_seconds(settings)}
+    ).one_or_none()
     session.commit()
-    return session.get(WebhookDelivery, delivery_id) if taken else None
-
-
-def deliver(session: Session, settings: Settings, delivery_id: int) -> str | None:
-    """One attempt of one delivery; returns its status afterwards (None: not ours)."""
-    delivery = _take(session, delivery_id)
-    if delivery is None:
+    if row is None:
         return None
+    taken = _Taken(delivery_id, row.attempts, row.lease_expires_at)
+    delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
+    assert delivery is not None
     now = datetime.now(UTC)
     if session.get(DisabledWebhookUrl, (delivery.tenant_id, delivery.url)) is not None:
-        delivery.status, delivery.lease_expires_at = "disabled", None
         note = "not sent: this URL answered 410 Gone before"
-        session.add(WebhookAttempt(delivery_id=delivery.id, url=delivery.url, error=note))
-        session.commit()
-        return delivery.status
-    if delivery.payload is None:
-        delivery.payload = _payload(session, settings, delivery, now)
-    code, error, retry_after, latency_ms = _post(session, settings, delivery)
-    delivery.attempts += 1
-    delivery.lease_expires_at = None
+        return _finish(session, taken, delivery, "disabled", counted=0, error=note)
+    payload = delivery.payload
+    if payload is None:
+        payload = _payload(session, settings, delivery, now)
+        if session.execute(_SET_PAYLOAD, {**_guard(taken), "payload": payload}).first() is None:
+            session.rollback()
+            return None
+    tenant = session.get(Tenant, delivery.tenant_id)
+    assert tenant is not None
+    headers = signing.headers(tenant, delivery.message_id, payload)
+    session.commit()  # nothing held while the receiver takes its time
+    try:
+        answer = _post(settings, delivery.url, payload, headers, resolver)
+    except Exception:  # a bug here must still end as a recorded attempt, not a resend loop
+        logger.exception("webhook %s: attempt failed", delivery.message_id)
+        answer = transport.Answer(None, "delivery error", None, 0.0)
+    code, error = answer.status_code, answer.error
+    schedule = settings.webhook_retry_schedule
+    attempts = taken.attempts + 1
+    if code is not None and 200 <= code < 300:
+        status, next_at, delivered = "delivered", None, now
+    elif code == 410:
+        status, next_at, delivered = "disabled", None, None
+    elif (error or "").startswith("unsafe URL") or attempts >= len(schedule):
+        status, next_at, delivered = "failed", None, None
+    else:
+        delay = schedule[attempts] * random.uniform(0.9, 1.1)
+        waited = (
+            retry_after.seconds(answer.retry_after, max(schedule)) if code in (429, 503) else None
+        )
+        status, delivered = "pending", None
+        next_at = datetime.now(UTC) + timedelta(seconds=max(delay, waited or 0))
+    return _finish(session, taken, delivery, status, counted=1, error=error, code=code,
+                   latency_ms=answer.latency_ms, next_at=next_at, delivered=delivered)  # fmt: skip
+
+
+def _guard(taken: _Taken) -> dict[str, Any]:
+    return {"id": taken.id, "attempts": taken.attempts, "lease": taken.lease}
+
+
+def _finish(
+    session: Session, taken: _Taken, delivery: WebhookDelivery, status: str, *, counted: int,
+    error: str | None, code: int | None = None, latency_ms: float | None = None,
+    next_at: datetime | None = None, delivered: datetime | None = None,
+) -> str | None:  # fmt: skip
+    """Write the attempt's outcome, if this sender still holds the delivery."""
+    values = {**_guard(taken), "status": status, "counted": counted, "next": next_at,
+              "delivered": delivered}  # fmt: skip
+    if session.execute(_FINISH, values).first() is None:
+        session.rollback()
+        logger.warning("webhook %s: lease lost, outcome not written", delivery.message_id)
+        return None
     session.add(WebhookAttempt(delivery_id=delivery.id, url=delivery.url, status_code=code,
                                error=error, latency_ms=latency_ms))  # fmt: skip
-    schedule = settings.webhook_retry_schedule
-    if code is not None and 200 <= code < 300:
-        delivery.status, delivery.delivered_at = "delivered", now
-    elif code == 410:
-        delivery.status = "disabled"
+    if status == "disabled" and code == 410:
         session.execute(insert(DisabledWebhookUrl).values(tenant_id=delivery.tenant_id,
                                url=delivery.url).on_conflict_do_nothing())  # fmt: skip
-    elif (error or "").startswith("unsafe URL") or delivery.attempts >= len(schedule):
-        delivery.status = "failed"
-        _dead_letter(session, delivery, error or f"HTTP {code}")
-    else:
-        delay = schedule[delivery.attempts] * random.uniform(0.9, 1.1)
-        delivery.status = "pending"
-        delivery.next_attempt_at = now + timedelta(seconds=max(delay, retry_after or 0))
+    if status == "failed":
+        _dead_letter(session, delivery, taken.attempts + counted, error or f"HTTP {code}")
     session.commit()
-    logger.info("webhook %s to %s: %s (%s)", delivery.message_id, delivery.url,
-                delivery.status, code or error)  # fmt: skip
-    return delivery.status
+    logger.info("webhook %s to %s: %s (%s)", delivery.message_id, delivery.url, status,
+                code or error)  # fmt: skip
+    return status
 
 
 def _post(
-    session: Session, settings: Settings, delivery: WebhookDelivery
-) -> tuple[int | None, str | None, float | None, float | None]:
-    """(status code, error, Retry-After seconds, latency ms) of one POST."""
+    settings: Settings, url: str, payload: str, headers: dict[str, str], resolver: Resolver | None
+) -> transport.Answer:
+    """Check the URL (resolving it once), then POST to the address that was checked."""
     try:
-        check_url(delivery.url, allow_private=settings.webhook_allow_private_networks)
-    except UnsafeUrl as exc:
-        return None, f"unsafe URL: {exc}", None, None
-    tenant = session.get(Tenant, delivery.tenant_id)
-    assert tenant is not None and delivery.payload is not None
-    headers = signing.headers(tenant, delivery.message_id, delivery.payload)
-    started = time.perf_counter()
-    try:
-        response = requests.post(
-            delivery.url, data=delivery.payload.encode(), headers=headers,
-            timeout=settings.webhook_timeout_seconds, allow_redirects=False,
+        target = check_url(
+            url, allow_private=settings.webhook_allow_private_networks,
+            allowed=networks(settings.webhook_allowed_networks), resolver=resolver,
+            resolve=not settings.webhook_proxy_url,
         )  # fmt: skip
-    except requests.RequestException as exc:
-        return None, f"{type(exc).__name__}: {exc}", None, _ms(started)
-    code = response.status_code
-    error = None if 200 <= code < 300 else f"HTTP {code}"
-    if 300 <= code < 400:
-        location = response.headers.get("Location")
-        error = f"HTTP {code} redirect to {location!r} (redirects are not followed)"
-    retry_after = None
-    if code in (429, 503):
-        header = response.headers.get("Retry-After", "")
-        retry_after = float(header) if header.strip().isdigit() else None
-    return code, error, retry_after, _ms(started)
-
-
-def _ms(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000, 1)
+    except UnsafeUrl as exc:
+        return transport.Answer(None, f"unsafe URL: {exc}", None, 0.0)
+    answer = transport.post(target, payload.encode(), headers, settings.webhook_timeout_seconds,
+                            settings.webhook_proxy_url)  # fmt: skip
+    if answer.status_code is not None and not 200 <= answer.status_code < 300:
+        code = answer.status_code
+        error = "redirect not followed" if 300 <= code < 400 else f"HTTP {code}"
+        return transport.Answer(code, error, answer.retry_after, answer.latency_ms)
+    return answer
 
 
 def _payload(session: Session, settings: Settings, delivery: WebhookDelivery, now: datetime) -> str:
@@ -177,7 +229,7 @@ def _payload(session: Session, settings: Settings, delivery: WebhookDelivery, no
     return encoded
 
 
-def _dead_letter(session: Session, delivery: WebhookDelivery, error: str) -> None:
+def _dead_letter(session: Session, delivery: WebhookDelivery, attempts: int, error: str) -> None:
     subject: Batch | Job | None = (
         session.get(Batch, delivery.batch_id) if delivery.batch_id else None
     ) or session.get(Job, delivery.job_id)
@@ -189,7 +241,7 @@ def _dead_letter(session: Session, delivery: WebhookDelivery, error: str) -> Non
             error_code="webhook_undeliverable",
             error_class="WebhookDelivery",
             message=f"{delivery.event_type} to {delivery.url}: {error}",
-            attempts=delivery.attempts, first_failed_at=delivery.created_at,
+            attempts=attempts, first_failed_at=delivery.created_at,
             last_failed_at=datetime.now(UTC), delivery_id=delivery.id,
         )
     )  # fmt: skip

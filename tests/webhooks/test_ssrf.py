@@ -32,6 +32,10 @@ REFUSED = [
     "http://[fd00::1]/hook",
     "http://224.0.0.1/hook",
     "http://no-such-host.invalid/hook",
+    "http://[64:ff9b::7f00:1]/hook",  # NAT64 of 127.0.0.1
+    "http://[64:ff9b::a9fe:a9fe]/hook",  # NAT64 of 169.254.169.254
+    "http://[2002:7f00:1::]/hook",  # 6to4 of 127.0.0.1
+    "http://[2002:a00:1::1]/hook",  # 6to4 of 10.0.0.1
 ]
 
 
@@ -41,7 +45,14 @@ def test_unsafe_urls_are_refused(url: str) -> None:
         check_url(url)
 
 
-@pytest.mark.parametrize("url", ["http://93.184.216.34/hook", "https://[2606:4700:4700::1111]/x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://93.184.216.34/hook",
+        "https://[2606:4700:4700::1111]/x",
+        "http://[64:ff9b::5db8:d822]/hook",  # NAT64 of a public address
+    ],
+)
 def test_public_addresses_pass(url: str) -> None:
     check_url(url)
 
@@ -67,3 +78,15 @@ def test_submit_refuses_unknown_events(client: FlaskClient, auth: dict[str, str]
     hook = {"url": "http://93.184.216.34/hook", "events": ["job.exploded"]}
     response = client.post("/jobs", json={**BODY, "webhook": hook}, headers=auth)
     assert response.status_code == 422 and "events" in response.json["errors"]["webhook"]
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.1", "2130706433"])
+def test_the_422_does_not_say_what_a_name_resolves_to(
+    client: FlaskClient, auth: dict[str, str], host: str
+) -> None:
+    hook = {"url": f"http://{host}:9/hook"}
+    response = client.post("/jobs", json={**BODY, "webhook": hook}, headers=auth)
+    assert response.status_code == 422
+    message = response.json["errors"]["webhook"]["url"][0]
+    assert "not a public address" in message
+    assert "127.0.0.1" not in message and "::1" not in message

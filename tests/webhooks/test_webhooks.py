@@ -3,7 +3,9 @@ a real webhook worker process, every delivery verified with `standardwebhooks`."
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
+from sqlalchemy import text
 from standardwebhooks import Webhook
 
 from app import create_app
@@ -21,12 +24,12 @@ from app.config import Settings
 from app.db.models import Tenant
 from app.db.session import Database, current_session
 from app.tenants import rotate_webhook_secret
-from app.webhooks import delivery
+from app.webhooks import delivery, retry_after
 from app.webhooks.receiver import DuplicateDelivery, Receiver, WebhookVerificationError
 from tests.conftest import TenantAuth, WorkerProcess, make_tenant, wait_for_job
 
 BODY = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}
-SCHEDULE = "0,0.2,0.2,0.2,0.2"  # five attempts, quickly
+SCHEDULE = "0,0.2,0.2,0.2,2.5"  # five attempts, quickly; Retry-After is honoured up to 2.5 s
 
 
 @dataclass
@@ -34,6 +37,10 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    body_bytes: int = 0  # a body of this many bytes, as fast as the sender reads it...
+    byte_every: float = 0.0  # ...or one byte every this many seconds
+    trickle_headers: bool = False  # the status line and headers, one byte every 20 ms
+    on_request: Callable[[], None] | None = None  # called as the request arrives
 
 
 @dataclass
@@ -46,9 +53,10 @@ class Received:
 class ScriptedReceiver:
     """Answers each path with its script, one reply per request (the last repeats)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.scripts: dict[str, list[Reply]] = {}
         self.received: list[Received] = []
+        self.sent: dict[str, list[int]] = {}  # body bytes written, per reply
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -57,21 +65,37 @@ class ScriptedReceiver:
                 receiver.received.append(Received(self.path, dict(self.headers), body))
                 script = receiver.scripts.get(self.path, [Reply()])
                 reply = script.pop(0) if len(script) > 1 else script[0]
+                if reply.on_request is not None:
+                    reply.on_request()
                 time.sleep(reply.delay)
-                try:
-                    self.send_response(reply.status)
-                    for name, value in reply.headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                except OSError:
-                    pass  # the sender gave up (timeout)
+                with contextlib.suppress(OSError):  # the sender gave up, or read enough
+                    self.answer(reply)
+
+            def answer(self, reply: Reply) -> None:
+                if reply.trickle_headers:
+                    for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 2000:
+                        self.wfile.write(bytes([byte]))
+                        time.sleep(0.02)
+                    return
+                self.send_response(reply.status)
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(reply.body_bytes))
+                self.end_headers()
+                sent = receiver.sent.setdefault(self.path, [])
+                sent.append(0)
+                chunk = b"x" if reply.byte_every else b"x" * 65536
+                while sent[-1] < reply.body_bytes:
+                    self.wfile.write(chunk[: reply.body_bytes - sent[-1]])
+                    sent[-1] += len(chunk[: reply.body_bytes - sent[-1]])
+                    time.sleep(reply.byte_every)
 
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.server.server_address[1]
+        self.base = f"http://{host}:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def at(self, path: str) -> list[Received]:
@@ -201,8 +225,8 @@ def test_a_hanging_receiver_and_a_redirect_are_failed_attempts(
     wait_for_job(app_.test_client(), tenant.headers, job["id"])
     pump(app_, lambda: deliveries(app_, tenant, job["id"])[0]["status"] == "delivered")
     log = deliveries(app_, tenant, job["id"])[0]["log"]
-    assert "Timeout" in log[0]["error"] and log[0]["status_code"] is None
-    assert log[1]["status_code"] == 301 and "not followed" in log[1]["error"]
+    assert log[0]["error"] == "timed out" and log[0]["status_code"] is None
+    assert log[1]["status_code"] == 301 and log[1]["error"] == "redirect not followed"
     assert log[2]["status_code"] == 200
     assert receiver.at("/elsewhere") == []
 
@@ -357,3 +381,298 @@ def test_the_url_is_checked_again_at_delivery(
     letters = app_.test_client().get("/dead-letters?error_code=webhook_undeliverable",
                                      headers=tenant.headers).json["items"]  # fmt: skip
     assert any(x["job_id"] == job["id"] for x in letters)
+
+
+# Receivers that try to stall, crash or redirect the sender. Where a test must step
+# between the phases of one attempt it runs the delivery code in this process; the
+# only fake is the resolver, where a test needs DNS to lie.
+
+MiB = 1024 * 1024
+
+
+def done_job(app: Flask, tenant: TenantAuth, url: str) -> int:
+    """Submit a job with a webhook to `url`, wait for it; its delivery's id."""
+    job = submit(app, tenant, url, events=["job.succeeded"])
+    wait_for_job(app.test_client(), tenant.headers, job["id"])
+    [mine] = deliveries(app, tenant, job["id"])
+    return int(mine["id"])
+
+
+def take(app: Flask, settings: Settings, delivery_id: int) -> bool:
+    """One sweep: whether it marked `delivery_id` sending. Others it took go to the worker."""
+    with app.app_context():
+        ids = delivery.take_due(current_session(), settings)
+        for other in ids:
+            if other != delivery_id:
+                app.extensions["celery"].send_task(
+                    delivery.DELIVER_TASK, args=[other], queue=settings.webhooks_queue
+                )
+    return delivery_id in ids
+
+
+def expire_lease(database: Database, delivery_id: int) -> None:
+    """Time passes: the delivery's lease runs out (a message late in the queue, a stall)."""
+    with database.sessionmaker() as session:
+        session.execute(
+            text("UPDATE webhook_deliveries SET lease_expires_at = now() - interval '1 second' "
+                 "WHERE id = :id"), {"id": delivery_id})  # fmt: skip
+        session.commit()
+
+
+def in_thread(database: Database, settings: Settings, delivery_id: int) -> tuple[
+    threading.Thread, dict[str, str | None]
+]:  # fmt: skip
+    result: dict[str, str | None] = {}
+
+    def send() -> None:
+        with database.sessionmaker() as session:
+            result["status"] = delivery.deliver(session, settings, delivery_id)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread, result
+
+
+def wait_until(condition: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+# 1. Stalling and flooding: one wall-clock budget per attempt, a capped read.
+
+
+def test_a_trickling_receiver_is_cut_off_at_the_attempts_budget(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth
+) -> None:
+    """WEBHOOK_TIMEOUT_SECONDS is 1: each byte comes well within it, the whole never does."""
+    receiver.scripts["/trickle-head"] = [Reply(trickle_headers=True), Reply(200)]
+    receiver.scripts["/trickle-body"] = [Reply(200, body_bytes=1000, byte_every=0.1)]
+    head = submit(app_, tenant, f"{receiver.base}/trickle-head", events=["job.succeeded"])
+    body = submit(app_, tenant, f"{receiver.base}/trickle-body", events=["job.succeeded"])
+    for job in (head, body):
+        wait_for_job(app_.test_client(), tenant.headers, job["id"])
+    pump(app_, lambda: all(deliveries(app_, tenant, j["id"])[0]["status"] == "delivered"
+                           for j in (head, body)))  # fmt: skip
+    [cut, ok] = deliveries(app_, tenant, head["id"])[0]["log"]
+    assert cut["status_code"] is None and cut["error"] == "timed out"
+    assert cut["latency_ms"] < 2500 and ok["status_code"] == 200
+    [answered] = deliveries(app_, tenant, body["id"])[0]["log"]
+    assert answered["status_code"] == 200 and answered["latency_ms"] < 2500
+
+
+def test_a_flood_of_a_body_is_not_read(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth
+) -> None:
+    receiver.scripts["/flood"] = [Reply(500, body_bytes=256 * MiB), Reply(200)]
+    job = submit(app_, tenant, f"{receiver.base}/flood", events=["job.succeeded"])
+    wait_for_job(app_.test_client(), tenant.headers, job["id"])
+    pump(app_, lambda: deliveries(app_, tenant, job["id"])[0]["status"] == "delivered")
+    assert [a["status_code"] for a in deliveries(app_, tenant, job["id"])[0]["log"]] == [500, 200]
+    wait_until(lambda: len(receiver.sent["/flood"]) == 2)
+    assert receiver.sent["/flood"][0] < 16 * MiB, "the sender stopped reading and hung up"
+
+
+# 2. What the delivery log tells a tenant, and where the POST goes.
+
+
+def test_the_log_names_no_address(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth
+) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    job = submit(app_, tenant, f"http://127.0.0.1:{port}/nobody", events=["job.succeeded"])
+    wait_for_job(app_.test_client(), tenant.headers, job["id"])
+    pump(app_, lambda: deliveries(app_, tenant, job["id"])[0]["status"] == "failed")
+    log = deliveries(app_, tenant, job["id"])[0]["log"]
+    assert [a["error"] for a in log] == ["connection refused"] * 5
+    letters = app_.test_client().get("/dead-letters?error_code=webhook_undeliverable",
+                                     headers=tenant.headers).json["items"]  # fmt: skip
+    [letter] = [x for x in letters if x["job_id"] == job["id"]]
+    assert letter["message"].endswith(": connection refused")
+
+
+def test_dns_rebinding_reaches_only_the_checked_address(
+    app_: Flask, tenant: TenantAuth, hooks: Settings, database: Database,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """`rebind.test` answers 127.0.0.2 (allowed: the stand-in for a public address)
+    to the first lookup of the attempt and 127.0.0.1 (the private network) to every
+    later one."""
+    public = ScriptedReceiver("127.0.0.2")
+    try:
+        internal = ScriptedReceiver("127.0.0.1", public.port)
+    except OSError:
+        public.server.shutdown()
+        pytest.skip("the port is taken on 127.0.0.1")
+    real, lookups = socket.getaddrinfo, []
+
+    def lying(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "rebind.test":
+            return real(host, port, *args, **kwargs)
+        lookups.append(host)
+        address = "127.0.0.2" if len(lookups) == 1 else "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lying)
+    delivery_id = done_job(app_, tenant, f"http://rebind.test:{public.port}/hook")
+    lookups.clear()  # the check at submit saw 127.0.0.2 too
+    strict = hooks.with_overrides(
+        webhook_allow_private_networks=False, webhook_allowed_networks=("127.0.0.2/32",)
+    )
+    try:
+        assert take(app_, strict, delivery_id)
+        with database.sessionmaker() as session:
+            assert delivery.deliver(session, strict, delivery_id) == "delivered"
+    finally:
+        public.server.shutdown()
+        internal.server.shutdown()
+    assert internal.received == [], "nothing was sent into the private network"
+    [hit] = public.at("/hook")
+    assert hit.headers["Host"] == f"rebind.test:{public.port}" and len(lookups) == 1
+
+
+def test_an_egress_proxy_carries_every_delivery(
+    app_: Flask, tenant: TenantAuth, hooks: Settings, database: Database
+) -> None:
+    """With WEBHOOK_PROXY_URL the proxy resolves and connects (and enforces egress)."""
+    proxy = ScriptedReceiver()
+    url = "http://localhost:9/via-proxy"  # nothing listens there; only the proxy may call it
+    delivery_id = done_job(app_, tenant, url)
+    proxied = hooks.with_overrides(
+        webhook_allow_private_networks=False, webhook_proxy_url=proxy.base
+    )
+    try:
+        assert take(app_, proxied, delivery_id)
+        with database.sessionmaker() as session:
+            assert delivery.deliver(session, proxied, delivery_id) == "delivered"
+    finally:
+        proxy.server.shutdown()
+    [hit] = proxy.received
+    assert hit.path == url and hit.headers["Host"] == "localhost:9"
+
+
+def test_proxy_settings_of_the_environment_are_ignored(
+    hooks: Settings, receiver: ScriptedReceiver, tenant: TenantAuth, tmp_path: Path,
+    webhook_worker: WorkerProcess,
+) -> None:  # fmt: skip
+    """A worker started with HTTP_PROXY in its environment still connects directly."""
+    trap = ScriptedReceiver()
+    queue = f"{hooks.webhooks_queue}-env"
+    settings = hooks.with_overrides(webhooks_queue=queue)
+    app = create_app(settings)
+    worker = WorkerProcess(
+        settings.with_overrides(jobs_queue=queue), tmp_path / "env.log", 1,
+        WEBHOOKS_QUEUE=queue, WEBHOOK_ALLOW_PRIVATE_NETWORKS="true", WEBHOOK_TIMEOUT_SECONDS="1",
+        HTTP_PROXY=trap.base, HTTPS_PROXY=trap.base, http_proxy=trap.base, NO_PROXY="",
+        no_proxy="",
+    )  # fmt: skip
+    try:
+        job = submit(app, tenant, f"{receiver.base}/direct", events=["job.succeeded"])
+        wait_for_job(app.test_client(), tenant.headers, job["id"])
+        pump(app, lambda: deliveries(app, tenant, job["id"])[0]["log"] != [])
+    finally:
+        worker.stop()
+        trap.server.shutdown()
+    assert trap.received == [] and len(receiver.at("/direct")) == 1
+
+
+# 3. Leases and guarded writes.
+
+
+def test_the_lease_starts_when_a_sender_takes_the_delivery(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
+    database: Database,
+) -> None:  # fmt: skip
+    """Its message waited in the queue longer than the lease the sweep gave it: the
+    sweep must not take it back while it is being sent. (A retry: its payload is
+    written already, so the sender holds no row lock that would hide the bug.)"""
+    slow = hooks.with_overrides(webhook_timeout_seconds=3.0)
+    receiver.scripts["/late-message"] = [Reply(500), Reply(200, delay=1.0)]
+    delivery_id = done_job(app_, tenant, f"{receiver.base}/late-message")
+    assert take(app_, slow, delivery_id)
+    with database.sessionmaker() as session:
+        assert delivery.deliver(session, slow, delivery_id) == "pending"
+    wait_until(lambda: take(app_, slow, delivery_id))
+    expire_lease(database, delivery_id)  # the message sat in the queue
+    thread, result = in_thread(database, slow, delivery_id)
+    wait_until(lambda: len(receiver.at("/late-message")) == 2)
+    retaken = take(app_, slow, delivery_id)  # the sweep, while the POST is under way
+    thread.join()
+    assert not retaken and result["status"] == "delivered"
+    assert len(receiver.at("/late-message")) == 2
+
+
+def test_a_sender_that_lost_its_lease_writes_nothing(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
+    database: Database,
+) -> None:  # fmt: skip
+    """A stalls past its lease mid-POST; the sweep hands the delivery to B, whose 200
+    is recorded; A's late 500 must not overwrite status or attempt count."""
+    slow = hooks.with_overrides(webhook_timeout_seconds=3.0)
+    receiver.scripts["/stalled"] = [Reply(500, delay=1.0), Reply(200)]
+    delivery_id = done_job(app_, tenant, f"{receiver.base}/stalled")
+    assert take(app_, slow, delivery_id)
+    thread, late = in_thread(database, slow, delivery_id)
+    wait_until(lambda: len(receiver.at("/stalled")) == 1)
+    expire_lease(database, delivery_id)  # A stalls
+    assert take(app_, slow, delivery_id)
+    with database.sessionmaker() as session:
+        assert delivery.deliver(session, slow, delivery_id) == "delivered"
+    thread.join()
+    assert late["status"] is None
+    with database.sessionmaker() as session:
+        row = session.execute(text("SELECT status, attempts FROM webhook_deliveries "
+                                   "WHERE id = :id"), {"id": delivery_id}).one()  # fmt: skip
+    assert (row.status, row.attempts) == ("delivered", 1)
+
+
+# 4. Retry-After.
+
+
+def test_a_hostile_retry_after_is_one_recorded_attempt_each(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth
+) -> None:
+    receiver.scripts["/retry-after"] = [
+        Reply(429, {"Retry-After": "\u00b2"}),  # a digit to str.isdigit, not to HTTP
+        Reply(503, {"Retry-After": "9" * 400}),  # no float holds it
+        Reply(429, {"Retry-After": "250000000000"}),  # about 8000 years
+        Reply(503, {"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"}),
+        Reply(200),
+    ]
+    job = submit(app_, tenant, f"{receiver.base}/retry-after", events=["job.succeeded"])
+    wait_for_job(app_.test_client(), tenant.headers, job["id"])
+    pump(app_, lambda: deliveries(app_, tenant, job["id"])[0]["status"] == "delivered")
+    log = deliveries(app_, tenant, job["id"])[0]["log"]
+    assert [a["status_code"] for a in log] == [429, 503, 429, 503, 200]
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("120", 120.0), (" 7 ", 7.0), ("99999999999999999999", 3600.0), ("250000000000", 3600.0),
+     ("\u00b2", None), ("\u0663", None), ("-5", None), ("1e3", None), ("soon", None), ("", None),
+     ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), ("Fri, 31 Dec 9999 23:59:59 GMT", 3600.0)],
+)  # fmt: skip
+def test_retry_after_is_parsed_and_clamped(header: str, expected: float | None) -> None:
+    assert retry_after.seconds(header, 3600.0) == expected
+
+
+# 5. No transaction held during the POST.
+
+
+def test_no_transaction_is_open_while_the_receiver_answers(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
+    database: Database,
+) -> None:  # fmt: skip
+    observed: list[bool] = []
+    with database.sessionmaker() as session:
+        receiver.scripts["/no-transaction"] = [
+            Reply(200, on_request=lambda: observed.append(session.in_transaction()))
+        ]
+        delivery_id = done_job(app_, tenant, f"{receiver.base}/no-transaction")
+        assert take(app_, hooks, delivery_id)
+        assert delivery.deliver(session, hooks, delivery_id) == "delivered"
+    assert observed == [False]
