@@ -57,6 +57,7 @@ def test_not_ready_without_models(settings: Settings, tmp_path: object) -> None:
     response = empty.test_client().get("/v2/health/ready")
     assert response.status_code == 503
     assert "models build" in response.json["checks"]["models"]
+    assert str(tmp_path) not in response.get_data(as_text=True)  # no path of the server
 
 
 def test_openapi_and_docs(client: FlaskClient) -> None:
