@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
@@ -181,7 +182,7 @@ def _finish(
     if status == "failed":
         _dead_letter(session, delivery, taken.attempts + counted, error or f"HTTP {code}")
     session.commit()
-    logger.info("webhook %s to %s: %s (%s)", delivery.message_id, delivery.url, status,
+    logger.info("webhook %s to %s: %s (%s)", delivery.message_id, _origin(delivery.url), status,
                 code or error)  # fmt: skip
     return status
 
@@ -260,3 +261,10 @@ def redeliver(session: Session, ids: list[int]) -> list[int]:
         """
     )
     return [r.id for r in session.execute(statement, {"ids": ids})]
+
+
+def _origin(url: str) -> str:
+    """What a log may say of a webhook URL: scheme, host and port. Its path and
+    query often carry a token (Slack-style hooks), and logs travel further."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}/..."

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -676,3 +677,16 @@ def test_no_transaction_is_open_while_the_receiver_answers(
         assert take(app_, hooks, delivery_id)
         assert delivery.deliver(session, hooks, delivery_id) == "delivered"
     assert observed == [False]
+
+
+def test_the_workers_log_names_no_path_or_token_of_a_webhook_url(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, webhook_worker: WorkerProcess
+) -> None:
+    token = f"tok-{uuid.uuid4().hex}"
+    job = submit(app_, tenant, f"{receiver.base}/hook/{token}?sig={token}")
+    wait_for_job(app_.test_client(), tenant.headers, job["id"])
+    pump(app_, lambda: any(token in r.path for r in receiver.received))
+    pump(app_, lambda: deliveries(app_, tenant, job["id"])[0]["status"] == "delivered")
+    log = webhook_worker.log_path.read_text(errors="replace")
+    assert f"{receiver.base}/..." in log  # the delivery was logged, by its origin only
+    assert token not in log
