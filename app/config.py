@@ -110,6 +110,10 @@ class Settings:
     # RETENTION_SECONDS: inputs and outputs of finished jobs are deleted after this long
     # (the job's metadata stays). 0 keeps them forever.
     retention_seconds: float = 7 * 24 * 3600.0
+    # CONTROL_QUEUE: the Celery queue of beat's sweeps (leases, deadlines, due webhooks,
+    # schedules, purges), served by the control worker, so a backlog of jobs never
+    # delays them.
+    control_queue: str = "control"
     # WEBHOOKS_QUEUE: the Celery queue of webhook deliveries, so slow receivers never
     # hold inference workers.
     webhooks_queue: str = "webhooks"
@@ -198,6 +202,7 @@ class Settings:
                 "BROKER_RESTORE_INTERVAL_SECONDS", d.broker_restore_interval_seconds
             ),
             retention_seconds=_env_float("RETENTION_SECONDS", d.retention_seconds),
+            control_queue=_env_str("CONTROL_QUEUE", d.control_queue),
             webhooks_queue=_env_str("WEBHOOKS_QUEUE", d.webhooks_queue),
             webhook_timeout_seconds=_env_float(
                 "WEBHOOK_TIMEOUT_SECONDS", d.webhook_timeout_seconds

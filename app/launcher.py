@@ -1,4 +1,4 @@
-"""`manage.py up`: set everything up, run API, worker, beat and Flower, supervise them.
+"""`manage.py up`: set everything up, run API, workers, beat and Flower, supervise them.
 
 The children run in their own process sessions, so Ctrl-C reaches only this
 launcher, which then stops them in order (API first, so no new jobs arrive;
@@ -54,6 +54,12 @@ def worker_command(queue: str, concurrency: int, hostname: str, *extra: str) -> 
         *CELERY, "worker", "--queues", queue, "--concurrency", str(concurrency),
         "--loglevel", "INFO", "--hostname", hostname, *extra,
     ]  # fmt: skip
+
+
+def control_worker_command(queue: str, hostname: str, *extra: str) -> list[str]:
+    """The control worker: beat's sweeps on their own queue, never behind jobs. Threads:
+    sweeps wait on the database, and no model is loaded (no prefork child starts)."""
+    return worker_command(queue, 4, hostname, "--pool", "threads", *extra)
 
 
 def beat_command(schedule: Path, *extra: str) -> list[str]:
@@ -161,6 +167,9 @@ class Launcher:
             # Webhook delivery waits on the network: threads, apart from inference.
             Child("webhooks", worker_command(self.settings.webhooks_queue, 8, "webhooks@%h",
                                              "--pool", "threads", "--task-events")),
+            # Sweeps (leases, deadlines, due webhooks, schedules, purges): never behind jobs.
+            Child("control", control_worker_command(self.settings.control_queue,
+                                                    "control@%h", "--task-events")),
             Child("beat", beat_command(self.settings.var_dir / "celerybeat-schedule")),
             Child("flower", [*CELERY, "flower", f"--address={self.host}",
                              f"--port={self.flower_port}"]),

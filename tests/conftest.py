@@ -31,7 +31,7 @@ from app.db.migrate import upgrade
 from app.db.models import Job, Tenant
 from app.db.session import Database, engine_url
 from app.inference.builders import ensure_models
-from app.launcher import worker_command
+from app.launcher import control_worker_command, worker_command
 from app.tenants import create_api_key
 from tests.models import build_memhog, build_slow
 
@@ -106,6 +106,7 @@ def settings(database_url: str, redis_url: str, model_repository: Path) -> Setti
         var_dir=TEST_VAR,
         model_repository=model_repository,
         jobs_queue=f"test-{RUN_ID}",
+        control_queue=f"test-{RUN_ID}-control",
         data_dir=TEST_VAR / f"data-{RUN_ID}",
         # Tests make many apps, none of which is ever stopped: each keeps at most four
         # idle connections, so the suite stays below the server's 100.
@@ -211,6 +212,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         DATABASE_URL=settings.database_url,
         REDIS_URL=settings.redis_url,
         JOBS_QUEUE=settings.jobs_queue,
+        CONTROL_QUEUE=settings.control_queue,
         MODEL_REPOSITORY=str(settings.model_repository),
         VAR_DIR=str(settings.var_dir),
         DATA_DIR=str(settings.data_dir),
@@ -225,16 +227,28 @@ QUIET_WORKER = ("--without-gossip", "--without-mingle")
 
 
 class WorkerProcess:
-    """A real `celery worker` subprocess on this run's queue."""
+    """A real `celery worker` subprocess on this run's queue (the control queue's
+    worker, as `make run` starts it, with `control=True`)."""
 
     def __init__(
-        self, settings: Settings, log_path: Path, concurrency: int = 2, **env: str
+        self,
+        settings: Settings,
+        log_path: Path,
+        concurrency: int = 2,
+        *,
+        control: bool = False,
+        **env: str,
     ) -> None:
         self.log_path = log_path
         self.log = log_path.open("wb")
         hostname = f"test-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h"
+        args = (
+            control_worker_command(settings.control_queue, hostname, *QUIET_WORKER)
+            if control
+            else worker_command(settings.jobs_queue, concurrency, hostname, *QUIET_WORKER)
+        )
         self.proc = subprocess.Popen(
-            worker_command(settings.jobs_queue, concurrency, hostname, *QUIET_WORKER),
+            args,
             cwd=ROOT,
             env=service_env(settings, **env),
             stdout=self.log,
@@ -265,6 +279,18 @@ def worker(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iter
     # No lingering: a drain ends at its first empty claim, as soon as a test's jobs are done.
     process = WorkerProcess(
         settings, tmp_path_factory.mktemp("worker") / "worker.log", DRAIN_LINGER_MS="0"
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def control_worker(
+    settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """The control queue's worker: runs what beat sends (sweeps, schedule ticks)."""
+    process = WorkerProcess(
+        settings, tmp_path_factory.mktemp("control") / "control.log", control=True
     )
     yield process
     process.stop()

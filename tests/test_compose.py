@@ -138,3 +138,17 @@ def test_dockerfile_builds_model_and_serves_api() -> None:
     assert argv[-1] == "app:create_app()"
     _check_gunicorn(argv)
     assert any(line.startswith("USER ") and "root" not in line for line in lines)
+
+
+def test_beats_sweeps_have_a_worker_of_their_own() -> None:
+    """Beat's sweeps travel on the control queue; a service other than the inference
+    worker serves it, with the tenants' data area (schedules import files)."""
+    served: dict[str, str] = {}
+    for name, service in _services().items():
+        argv = _argv(service.get("command", []))
+        if "worker" in argv and "--queues" in argv:
+            for queue in argv[argv.index("--queues") + 1].split(","):
+                served[queue] = name
+    assert served["control"] not in ("worker", None)
+    assert served["inference"] == "worker"
+    assert "tenant-data:/data" in _services()[served["control"]]["volumes"]

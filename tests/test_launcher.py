@@ -73,3 +73,21 @@ def test_a_unix_socket_redis_url_keeps_its_database_for_celery() -> None:
     numbered = Settings(redis_url="unix:///run/redis.sock?db=3")
     assert numbered.broker_url == "redis+socket:///run/redis.sock?virtual_host=3"
     assert Settings(redis_url="redis://h:6379/2").broker_url == "redis://h:6379/2"
+
+
+def test_beats_sweeps_have_a_worker_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every queue beat sends to is served by `make run`, and none is the jobs queue."""
+    from workers.celery_app import beat_schedule
+
+    subject = Launcher(Settings())
+    monkeypatch.setattr(subject, "_spawn", lambda child: None)
+    subject._start_children()
+    served = {
+        child.args[child.args.index("--queues") + 1]: child.name
+        for child in subject.children
+        if "--queues" in child.args
+    }
+    queues = {entry["options"]["queue"] for entry in beat_schedule(subject.settings).values()}
+    assert queues == {subject.settings.control_queue}
+    assert served[subject.settings.control_queue] == "control"
+    assert subject.settings.jobs_queue not in queues

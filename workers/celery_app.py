@@ -30,6 +30,7 @@ from flask import Flask
 from app.config import Settings
 from app.inference import pipeline
 from app.inference.sessions import device_for
+from app.jobs.control import periodic
 from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
 from app.schedules.service import TICK_TASK
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
@@ -38,12 +39,14 @@ logger = logging.getLogger(__name__)
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Periodic work, declared as data. Beat only sends these; workers run them."""
+    """Periodic work, declared as data. Beat only sends these, on the control queue
+    (never behind inference jobs), one pending message of each at most; the control
+    worker runs them (see app.jobs.control)."""
     return {
-        "sweep-jobs": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_seconds},
-        "purge-old-job-data": {"task": PURGE_TASK, "schedule": 3600.0},
-        "send-due-webhooks": {"task": WEBHOOK_SWEEP_TASK, "schedule": 1.0},
-        "fire-schedules": {"task": TICK_TASK, "schedule": settings.schedule_tick_seconds},
+        "sweep-jobs": periodic(SWEEP_TASK, settings.sweep_interval_seconds, settings),
+        "purge-old-job-data": periodic(PURGE_TASK, 3600.0, settings),
+        "send-due-webhooks": periodic(WEBHOOK_SWEEP_TASK, 1.0, settings),
+        "fire-schedules": periodic(TICK_TASK, settings.schedule_tick_seconds, settings),
     }
 
 
@@ -80,6 +83,8 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         task_send_sent_event=False,
         beat_schedule=beat_schedule(settings),
+        beat_scheduler="workers.beat:OnePendingScheduler",
+        inference_redis_url=settings.redis_url,
         include=["workers.tasks"],
         timezone="UTC",
     )

@@ -12,11 +12,19 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
 from app.batches import service as batches
+from app.config import Settings
 from app.db.session import current_session, database_unavailable
-from app.jobs import dispatch, runner, sweeps
+from app.jobs import control, dispatch, runner, sweeps
 from app.jobs.runtime import current_runtime
 from app.schedules import service as schedules
 from app.webhooks import delivery
+
+
+def _started(task: str) -> Settings:
+    """A sweep started: beat may send the next one (see app.jobs.control)."""
+    settings: Settings = current_app.extensions["settings"]
+    control.clear_pending(settings.redis_url, settings.control_queue, task)
+    return settings
 
 
 @shared_task(name=dispatch.DRAIN_TASK, bind=True, max_retries=8)
@@ -51,8 +59,8 @@ def split_batch(batch_id: str) -> str:
 @shared_task(name=schedules.TICK_TASK, ignore_result=True)
 def fire_schedules() -> dict[str, int]:
     """Beat's tick: fire due schedules, then write finished runs' results."""
+    settings = _started(schedules.TICK_TASK)
     session, runtime = current_session(), current_runtime()
-    settings = current_app.extensions["settings"]
     fired = schedules.fire_due(session, runtime.repository, settings, batches.start_split)
     written = schedules.export_finished(
         session, runtime.repository, settings, current_app.extensions["database"].sessionmaker
@@ -62,7 +70,7 @@ def fire_schedules() -> dict[str, int]:
 
 @shared_task(name=dispatch.SWEEP_TASK, ignore_result=True)
 def sweep() -> dict[str, int]:
-    settings = current_app.extensions["settings"]
+    settings = _started(dispatch.SWEEP_TASK)
     counts = sweeps.sweep(current_session(), settings)
     counts["batches"] = batches.sweep(current_session(), settings, batches.start_split)
     return counts
@@ -70,7 +78,7 @@ def sweep() -> dict[str, int]:
 
 @shared_task(name=dispatch.PURGE_TASK, ignore_result=True)
 def purge() -> dict[str, Any]:
-    return sweeps.purge(current_session(), current_app.extensions["settings"])
+    return sweeps.purge(current_session(), _started(dispatch.PURGE_TASK))
 
 
 @shared_task(name=delivery.DELIVER_TASK, ignore_result=True)
@@ -81,7 +89,7 @@ def deliver_webhook(delivery_id: int) -> str | None:
 @shared_task(name=delivery.SWEEP_TASK, ignore_result=True)
 def sweep_webhooks() -> int:
     """Send due deliveries (and those whose worker died mid-send) to the webhooks queue."""
-    settings = current_app.extensions["settings"]
+    settings = _started(delivery.SWEEP_TASK)
     ids = delivery.take_due(current_session(), settings)
     celery = current_app.extensions["celery"]
     for delivery_id in ids:

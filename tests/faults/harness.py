@@ -32,7 +32,7 @@ from app.config import ROOT
 from app.db.migrate import upgrade
 from app.db.models import Job, Tenant
 from app.db.session import engine_url
-from app.launcher import api_command, beat_command, worker_command
+from app.launcher import api_command, beat_command, control_worker_command, worker_command
 from tests.conftest import QUIET_WORKER, free_port
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -200,6 +200,13 @@ class FaultStack:
         return service
 
     def start_beat(self) -> Service:
+        """Beat, with the control worker that runs what it sends (its sweeps)."""
+        if "control" not in self.services:
+            hostname = f"control-{uuid.uuid4().hex[:6]}@%h"
+            control = Service("control", control_worker_command("control", hostname,
+                              *QUIET_WORKER), self.env, self.root).start()  # fmt: skip
+            control.wait_for_log(b" ready.")
+            self.services["control"] = control
         args = beat_command(self.root / "beat-schedule", "--max-interval", "1")
         service = Service("beat", args, self.env, self.root).start()
         service.wait_for_log(b"beat: Starting")

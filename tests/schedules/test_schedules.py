@@ -91,6 +91,7 @@ def test_two_beats_fire_each_tick_once_and_runs_write_their_results(
     database: Database,
     settings: Settings,
     worker: WorkerProcess,
+    control_worker: WorkerProcess,
     model_repository: Path,
     two_beats: list[Beat],
 ) -> None:
@@ -121,7 +122,7 @@ def test_two_beats_fire_each_tick_once_and_runs_write_their_results(
 
     ticks = [datetime.fromisoformat(r["scheduled_for"]) for r in everything]
     assert len(ticks) == len(set(ticks)), "a tick fired twice"
-    log = worker.log_path.read_text(errors="replace")
+    log = control_worker.log_path.read_text(errors="replace")
     assert "Sending due task fire-schedules" in two_beats[1].log_path.read_text()
     failed_ticks = [line for line in log.splitlines() if "schedules.tick[" in line
                     and "raised" in line]  # fmt: skip

@@ -1,0 +1,211 @@
+"""The control plane never waits behind the data plane, on real processes: an
+inference worker busy with a backlog of thousands of slow jobs, beat, the control
+worker and the webhook worker, each a real Celery process on this run's queues."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+import sqlalchemy as sa
+
+from app import create_app
+from app.config import ROOT, Settings
+from app.db.session import Database
+from app.jobs.dispatch import SWEEP_TASK
+from app.launcher import beat_command
+from app.schedules.service import TICK_TASK
+from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
+from tests.conftest import STAGED, TenantAuth, WorkerProcess, insert_queued_job, service_env
+from tests.webhooks.test_webhooks import ScriptedReceiver
+
+BACKLOG = 3000
+JOB_SECONDS = 20.0  # each backlog job holds the inference worker this long
+SLOW_INPUTS = {"x": [[0.1] * 64], "steps": [int(JOB_SECONDS / 2e-6)]}
+
+
+class Beat:
+    """A real `celery beat`, every sweep each second."""
+
+    def __init__(self, settings: Settings, folder: Path, **env: str) -> None:
+        self.log_path = folder / "beat.log"
+        self.log = self.log_path.open("wb")
+        args = beat_command(folder / "beat-schedule", "--max-interval", "1")
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=service_env(settings, **env),
+                                     stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def kill_tree(worker: WorkerProcess) -> None:
+    """SIGKILL a worker and its pool children (a slow job would hold a warm stop)."""
+    for child in psutil.Process(worker.proc.pid).children(recursive=True):
+        child.kill()
+    worker.proc.kill()
+    worker.proc.wait()
+    worker.log.close()
+
+
+@pytest.fixture
+def plane(settings: Settings) -> Settings:
+    queue = f"{settings.jobs_queue}-cp-{uuid.uuid4().hex[:4]}"
+    return settings.with_overrides(
+        jobs_queue=queue, control_queue=f"{queue}-control", webhooks_queue=f"{queue}-hooks"
+    )
+
+
+def plane_env(plane: Settings) -> dict[str, str]:
+    return {
+        "JOBS_QUEUE": plane.jobs_queue, "CONTROL_QUEUE": plane.control_queue,
+        "WEBHOOKS_QUEUE": plane.webhooks_queue, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
+        "SWEEP_INTERVAL_SECONDS": "1", "SCHEDULE_TICK_SECONDS": "1",
+        "ORT_INTRA_OP_THREADS": "1", "DRAIN_LINGER_MS": "0",
+    }  # fmt: skip
+
+
+def queued(database: Database, model: str) -> int:
+    with database.engine.connect() as conn:
+        count: int = conn.execute(
+            sa.text("SELECT count(*) FROM jobs WHERE model = :m AND status = 'queued'"),
+            {"m": model},
+        ).scalar_one()
+    return count
+
+
+def status_of(database: Database, job_id: uuid.UUID) -> str:
+    with database.engine.connect() as conn:
+        status: str = conn.execute(
+            sa.text("SELECT status FROM jobs WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+    return status
+
+
+@pytest.fixture
+def busy_plane(
+    plane: Settings, database: Database, tenant: TenantAuth, tmp_path: Path
+) -> Iterator[Settings]:
+    """The inference worker (one process) busy on a backlog of slow jobs, with beat,
+    the control worker and the webhook worker running beside it."""
+    env = plane_env(plane)
+    with database.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, tenant_id, model, model_version, status, inputs) "
+                "SELECT gen_random_uuid(), :t, 'slow', '1', 'queued', CAST(:inputs AS jsonb) "
+                "FROM generate_series(1, :n)"
+            ),
+            {"t": tenant.id, "inputs": json.dumps(SLOW_INPUTS), "n": BACKLOG},
+        )
+    inference = WorkerProcess(plane, tmp_path / "worker.log", concurrency=1, **env)
+    control = WorkerProcess(plane, tmp_path / "control.log", control=True, **env)
+    hooks = WorkerProcess(
+        plane.with_overrides(jobs_queue=plane.webhooks_queue), tmp_path / "hooks.log", 2, **env
+    )
+    beat = Beat(plane, tmp_path, **env)
+    try:
+        app = create_app(plane)
+        app.extensions["dispatch"].wake("slow")
+        deadline = time.monotonic() + 60
+        with database.engine.connect() as conn:
+            while not conn.execute(sa.text(
+                "SELECT count(*) FROM jobs WHERE model = 'slow' AND status = 'running'"
+            )).scalar_one():  # fmt: skip
+                assert time.monotonic() < deadline, "the backlog never started"
+                time.sleep(0.2)
+                conn.rollback()
+        yield plane
+    finally:
+        beat.stop()
+        kill_tree(inference)
+        control.stop()
+        hooks.stop()
+        with database.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM jobs WHERE model = 'slow' AND tenant_id = :t"),
+                         {"t": tenant.id})  # fmt: skip
+
+
+def test_sweeps_run_while_a_backlog_holds_every_inference_worker(
+    busy_plane: Settings, database: Database, tenant: TenantAuth
+) -> None:
+    receiver = ScriptedReceiver()
+    try:
+        overdue = insert_queued_job(database, tenant.id, model=STAGED)  # no worker runs it
+        finished = insert_queued_job(database, tenant.id)
+        started = time.monotonic()
+        with database.engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE jobs SET deadline_at = now() + interval '1 second' WHERE id = :id"),
+                {"id": overdue},
+            )
+            conn.execute(
+                sa.text(
+                    "UPDATE jobs SET webhook_url = :url, webhook_events = '{job.succeeded}' "
+                    "WHERE id = :id"
+                ),
+                {"url": f"{receiver.base}/done", "id": finished},
+            )
+            conn.execute(  # finished by its worker: the trigger queues its webhook
+                sa.text(
+                    "UPDATE jobs SET status = 'succeeded', finished_at = now(), "
+                    "outputs = '{}' WHERE id = :id"
+                ),
+                {"id": finished},
+            )
+        expired_after = delivered_after = None
+        while expired_after is None or delivered_after is None:
+            elapsed = time.monotonic() - started
+            assert elapsed < 12, (
+                f"sweeps starved behind the backlog: expired after {expired_after}, "
+                f"webhook delivered after {delivered_after}"
+            )
+            if expired_after is None and status_of(database, overdue) == "expired":
+                expired_after = elapsed
+            if delivered_after is None and receiver.at("/done"):
+                delivered_after = elapsed
+            time.sleep(0.1)
+        left = queued(database, "slow")
+        print(f"deadline expired after {expired_after:.1f}s, webhook delivered after "
+              f"{delivered_after:.1f}s, {left} of {BACKLOG} backlog jobs still queued")  # fmt: skip
+        assert left >= BACKLOG - 2, "the backlog drained: it held nothing"
+    finally:
+        receiver.server.shutdown()
+
+
+def test_beat_keeps_one_message_of_each_sweep_pending(
+    plane: Settings, settings: Settings, tmp_path: Path
+) -> None:
+    """No worker consumes the control queue: beat sends each sweep once, not once a
+    tick, so a stalled control worker finds one of each waiting, not thousands."""
+    beat = Beat(plane, tmp_path, **plane_env(plane))
+    try:
+        time.sleep(6)  # six ticks of every per-second sweep
+    finally:
+        beat.stop()
+    client = redis.Redis.from_url(settings.redis_url)
+
+    def tasks(queue: str) -> list[str]:
+        return [json.loads(m)["headers"]["task"] for m in client.lrange(queue, 0, -1)]
+
+    on_control = tasks(plane.control_queue)
+    try:
+        assert tasks(plane.jobs_queue) == [], "sweeps sent to the inference queue"
+        counts = Counter(on_control)
+        assert {SWEEP_TASK, WEBHOOK_SWEEP_TASK, TICK_TASK} <= set(counts), on_control
+        assert max(counts.values()) == 1, f"a sweep piled up: {counts}"
+    finally:
+        client.delete(plane.control_queue, plane.jobs_queue)
