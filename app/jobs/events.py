@@ -4,6 +4,12 @@ Each API process holds one LISTEN connection in a background thread; clients
 that wait on a job (long-poll, event stream) block on a condition and query
 the database once when their job changes, not once per tick. The database
 stays the truth: a reconnect to another process resumes from `job_events`.
+
+The LISTEN connection is checked: a `SELECT 1` after each HEALTH_CHECK_S of
+silence, with TCP keepalives and a send timeout so a dead peer shows as an
+error rather than a silent socket. A lost connection is opened again (with
+backoff), and every waiter is then woken once to re-read its job: NOTIFYs sent
+while nobody listened are gone, the rows are not.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ from app.db.models import JobEvent
 logger = logging.getLogger(__name__)
 
 CHANNEL = "job_events"
+APPLICATION_NAME = "job-events-listener"
+HEALTH_CHECK_S = 10.0
+# libpq settings of the LISTEN connection (ignored on Unix sockets, which cannot
+# go silent): a peer that stops answering is an error within about 30 s.
+TCP_CHECKS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+              "keepalives_count": 3, "tcp_user_timeout": 15_000}  # fmt: skip
 
 
 class EventBus:
@@ -45,6 +57,7 @@ class EventBus:
         self._condition = threading.Condition()
         self._listener = LazyThread(self._listen_forever, "job-events")
         self._listening = threading.Event()
+        self._backoff = 0.5
 
     @contextmanager
     def watching(self, job_id: uuid.UUID) -> Iterator[Watch]:
@@ -83,6 +96,14 @@ class EventBus:
             if woken:
                 self._condition.notify_all()
 
+    def _wake_all(self) -> None:
+        """Every waiter re-reads its job: changes may have gone by unheard."""
+        with self._condition:
+            for key in self._changes:
+                self._changes[key] += 1
+            if self._changes:
+                self._condition.notify_all()
+
     def _ensure_listening(self) -> None:
         self._listener.ensure()
         # A change before LISTEN would be missed; a waiter would then only see it
@@ -90,27 +111,37 @@ class EventBus:
         self._listening.wait(5)
 
     def _listen_forever(self) -> None:
-        backoff = 1.0
         while True:
             try:
                 self._listen()
-            except Exception as exc:  # a lost connection: listen again; waiters time out meanwhile
+            except Exception as exc:  # a lost connection: listen again; waiters re-read
                 logger.warning("job event listener lost its connection (%s); reconnecting", exc)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                time.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, 30.0)
+
+    def _connect(self) -> Any:
+        dialect = self._engine.dialect
+        cargs, cparams = dialect.create_connect_args(self._engine.url)
+        params = {**cparams, "application_name": APPLICATION_NAME}
+        if "host" in params and not str(params["host"]).startswith("/"):
+            params.update(TCP_CHECKS)
+        conn = dialect.loaded_dbapi.connect(*cargs, **params)
+        conn.autocommit = True
+        return conn
 
     def _listen(self) -> None:
-        raw = self._engine.raw_connection()
-        conn: Any = raw.driver_connection
-        raw.detach()  # this connection is ours for good, not the pool's
-        conn.autocommit = True
-        with conn.cursor() as cursor:
-            cursor.execute(f"LISTEN {CHANNEL}")
-        self._listening.set()
+        conn = self._connect()
         try:
+            with conn.cursor() as cursor:
+                cursor.execute(f"LISTEN {CHANNEL}")
+            if self._listening.is_set():  # a reconnect, after LISTEN: changes are heard again
+                self._wake_all()
+            self._listening.set()
+            self._backoff = 0.5
             while True:
-                if select.select([conn], [], [], 30) == ([], [], []):
-                    continue
+                if select.select([conn], [], [], HEALTH_CHECK_S) == ([], [], []):
+                    with conn.cursor() as cursor:  # silence: is the server still there?
+                        cursor.execute("SELECT 1")
                 conn.poll()
                 if conn.notifies:
                     self._changed([note.payload for note in conn.notifies])

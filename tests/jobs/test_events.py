@@ -1,0 +1,84 @@
+"""The API's job event listener on a real PostgreSQL: bounded by what is watched,
+and back (its waiters woken) after its connection was killed."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import sqlalchemy as sa
+
+from app.db.session import Database
+from app.jobs.events import EventBus
+from tests.conftest import TenantAuth, insert_queued_job
+
+LISTENER = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND pid <> pg_backend_pid() AND (application_name = 'job-events-listener' "
+    "OR query = 'LISTEN job_events')"
+)
+
+
+def notify(database: Database, payloads: list[str]) -> None:
+    with database.engine.begin() as conn:
+        conn.execute(
+            sa.text("SELECT pg_notify('job_events', p) FROM unnest(CAST(:p AS text[])) AS p"),
+            {"p": payloads},
+        )
+
+
+def touch(database: Database, job_id: uuid.UUID) -> None:
+    """A change of the job: its trigger sends the NOTIFY."""
+    with database.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET attempts = attempts + 1 WHERE id = :id"),
+                     {"id": job_id})  # fmt: skip
+
+
+def listener_pids(database: Database) -> list[int]:
+    with database.engine.connect() as conn:
+        return list(conn.execute(sa.text(LISTENER)).scalars())
+
+
+def test_changes_of_unwatched_jobs_leave_no_trace(database: Database) -> None:
+    bus = EventBus(database.engine)
+    watched = uuid.uuid4()
+    with bus.watching(watched) as watch:
+        seen = watch.version()
+        for _ in range(5):  # 50,000 other jobs go by, as a busy API sees them
+            notify(database, [",".join(str(uuid.uuid4()) for _ in range(200))] * 50)
+        notify(database, [str(watched)])
+        assert watch.wait(seen, 10) != seen
+        assert set(bus._changes) == {str(watched)}
+    assert bus._changes == {} and bus._watchers == {}
+
+
+def test_a_killed_listener_reconnects_and_wakes_its_waiters(
+    database: Database, tenant: TenantAuth
+) -> None:
+    others = set(listener_pids(database))  # other tests' buses
+    bus = EventBus(database.engine)
+    job_id = insert_queued_job(database, tenant.id)
+    with bus.watching(job_id) as watch:
+        seen = watch.version()
+        [pid] = set(listener_pids(database)) - others
+        with database.engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        deadline = time.monotonic() + 5
+        while pid in listener_pids(database):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        touch(database, job_id)  # while nobody listens: its NOTIFY is lost
+        started = time.monotonic()
+        woken = watch.wait(seen, 15)
+        assert woken != seen, "a change made while the listener was down never woke its waiter"
+        assert time.monotonic() - started < 10
+
+        deadline = time.monotonic() + 10
+        while not set(listener_pids(database)) - others:  # listening again
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        changed = threading.Event()
+        threading.Timer(0.2, lambda: (touch(database, job_id), changed.set())).start()
+        assert watch.wait(woken, 10) != woken, "the next change did not wake the waiter"
+        assert changed.is_set()
