@@ -110,6 +110,20 @@ class Settings:
     # RETENTION_SECONDS: inputs and outputs of finished jobs are deleted after this long
     # (the job's metadata stays). 0 keeps them forever.
     retention_seconds: float = 7 * 24 * 3600.0
+    # Retention of the logs each job leaves (deleted by the hourly purge, in batches;
+    # 0 keeps them forever):
+    # JOB_EVENT_RETENTION_SECONDS: job events (event streams, the job's history).
+    job_event_retention_seconds: float = 30 * 24 * 3600.0
+    # WEBHOOK_PAYLOAD_RETENTION_SECONDS: the body a finished delivery sent (it holds the
+    # job's outputs: the same default as RETENTION_SECONDS).
+    webhook_payload_retention_seconds: float = 7 * 24 * 3600.0
+    # WEBHOOK_LOG_RETENTION_SECONDS: finished deliveries and their attempts (a failed
+    # delivery stays while its dead letter does).
+    webhook_log_retention_seconds: float = 30 * 24 * 3600.0
+    # DEAD_LETTER_RETENTION_SECONDS: dead letters, replayed or not.
+    dead_letter_retention_seconds: float = 90 * 24 * 3600.0
+    # AUDIT_RETENTION_SECONDS: audit rows (replays, purges).
+    audit_retention_seconds: float = 365 * 24 * 3600.0
     # CONTROL_QUEUE: the Celery queue of beat's sweeps (leases, deadlines, due webhooks,
     # schedules, purges), served by the control worker, so a backlog of jobs never
     # delays them.
@@ -202,6 +216,21 @@ class Settings:
                 "BROKER_RESTORE_INTERVAL_SECONDS", d.broker_restore_interval_seconds
             ),
             retention_seconds=_env_float("RETENTION_SECONDS", d.retention_seconds),
+            job_event_retention_seconds=_env_float(
+                "JOB_EVENT_RETENTION_SECONDS", d.job_event_retention_seconds
+            ),
+            webhook_payload_retention_seconds=_env_float(
+                "WEBHOOK_PAYLOAD_RETENTION_SECONDS", d.webhook_payload_retention_seconds
+            ),
+            webhook_log_retention_seconds=_env_float(
+                "WEBHOOK_LOG_RETENTION_SECONDS", d.webhook_log_retention_seconds
+            ),
+            dead_letter_retention_seconds=_env_float(
+                "DEAD_LETTER_RETENTION_SECONDS", d.dead_letter_retention_seconds
+            ),
+            audit_retention_seconds=_env_float(
+                "AUDIT_RETENTION_SECONDS", d.audit_retention_seconds
+            ),
             control_queue=_env_str("CONTROL_QUEUE", d.control_queue),
             webhooks_queue=_env_str("WEBHOOKS_QUEUE", d.webhooks_queue),
             webhook_timeout_seconds=_env_float(

@@ -403,6 +403,12 @@ class WebhookDelivery(Base):
             "next_attempt_at",
             postgresql_where=text("status IN ('pending', 'sending')"),
         ),
+        # The delivery sweep's other branch: sends whose worker died (lease run out).
+        Index(
+            "ix_webhook_deliveries_lease",
+            "lease_expires_at",
+            postgresql_where=text("status IN ('sending', 'in_flight')"),
+        ),
         Index("ix_webhook_deliveries_batch", "batch_id", "id"),
         CheckConstraint(
             "job_id IS NOT NULL OR batch_id IS NOT NULL", name="webhook_deliveries_subject"

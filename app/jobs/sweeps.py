@@ -7,7 +7,9 @@ table, safe to run concurrently or twice.
   failed to publish, or jobs queued too long (a wake-up lost with the broker)
   get a wake-up; wake-ups are per model, so a backlog costs one message;
 - deadlines: jobs past their deadline expire;
-- retention: old inputs and outputs are deleted, and idempotency keys after 24 h.
+- retention: old inputs and outputs are deleted, idempotency keys after 24 h, and
+  the logs jobs leave (events, webhook payloads and logs, dead letters, audit
+  rows) each after its own setting (app.jobs.retention).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.jobs import dispatch, idempotency, transitions
+from app.jobs import dispatch, idempotency, retention, transitions
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +58,11 @@ def wake_waiting(session: Session, older_than_s: float) -> int:
 
 def purge(session: Session, settings: Settings) -> dict[str, Any]:
     keys = idempotency.forget_expired(session)
-    if settings.retention_seconds <= 0:
-        return {"purged": 0, "idempotency_keys": keys}
-    total = 0
-    while count := transitions.purge_old_data(session, settings.retention_seconds, BATCH):
-        session.commit()
-        total += count
     session.commit()
-    return {"purged": total, "idempotency_keys": keys}
+    total = 0
+    if settings.retention_seconds > 0:
+        while count := transitions.purge_old_data(session, settings.retention_seconds, BATCH):
+            session.commit()
+            total += count
+        session.commit()
+    return {"purged": total, "idempotency_keys": keys, **retention.prune_all(session, settings)}

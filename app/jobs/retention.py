@@ -1,0 +1,101 @@
+"""Retention of the logs that grow with every job: job events, webhook payloads,
+delivery logs, dead letters and audit rows, each kept for its own setting.
+
+The purge sweep deletes in batches of BATCH rows, one transaction each, walking
+the table's primary key upwards (ids grow with time, so old rows come first and
+each batch is one index range), and at most MAX_BATCHES a table per run, so an
+hourly purge never holds a lock or a worker for long; the next run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+
+logger = logging.getLogger(__name__)
+
+BATCH = 500
+MAX_BATCHES = 2000
+
+# Finished deliveries only; a failed one is kept while its dead letter is.
+_DELIVERY_DONE = (
+    "(status IN ('delivered', 'disabled') OR (status = 'failed' AND NOT EXISTS "
+    "(SELECT 1 FROM dead_letters l WHERE l.delivery_id = webhook_deliveries.id)))"
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    table: str
+    at: str  # the column that ages
+    where: str = "true"
+    action: str = "DELETE"  # or "SET ..." to clear columns instead
+
+
+def rules(settings: Settings) -> list[tuple[Rule, float]]:
+    """Each kind of row with its retention in seconds (0: kept forever)."""
+    return [
+        (Rule("job_events", "job_events", "at"), settings.job_event_retention_seconds),
+        (
+            Rule(
+                "webhook_payloads",
+                "webhook_deliveries",
+                "created_at",
+                "payload IS NOT NULL AND status IN ('delivered', 'failed', 'disabled')",
+                "SET payload = NULL",
+            ),
+            settings.webhook_payload_retention_seconds,
+        ),
+        (
+            Rule("webhook_attempts", "webhook_attempts", "at"),
+            settings.webhook_log_retention_seconds,
+        ),
+        (
+            Rule("webhook_deliveries", "webhook_deliveries", "created_at", _DELIVERY_DONE),
+            settings.webhook_log_retention_seconds,
+        ),
+        (
+            Rule("dead_letters", "dead_letters", "created_at"),
+            settings.dead_letter_retention_seconds,
+        ),
+        (Rule("audit_events", "audit_events", "at"), settings.audit_retention_seconds),
+    ]
+
+
+def _batch(session: Session, rule: Rule, older_than_s: float, after: int) -> list[int]:
+    chosen = (
+        f"SELECT id FROM {rule.table} WHERE id > :after AND {rule.at} < "
+        f"now() - make_interval(secs => :age) AND {rule.where} ORDER BY id LIMIT :limit"
+    )
+    if rule.action == "DELETE":
+        statement = f"DELETE FROM {rule.table} WHERE id IN ({chosen}) RETURNING id"
+    else:
+        statement = f"UPDATE {rule.table} {rule.action} WHERE id IN ({chosen}) RETURNING id"
+    params = {"after": after, "age": older_than_s, "limit": BATCH}
+    return [row.id for row in session.execute(text(statement), params)]
+
+
+def prune(session: Session, rule: Rule, older_than_s: float) -> int:
+    """Rows of `rule` older than `older_than_s`, deleted (or cleared) batch by batch."""
+    total, after = 0, 0
+    for _ in range(MAX_BATCHES):
+        ids = _batch(session, rule, older_than_s, after)
+        session.commit()
+        total += len(ids)
+        if len(ids) < BATCH:
+            break
+        after = max(ids)
+    return total
+
+
+def prune_all(session: Session, settings: Settings) -> dict[str, int]:
+    counts = {rule.name: prune(session, rule, age) for rule, age in rules(settings) if age > 0}
+    if any(counts.values()):
+        logger.info("retention: %s", counts)
+    return counts

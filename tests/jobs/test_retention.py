@@ -1,0 +1,128 @@
+"""Retention beyond inputs and outputs: the logs every job leaves (events, webhook
+payloads, delivery attempts, dead letters, audit rows) are pruned by the purge
+sweep, each after its own setting, in bounded batches."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+
+from app.config import Settings
+from app.db.session import Database
+from app.jobs import retention, sweeps
+from tests.conftest import TenantAuth, insert_queued_job
+
+DAY = 24 * 3600.0
+
+
+@pytest.fixture
+def ctx(app: Flask) -> Iterator[None]:
+    with app.app_context():
+        yield
+
+
+def run(database: Database, sql: str, **params: Any) -> Any:
+    with database.engine.begin() as conn:
+        return conn.execute(sa.text(sql), params)
+
+
+def count(database: Database, sql: str, **params: Any) -> int:
+    with database.engine.connect() as conn:
+        value: int = conn.execute(sa.text(sql), params).scalar_one()
+    return value
+
+
+def delivery(database: Database, tenant: TenantAuth, job_id: uuid.UUID, status: str,
+             age_days: float) -> int:  # fmt: skip
+    row = run(
+        database,
+        "INSERT INTO webhook_deliveries (job_id, tenant_id, event_type, message_id, url, "
+        "payload, status, created_at) VALUES (:j, :t, 'job.succeeded', :m, 'https://x.test/', "
+        "'{\"outputs\": 1}', :s, now() - make_interval(days => :age)) RETURNING id",
+        j=job_id, t=tenant.id, m=f"msg_{uuid.uuid4().hex}", s=status, age=age_days,
+    ).scalar_one()  # fmt: skip
+    run(database, "INSERT INTO webhook_attempts (delivery_id, url, status_code, at) "
+        "VALUES (:d, 'https://x.test/', 200, now() - make_interval(days => :age))",
+        d=row, age=age_days)  # fmt: skip
+    delivery_id: int = row
+    return delivery_id
+
+
+def dead_letter(database: Database, tenant: TenantAuth, job_id: uuid.UUID, age_days: float,
+                delivery_id: int | None = None) -> None:  # fmt: skip
+    run(
+        database,
+        "INSERT INTO dead_letters (job_id, tenant_id, model, model_version, error_code, "
+        "error_class, message, attempts, first_failed_at, last_failed_at, created_at, "
+        "delivery_id) VALUES (:j, :t, 'staged', '1', 'x', 'X', 'x', 1, now(), now(), "
+        "now() - make_interval(days => :age), :d)",
+        j=job_id, t=tenant.id, age=age_days, d=delivery_id,
+    )  # fmt: skip
+
+
+def test_logs_are_pruned_each_after_its_retention(
+    ctx: None, app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    settings: Settings = app.extensions["settings"].with_overrides(
+        job_event_retention_seconds=30 * DAY, webhook_payload_retention_seconds=7 * DAY,
+        webhook_log_retention_seconds=30 * DAY, dead_letter_retention_seconds=90 * DAY,
+        audit_retention_seconds=365 * DAY,
+    )  # fmt: skip
+    old_job, new_job = (
+        insert_queued_job(database, tenant.id),
+        insert_queued_job(database, tenant.id),
+    )
+    run(database, "UPDATE job_events SET at = now() - interval '31 days' WHERE job_id = :j",
+        j=old_job)  # fmt: skip
+    kept_payload = delivery(database, tenant, new_job, "delivered", 1)
+    cleared_payload = delivery(database, tenant, new_job, "delivered", 8)
+    pending_old = delivery(database, tenant, new_job, "pending", 40)  # still being retried
+    gone = delivery(database, tenant, old_job, "delivered", 31)
+    lettered = delivery(database, tenant, old_job, "failed", 31)  # kept with its letter
+    dead_letter(database, tenant, old_job, 10, lettered)
+    dead_letter(database, tenant, old_job, 91)
+    for age in (1, 366):
+        run(database, "INSERT INTO audit_events (tenant_id, action, subject, at) VALUES "
+            "(:t, 'test.retention', 'x', now() - make_interval(days => :age))",
+            t=tenant.id, age=age)  # fmt: skip
+
+    result = sweeps.purge(app.extensions["database"].sessionmaker(), settings)
+
+    assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=old_job) == 0
+    assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=new_job) >= 1
+    payloads = dict(
+        run(database, "SELECT id, payload IS NOT NULL FROM webhook_deliveries "
+            "WHERE tenant_id = :t", t=tenant.id).all()
+    )  # fmt: skip
+    assert payloads == {kept_payload: True, cleared_payload: False, pending_old: True,
+                        lettered: False}, payloads  # fmt: skip
+    assert gone not in payloads
+    attempts = "SELECT count(*) FROM webhook_attempts WHERE delivery_id = :d"
+    assert count(database, attempts, d=gone) == 0
+    assert count(database, attempts, d=kept_payload) == 1
+    assert count(database, "SELECT count(*) FROM dead_letters WHERE tenant_id = :t",
+                 t=tenant.id) == 1  # fmt: skip
+    assert count(database, "SELECT count(*) FROM audit_events WHERE tenant_id = :t",
+                 t=tenant.id) == 1  # fmt: skip
+    assert result["job_events"] >= 1 and result["webhook_deliveries"] >= 1
+
+
+def test_pruning_goes_in_bounded_batches(
+    monkeypatch: pytest.MonkeyPatch, ctx: None, app: Flask, database: Database,
+    tenant: TenantAuth,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(retention, "BATCH", 3)
+    monkeypatch.setattr(retention, "MAX_BATCHES", 2)
+    for _ in range(10):
+        run(database, "INSERT INTO audit_events (tenant_id, action, subject, at) VALUES "
+            "(:t, 'test.batches', 'x', now() - interval '400 days')", t=tenant.id)  # fmt: skip
+    rule = retention.Rule("audit_events", "audit_events", "at", f"tenant_id = {tenant.id}")
+    session = app.extensions["database"].sessionmaker()
+    assert retention.prune(session, rule, 365 * DAY) == 6  # two batches of three, per run
+    assert retention.prune(session, rule, 365 * DAY) == 4
+    assert retention.prune(session, rule, 365 * DAY) == 0
