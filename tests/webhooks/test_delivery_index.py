@@ -20,9 +20,7 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
-def test_every_branch_of_take_due_is_an_index_range(
-    database: Database, settings: Settings
-) -> None:
+def test_every_branch_of_take_due_is_an_index_range(database: Database, settings: Settings) -> None:
     captured: list[tuple[str, Any]] = []
     with database.engine.connect() as conn:
         outer = conn.begin()
