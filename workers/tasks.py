@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Task, shared_task
@@ -20,11 +22,14 @@ from app.schedules import service as schedules
 from app.webhooks import delivery
 
 
-def _started(task: str) -> Settings:
-    """A sweep started: beat may send the next one (see app.jobs.control)."""
+@contextmanager
+def _sweeping(task: str) -> Iterator[Settings]:
+    """Once the sweep is over, beat may send the next (see app.jobs.control)."""
     settings: Settings = current_app.extensions["settings"]
-    control.clear_pending(settings.redis_url, settings.control_queue, task)
-    return settings
+    try:
+        yield settings
+    finally:
+        control.clear_pending(settings.redis_url, settings.control_queue, task)
 
 
 @shared_task(name=dispatch.DRAIN_TASK, bind=True, max_retries=8)
@@ -59,26 +64,27 @@ def split_batch(batch_id: str) -> str:
 @shared_task(name=schedules.TICK_TASK, ignore_result=True)
 def fire_schedules() -> dict[str, int]:
     """Beat's tick: fire due schedules, then write finished runs' results."""
-    settings = _started(schedules.TICK_TASK)
-    session, runtime = current_session(), current_runtime()
-    fired = schedules.fire_due(session, runtime.repository, settings, batches.start_split)
-    written = schedules.export_finished(
-        session, runtime.repository, settings, current_app.extensions["database"].sessionmaker
-    )
+    with _sweeping(schedules.TICK_TASK) as settings:
+        session, runtime = current_session(), current_runtime()
+        fired = schedules.fire_due(session, runtime.repository, settings, batches.start_split)
+        written = schedules.export_finished(
+            session, runtime.repository, settings, current_app.extensions["database"].sessionmaker
+        )
     return {"fired": len(fired), "written": written}
 
 
 @shared_task(name=dispatch.SWEEP_TASK, ignore_result=True)
 def sweep() -> dict[str, int]:
-    settings = _started(dispatch.SWEEP_TASK)
-    counts = sweeps.sweep(current_session(), settings)
-    counts["batches"] = batches.sweep(current_session(), settings, batches.start_split)
+    with _sweeping(dispatch.SWEEP_TASK) as settings:
+        counts = sweeps.sweep(current_session(), settings)
+        counts["batches"] = batches.sweep(current_session(), settings, batches.start_split)
     return counts
 
 
 @shared_task(name=dispatch.PURGE_TASK, ignore_result=True)
 def purge() -> dict[str, Any]:
-    return sweeps.purge(current_session(), _started(dispatch.PURGE_TASK))
+    with _sweeping(dispatch.PURGE_TASK) as settings:
+        return sweeps.purge(current_session(), settings)
 
 
 @shared_task(name=delivery.DELIVER_TASK, ignore_result=True)
@@ -89,9 +95,11 @@ def deliver_webhook(delivery_id: int) -> str | None:
 @shared_task(name=delivery.SWEEP_TASK, ignore_result=True)
 def sweep_webhooks() -> int:
     """Send due deliveries (and those whose worker died mid-send) to the webhooks queue."""
-    settings = _started(delivery.SWEEP_TASK)
-    ids = delivery.take_due(current_session(), settings)
-    celery = current_app.extensions["celery"]
-    for delivery_id in ids:
-        celery.send_task(delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue)
+    with _sweeping(delivery.SWEEP_TASK) as settings:
+        ids = delivery.take_due(current_session(), settings)
+        celery = current_app.extensions["celery"]
+        for delivery_id in ids:
+            celery.send_task(
+                delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
+            )
     return len(ids)

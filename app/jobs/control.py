@@ -3,12 +3,13 @@
 Sweeps (taking back dead workers' jobs, expiring deadlines, sending due
 webhooks, firing schedules, purging) travel on CONTROL_QUEUE, served by the
 control worker, never behind inference jobs: a backlog of jobs must not stop
-them for every tenant. At most one message of each sweep is pending: beat sets
-a Redis flag with NX before it sends one (and skips the send while the flag is
-there), the task deletes it when it starts, so a sweep that starts late covers
-every tick it missed. The flag expires, and so does the message (the same TTL,
-Celery's `expires`), so a lost message delays a sweep but never stops it, and a
-stale one is dropped rather than run late.
+them for every tenant. At most one message of each sweep is pending or running:
+beat sets a Redis flag with NX before it sends one (and skips the send while
+the flag is there), the task deletes it when it ends, so a late sweep covers
+every tick it missed, and a slow one (a schedule exporting a large file) never
+takes a second thread from the others. The flag expires, and so does the
+message (the same TTL, Celery's `expires`), so a lost message delays a sweep
+but never stops it, and a stale one is dropped rather than run late.
 """
 
 from __future__ import annotations
@@ -54,6 +55,6 @@ def mark_pending(redis_url: str, queue: str, task: str, ttl_s: int) -> bool:
 
 
 def clear_pending(redis_url: str, queue: str, task: str) -> None:
-    """The sweep started: the next tick may send another."""
+    """The sweep is over: the next tick may send another."""
     with contextlib.suppress(redis.RedisError):  # else it expires by itself
         _client(redis_url).delete(_flag(queue, task))
