@@ -194,6 +194,8 @@ def test_terminal_event_delivered_signed_and_logged(
     pump(app_, lambda: len(receiver.at("/ok")) >= 1)
     event = verified(secret_of(database, tenant), receiver.at("/ok")[0])
     assert event["type"] == "job.succeeded" and event["data"] == done
+    # The receiver has the POST a moment before the sender has recorded its answer.
+    pump(app_, lambda: deliveries(app_, tenant, job["id"])[0]["status"] == "delivered")
     [logged] = deliveries(app_, tenant, job["id"])
     assert logged["status"] == "delivered" and logged["message_id"].startswith("msg_")
     assert receiver.at("/ok")[0].headers["webhook-id"] == logged["message_id"]
