@@ -152,3 +152,18 @@ def test_beats_sweeps_have_a_worker_of_their_own() -> None:
     assert served["control"] not in ("worker", None)
     assert served["inference"] == "worker"
     assert "tenant-data:/data" in _services()[served["control"]]["volumes"]
+
+
+def test_only_the_tls_proxy_is_published_and_secrets_come_from_env() -> None:
+    services = _services()
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            published = str(port)
+            assert name == "proxy" or published.startswith("127.0.0.1:"), (name, published)
+    assert {"80:80", "443:443"} <= set(services["proxy"]["ports"])
+    assert "reverse-proxy" in _argv(services["proxy"]["command"])
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "inference:inference@" not in text and "POSTGRES_PASSWORD: inference" not in text
+    assert "${POSTGRES_PASSWORD:?" in services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    assert "--requirepass" in _argv(services["redis"]["command"])
+    assert ".env" in (ROOT / ".gitignore").read_text().split()
