@@ -111,6 +111,8 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         key_match = re.search(r"Your API key \(tenant 'default', shown once\): (ik_\S+)", banner)
         assert key_match, banner[-3000:]
         api_key = key_match.group(1)
+        assert re.search(r"webhook signing secret \(shown once\): whsec_\S+", banner), banner
+        assert banner.count("whsec_") == 1
         assert f"curl -s -X POST {stack.base}/jobs" in banner
         assert stack.proc is not None
         assert len(children_of(stack.proc.pid)) >= 5  # redis, api, worker, beat, flower
