@@ -47,4 +47,4 @@ USER app
 EXPOSE 8000 5555
 
 CMD ["gunicorn", "--bind", "0.0.0.0:8000", "--workers", "2", "--worker-class", "gthread", \
-     "--threads", "8", "--no-control-socket", "--access-logfile", "-", "app:create_app()"]
+     "--threads", "32", "--no-control-socket", "--access-logfile", "-", "app:create_app()"]

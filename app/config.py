@@ -47,10 +47,10 @@ class Settings:
     # MAX_UPLOAD_BYTES: the largest file POST /files accepts (stored in PostgreSQL).
     max_upload_bytes: int = 2 * 1024 * 1024 * 1024
     # MAX_WAITS: requests one API process lets wait at once (event streams, long-polls,
-    # Prefer: wait, sync calls); keep it below its threads (make run: 16) so ordinary
+    # Prefer: wait, sync calls); keep it below its threads (make run: 32) so ordinary
     # requests always find one. MAX_WAITS_PER_TENANT: one tenant's share of them.
-    max_waits: int = 12
-    max_waits_per_tenant: int = 4
+    max_waits: int = 24
+    max_waits_per_tenant: int = 12
     # MAX_QUEUED_PER_MODEL: queued jobs a model takes before submits get 429 with
     # Retry-After (batch chunks count as jobs); 0 = no bound.
     max_queued_per_model: int = 50_000

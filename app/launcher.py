@@ -44,7 +44,7 @@ def api_command(bind: str) -> list[str]:
     not hold a process."""
     return [
         sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", "2",
-        "--worker-class", "gthread", "--threads", "16", "--graceful-timeout", "10",
+        "--worker-class", "gthread", "--threads", "32", "--graceful-timeout", "10",
         "--access-logfile", "-", "--no-control-socket", "app:create_app()",
     ]  # fmt: skip
 
