@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -65,4 +66,17 @@ def purge(session: Session, settings: Settings) -> dict[str, Any]:
             session.commit()
             total += count
         session.commit()
-    return {"purged": total, "idempotency_keys": keys, **retention.prune_all(session, settings)}
+    secrets = forget_previous_secrets(session)
+    session.commit()
+    return {"purged": total, "idempotency_keys": keys, "previous_webhook_secrets": secrets,
+            **retention.prune_all(session, settings)}  # fmt: skip
+
+
+def forget_previous_secrets(session: Session) -> int:
+    """A rotated-out webhook secret signs nothing after its overlap: it is erased
+    then, so a later leak of the database does not carry it."""
+    statement = text(
+        "UPDATE tenants SET previous_webhook_secret = NULL, previous_secret_expires_at = NULL "
+        "WHERE previous_secret_expires_at < now() RETURNING id"
+    )
+    return len(session.execute(statement).all())

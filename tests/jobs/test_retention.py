@@ -126,3 +126,29 @@ def test_pruning_goes_in_bounded_batches(
     assert retention.prune(session, rule, 365 * DAY) == 6  # two batches of three, per run
     assert retention.prune(session, rule, 365 * DAY) == 4
     assert retention.prune(session, rule, 365 * DAY) == 0
+
+
+def test_a_rotated_out_webhook_secret_is_erased_when_its_overlap_ends(
+    database: Database, tenant: TenantAuth
+) -> None:
+    from app.db.models import Tenant
+    from app.tenants import rotate_webhook_secret
+
+    with database.sessionmaker() as session:
+        name = session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant.id))
+        other = session.scalar(sa.select(Tenant.name).where(Tenant.id != tenant.id).limit(1))
+        rotate_webhook_secret(session, str(name), overlap_hours=24)
+        if other is not None:
+            rotate_webhook_secret(session, str(other), overlap_hours=24)
+        session.execute(
+            sa.update(Tenant).where(Tenant.id == tenant.id)
+            .values(previous_secret_expires_at=sa.func.now() - sa.text("interval '1 second'"))
+        )  # fmt: skip
+        session.commit()
+        assert sweeps.forget_previous_secrets(session) >= 1  # others of this run may expire too
+        session.commit()
+        mine = session.get(Tenant, tenant.id)
+        assert mine is not None and mine.previous_webhook_secret is None
+        if other is not None:  # still within its overlap: kept
+            kept = session.scalar(sa.select(Tenant).where(Tenant.name == other))
+            assert kept is not None and kept.previous_webhook_secret is not None
