@@ -31,7 +31,7 @@ from app.db.migrate import upgrade
 from app.db.models import Job, Tenant
 from app.db.session import Database, engine_url
 from app.inference.builders import ensure_models
-from app.launcher import control_worker_command, worker_command
+from app.launcher import beat_command, control_worker_command, worker_command
 from app.tenants import create_api_key
 from tests.models import build_memhog, build_slow
 
@@ -271,6 +271,26 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.log.close()
+
+
+class BeatProcess:
+    """A real `celery beat` on this run's queues, waking at least every second."""
+
+    def __init__(self, settings: Settings, folder: Path, name: str = "beat", **env: str) -> None:
+        self.log_path = folder / f"{name}.log"
+        self.log = self.log_path.open("wb")
+        args = beat_command(folder / f"{name}-schedule", "--max-interval", "1")
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=service_env(settings, **env),
+                                     stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self.log.close()
 
 

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches.readers import FORMATS
 from app.db.models import Batch, File, FilePart, Schedule
-from app.domain import Conflict, DomainError, InvalidRequest, NotFound, TooLarge
+from app.db.tenancy import owned
+from app.domain import Conflict, DomainError, InvalidRequest, TooLarge
 from app.jobs.chunks import PART_BYTES, read_range
 
 __all__ = ["PART_BYTES", "read_range"]
@@ -107,10 +108,7 @@ def _read_part(body: IO[bytes]) -> bytes:
 
 
 def get(session: Session, tenant_id: int, file_id: uuid.UUID) -> File:
-    file = session.get(File, file_id)
-    if file is None or file.tenant_id != tenant_id:
-        raise NotFound(f"no file with id {file_id}")
-    return file
+    return owned(session, File, tenant_id, file_id, "file")
 
 
 def list_files(session: Session, tenant_id: int, limit: int = 100) -> list[File]:

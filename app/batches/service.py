@@ -29,7 +29,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.batches import files, readers
 from app.config import Settings
 from app.db.models import BATCH_TERMINAL_STATUSES, Batch, File, Job
-from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
+from app.db.tenancy import owned
+from app.domain import Conflict, InputsDoNotFit, InvalidRequest
 from app.inference.datatypes import V2_TO_NUMPY
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.tensors import pack, pack_header
@@ -359,10 +360,7 @@ def cancel(session: Session, tenant_id: int, batch_id: uuid.UUID) -> Batch:
 
 
 def get(session: Session, tenant_id: int, batch_id: uuid.UUID) -> Batch:
-    batch = session.get(Batch, batch_id)
-    if batch is None or batch.tenant_id != tenant_id:
-        raise NotFound(f"no batch with id {batch_id}")
-    return batch
+    return owned(session, Batch, tenant_id, batch_id, "batch")
 
 
 def list_batches(session: Session, tenant_id: int, limit: int) -> list[Batch]:

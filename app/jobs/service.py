@@ -17,6 +17,7 @@ from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session, defer
 
 from app.db.models import TERMINAL_STATUSES, Job
+from app.db.tenancy import owned
 from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
 from app.inference.repository import ModelCard, ModelRepository
 from app.inference.tensors import InvalidInputs, pack, parse_inputs
@@ -228,10 +229,7 @@ def cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
 
 def get(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
     """The tenant's job; another tenant's job is indistinguishable from a missing one."""
-    job = session.get(Job, job_id)
-    if job is None or job.tenant_id != tenant_id:
-        raise NotFound(f"no job with id {job_id}")
-    return job
+    return owned(session, Job, tenant_id, job_id, "job")
 
 
 @dataclass

@@ -29,7 +29,8 @@ from app.batches import files, results
 from app.batches import service as batches
 from app.config import Settings
 from app.db.models import BATCH_TERMINAL_STATUSES, Batch, Schedule, Tenant
-from app.domain import DomainError, InvalidRequest, NotFound
+from app.db.tenancy import owned
+from app.domain import DomainError, InvalidRequest
 from app.inference.repository import ModelRepository, UnknownModel
 from app.schedules import paths
 
@@ -165,11 +166,7 @@ def _commit_unique(session: Session, schedule: Schedule) -> None:
 def get(
     session: Session, tenant_id: int, schedule_id: uuid.UUID, *, lock: bool = False
 ) -> Schedule:
-    query = select(Schedule).where(Schedule.id == schedule_id)
-    schedule = session.scalar(query.with_for_update() if lock else query)
-    if schedule is None or schedule.tenant_id != tenant_id:
-        raise NotFound(f"no schedule with id {schedule_id}")
-    return schedule
+    return owned(session, Schedule, tenant_id, schedule_id, "schedule", lock=lock)
 
 
 def list_schedules(session: Session, tenant_id: int) -> list[Schedule]:

@@ -5,7 +5,6 @@ worker and the webhook worker, each a real Celery process on this run's queues."
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -18,38 +17,23 @@ import redis
 import sqlalchemy as sa
 
 from app import create_app
-from app.config import ROOT, Settings
+from app.config import Settings
 from app.db.session import Database
 from app.jobs.dispatch import SWEEP_TASK
-from app.launcher import beat_command
 from app.schedules.service import TICK_TASK
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
-from tests.conftest import STAGED, TenantAuth, WorkerProcess, insert_queued_job, service_env
+from tests.conftest import (
+    STAGED,
+    BeatProcess,
+    TenantAuth,
+    WorkerProcess,
+    insert_queued_job,
+)
 from tests.webhooks.test_webhooks import ScriptedReceiver
 
 BACKLOG = 3000
 JOB_SECONDS = 20.0  # each backlog job holds the inference worker this long
 SLOW_INPUTS = {"x": [[0.1] * 64], "steps": [int(JOB_SECONDS / 2e-6)]}
-
-
-class Beat:
-    """A real `celery beat`, every sweep each second."""
-
-    def __init__(self, settings: Settings, folder: Path, **env: str) -> None:
-        self.log_path = folder / "beat.log"
-        self.log = self.log_path.open("wb")
-        args = beat_command(folder / "beat-schedule", "--max-interval", "1")
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=service_env(settings, **env),
-                                     stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 def kill_tree(worker: WorkerProcess) -> None:
@@ -116,7 +100,7 @@ def busy_plane(
     hooks = WorkerProcess(
         plane.with_overrides(jobs_queue=plane.webhooks_queue), tmp_path / "hooks.log", 2, **env
     )
-    beat = Beat(plane, tmp_path, **env)
+    beat = BeatProcess(plane, tmp_path, **env)
     try:
         app = create_app(plane)
         app.extensions["dispatch"].wake("slow")
@@ -191,7 +175,7 @@ def test_beat_keeps_one_message_of_each_sweep_pending(
 ) -> None:
     """No worker consumes the control queue: beat sends each sweep once, not once a
     tick, so a stalled control worker finds one of each waiting, not thousands."""
-    beat = Beat(plane, tmp_path, **plane_env(plane))
+    beat = BeatProcess(plane, tmp_path, **plane_env(plane))
     try:
         time.sleep(6)  # six ticks of every per-second sweep
     finally:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,14 +21,13 @@ from click.testing import CliRunner
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.config import ROOT, Settings
+from app.config import Settings
 from app.db.models import Batch, Schedule, Tenant
 from app.db.session import Database
 from app.inference.repository import ModelCard
 from app.inference.sessions import SessionPool
-from app.launcher import beat_command
 from app.schedules import paths, service
-from tests.conftest import TenantAuth, WorkerProcess, make_tenant, service_env
+from tests.conftest import BeatProcess, TenantAuth, WorkerProcess, make_tenant
 
 RNG = np.random.default_rng(5)
 EVERY_2_S = "* * * * * */2"  # six fields, seconds last: a compressed clock
@@ -56,30 +54,10 @@ def runs(client: FlaskClient, tenant: TenantAuth, schedule_id: str) -> list[dict
     return items
 
 
-class Beat:
-    """A real `celery beat` on this run's queue, ticking schedules every 0.5 s."""
-
-    def __init__(self, settings: Settings, folder: Path, name: str) -> None:
-        env = service_env(settings, SCHEDULE_TICK_SECONDS="0.5")
-        self.log_path = folder / f"{name}.log"
-        self.log = self.log_path.open("wb")
-        args = beat_command(folder / f"{name}-schedule", "--max-interval", "1")
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)  # fmt: skip
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-
-
 @pytest.fixture
-def two_beats(settings: Settings, tmp_path: Path) -> Iterator[list[Beat]]:
-    beats = [Beat(settings, tmp_path, "beat-a"), Beat(settings, tmp_path, "beat-b")]
+def two_beats(settings: Settings, tmp_path: Path) -> Iterator[list[BeatProcess]]:
+    beats = [BeatProcess(settings, tmp_path, name, SCHEDULE_TICK_SECONDS="0.5")
+             for name in ("beat-a", "beat-b")]  # fmt: skip
     yield beats
     for beat in beats:
         beat.stop()
@@ -93,7 +71,7 @@ def test_two_beats_fire_each_tick_once_and_runs_write_their_results(
     worker: WorkerProcess,
     control_worker: WorkerProcess,
     model_repository: Path,
-    two_beats: list[Beat],
+    two_beats: list[BeatProcess],
 ) -> None:
     root = area(database, settings, tenant)
     pixels = (RNG.random((30, 64)) * 16).astype(np.float32)
