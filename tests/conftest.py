@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from flask import Flask
@@ -31,6 +32,8 @@ from app.db.migrate import upgrade
 from app.db.models import Job, Tenant
 from app.db.session import Database, engine_url
 from app.inference.builders import ensure_models
+from app.inference.tensors import pack
+from app.jobs.representation import stored_outputs
 from app.launcher import beat_command, control_worker_command, worker_command
 from app.tenants import create_api_key
 from tests.models import build_memhog, build_slow
@@ -166,6 +169,24 @@ def tenant(database: Database) -> TenantAuth:
 @pytest.fixture
 def auth(tenant: TenantAuth) -> dict[str, str]:
     return tenant.headers
+
+
+def load_job(database: Database, job_id: uuid.UUID) -> Job:
+    """The job row as stored, its (deferred) outputs loaded."""
+    with database.sessionmaker() as session:
+        job = session.get(Job, job_id, options=[sa.orm.undefer(Job.output_data)])
+        assert job is not None
+        return job
+
+
+def outputs_of(job: Job) -> dict[str, Any] | None:
+    """A job's outputs as clients see them (nested lists)."""
+    return stored_outputs(job)
+
+
+def packed(**values: int) -> bytes:
+    """Outputs as a worker stores them: one one-element tensor per name."""
+    return pack({name: np.array([value]) for name, value in values.items()})
 
 
 def insert_queued_job(

@@ -152,7 +152,9 @@ class JobListItemSchema(JobSchema):
     )
 
     def get_outputs(self, job: Any) -> Any:
-        return job.__dict__.get("outputs")  # a deferred column not loaded is not in __dict__
+        if "output_data" not in job.__dict__:  # a deferred column not loaded is not in __dict__
+            return None
+        return super().get_outputs(job)
 
 
 class JobPageSchema(Schema):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.interfaces import ORMOption
 
 from app.db.models import Base
 from app.domain import NotFound
@@ -13,11 +15,19 @@ T = TypeVar("T", bound=Base)
 
 
 def owned(
-    session: Session, model: type[T], tenant_id: int, key: Any, noun: str, *, lock: bool = False
+    session: Session,
+    model: type[T],
+    tenant_id: int,
+    key: Any,
+    noun: str,
+    *,
+    lock: bool = False,
+    options: Sequence[ORMOption] = (),
 ) -> T:
     """The row of `model` with primary key `key` if it belongs to `tenant_id`
-    (locked FOR UPDATE with `lock`); NotFound (404) otherwise, never 403."""
-    row = session.get(model, key, with_for_update=lock or None)
+    (locked FOR UPDATE with `lock`, loaded with `options`); NotFound (404)
+    otherwise, never 403."""
+    row = session.get(model, key, with_for_update=lock or None, options=options)
     if row is None or getattr(row, "tenant_id", None) != tenant_id:
         raise NotFound(f"no {noun} with id {key}")
     return row

@@ -10,6 +10,7 @@ from typing import Any
 from marshmallow import Schema, fields
 
 from app.db.models import JOB_STATUSES, Job
+from app.inference.tensors import to_json, unpack
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -18,13 +19,23 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return round(((end or datetime.now(UTC)) - start).total_seconds(), 6)
 
 
+def stored_outputs(job: Job) -> dict[str, Any] | None:
+    """The job's outputs as nested lists. They are stored packed in their declared
+    datatypes (`output_data`); `outputs` (JSON) is read for rows written before."""
+    if job.output_data is not None:
+        return to_json(unpack(job.output_data))
+    return job.outputs
+
+
 class JobSchema(Schema):
     id = fields.UUID()
     status = fields.String(metadata={"enum": list(JOB_STATUSES)})
     model = fields.String()
     model_version = fields.String()
-    outputs: fields.Field = fields.Raw(
-        allow_none=True, metadata={"description": "Output name -> nested list, once succeeded"}
+    outputs = fields.Method(
+        "get_outputs",
+        allow_none=True,
+        metadata={"description": "Output name -> nested list, once succeeded"},
     )
     error = fields.Method("get_error", metadata={"description": "{code, message} when failed"})
     attempts = fields.Integer()
@@ -44,6 +55,9 @@ class JobSchema(Schema):
     running_seconds = fields.Method(
         "get_running_seconds", metadata={"description": "Time from start to finish (so far)"}
     )
+
+    def get_outputs(self, job: Job) -> dict[str, Any] | None:
+        return stored_outputs(job)
 
     def get_error(self, job: Job) -> dict[str, Any] | None:
         if job.error_code is None:

@@ -30,7 +30,7 @@ from app.config import Settings
 from app.inference.engine import NonFiniteOutput, infer
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.sessions import SessionPool
-from app.inference.tensors import from_json, pack, parse_inputs, tensor_bytes, to_json, unpack
+from app.inference.tensors import from_json, pack, parse_inputs, tensor_bytes, unpack
 from app.jobs.chunks import read_range, settle
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish, renew_leases
 
@@ -191,10 +191,9 @@ def _run_group(
 
 
 def _succeeded(job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:
-    """A chunk of a batch keeps its outputs packed (streamed later, never JSON)."""
-    if job.batch_id is not None:
-        return Outcome(job.id, job.attempt, "succeeded", output_data=pack(outputs))
-    return Outcome(job.id, job.attempt, "succeeded", outputs=to_json(outputs))
+    """Outputs are stored packed in their declared datatypes (float32 stays 4 bytes
+    a value); they become JSON only when a client reads them."""
+    return Outcome(job.id, job.attempt, "succeeded", output_data=pack(outputs))
 
 
 def _inputs(session: Session, card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import select, text, tuple_
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session, defer, undefer
 
 from app.db.models import TERMINAL_STATUSES, Job
 from app.db.tenancy import owned
@@ -161,7 +161,9 @@ def _wait(
     with bus.watching(job_id) as watch:
         first = seen = watch.version()  # before each read, so no change is missed
         while True:
-            job = session.get(Job, job_id, populate_existing=True)
+            job = session.get(
+                Job, job_id, populate_existing=True, options=[undefer(Job.output_data)]
+            )
             session.commit()
             if job is None or job.tenant_id != tenant_id:
                 raise NotFound(f"no job with id {job_id}")
@@ -228,8 +230,9 @@ def cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
 
 
 def get(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
-    """The tenant's job; another tenant's job is indistinguishable from a missing one."""
-    return owned(session, Job, tenant_id, job_id, "job")
+    """The tenant's job, outputs loaded; another tenant's job is indistinguishable
+    from a missing one."""
+    return owned(session, Job, tenant_id, job_id, "job", options=[undefer(Job.output_data)])
 
 
 @dataclass
@@ -252,8 +255,7 @@ def list_jobs(
     Inputs are never read; outputs only with `outputs` (200 jobs' outputs can
     be megabytes nobody asked for)."""
     query = select(Job).where(Job.tenant_id == tenant_id, Job.batch_id.is_(None))  # not chunks
-    if not outputs:
-        query = query.options(defer(Job.outputs))
+    query = query.options(undefer(Job.output_data) if outputs else defer(Job.outputs))
     if status:
         query = query.where(Job.status == status)
     if model:

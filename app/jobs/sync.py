@@ -25,7 +25,7 @@ from app.domain import DomainError
 from app.inference import engine
 from app.inference.repository import ModelCard, ModelRepository
 from app.inference.sessions import SessionPool
-from app.inference.tensors import from_json
+from app.inference.tensors import from_json, unpack
 from app.jobs import service
 from app.jobs.events import EventBus
 from app.jobs.inserts import JobInserter
@@ -95,8 +95,17 @@ def infer(
     )  # fmt: skip
     job = service.wait_until_finished(session, bus, tenant_id, job.id, timeout_s)
     if job.status == "succeeded":
-        return Answer(card, from_json(card.outputs, job.outputs or {}), job.id)
+        return Answer(card, _outputs(card, job), job.id)
     raise _outcome_error(job, timeout_s)
+
+
+def _outputs(card: ModelCard, job: Job) -> dict[str, np.ndarray]:
+    """The finished job's outputs as arrays: unpacked as stored, or from JSON for
+    rows written before outputs were packed."""
+    if job.output_data is not None:
+        arrays = unpack(job.output_data)
+        return {spec.name: arrays[spec.name] for spec in card.outputs}
+    return from_json(card.outputs, job.outputs or {})
 
 
 def _outcome_error(job: Job, timeout_s: float) -> DomainError:

@@ -12,7 +12,6 @@ suite only, to show the duplicates they prevent.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +44,7 @@ class Outcome:
     job_id: uuid.UUID
     attempt: int
     status: str  # "succeeded", "failed" or "retry"
-    outputs: dict[str, Any] | None = None
-    output_data: bytes | None = None  # a chunk's outputs, packed
+    output_data: bytes | None = None  # outputs, packed (app.inference.tensors.pack)
     error_code: str | None = None
     error_message: str | None = None
     error_class: str | None = None
@@ -194,7 +192,6 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
         "ids": [str(o.job_id) for o in outcomes],
         "attempts": [o.attempt for o in outcomes],
         "statuses": [o.status for o in outcomes],
-        "outputs": [None if o.outputs is None else json.dumps(o.outputs) for o in outcomes],
         "output_data": [o.output_data for o in outcomes],
         "codes": [o.error_code for o in outcomes],
         "messages": [o.error_message for o in outcomes],
@@ -207,17 +204,16 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
         WITH v AS (
             SELECT * FROM unnest(
                 CAST(:ids AS uuid[]), CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
-                CAST(:outputs AS jsonb[]), CAST(:output_data AS bytea[]),
+                CAST(:output_data AS bytea[]),
                 CAST(:codes AS text[]), CAST(:messages AS text[]), CAST(:classes AS text[]),
                 CAST(:tracebacks AS text[]), CAST(:delays AS float8[])
-            ) AS v(id, attempt, status, outputs, output_data, error_code, error_message,
+            ) AS v(id, attempt, status, output_data, error_code, error_message,
                    error_class, traceback, delay)
         ),
         moved AS (
             UPDATE jobs AS j SET
                 status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                               WHEN v.status = 'retry' THEN 'queued' ELSE v.status END,
-                outputs = CASE WHEN j.cancel_requested_at IS NULL THEN v.outputs END,
                 output_data = CASE WHEN j.cancel_requested_at IS NULL THEN v.output_data END,
                 error_code = v.error_code, error_message = v.error_message,
                 finished_at = CASE WHEN v.status = 'retry' AND j.cancel_requested_at IS NULL

@@ -30,7 +30,7 @@ from app.inference.repository import ModelRepository
 from app.inference.sessions import SessionPool
 from app.inference.tensors import pack, parse_inputs
 from app.jobs import dispatch
-from tests.conftest import TenantAuth, free_port, wait_for_job
+from tests.conftest import TenantAuth, free_port, outputs_of, wait_for_job
 
 DATA = Path(__file__).parent.parent / "data"
 REFERENCE = json.loads((DATA / "minilm_reference.json").read_text(encoding="utf-8"))
@@ -134,14 +134,19 @@ def test_jobs_of_different_lengths_batched_by_the_worker_equal_one_at_a_time(
         job = wait_for_job(app.test_client(), tenant.headers, str(job_id), timeout=60)
         assert job["status"] == "succeeded", job
     with database.sessionmaker() as session:
-        jobs = {j.id: j for j in session.scalars(sa.select(Job).where(Job.id.in_(ids)))}
+        jobs = {
+            j.id: j
+            for j in session.scalars(
+                sa.select(Job).where(Job.id.in_(ids)).options(sa.orm.undefer(Job.output_data))
+            )
+        }
     claims = {job.started_at for job in jobs.values()}
     assert len(claims) < len(ids), "jobs were claimed together, so batched"
     pool = SessionPool("cpu", 1)
     for job_id, batch in zip(ids, texts, strict=True):
         [alone] = infer(pool, card, [parse_inputs(card, {"text": batch})])
         assert not isinstance(alone, Exception)
-        outputs = jobs[job_id].outputs
+        outputs = outputs_of(jobs[job_id])
         assert outputs is not None
         together = np.asarray(outputs["embedding"], dtype=np.float32)
         assert np.allclose(together, alone["embedding"], atol=1e-5)

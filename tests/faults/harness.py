@@ -61,12 +61,12 @@ CREATE FUNCTION log_job_change() RETURNS trigger AS $$ BEGIN
                            lease_was_live, result_changed)
     VALUES (NEW.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts,
             OLD.status = 'running' AND OLD.lease_expires_at > now(),
-            OLD.outputs IS DISTINCT FROM NEW.outputs);
+            OLD.output_data IS DISTINCT FROM NEW.output_data);
     RETURN NEW;
 END $$ LANGUAGE plpgsql;
 CREATE TRIGGER jobs_fault_log AFTER UPDATE ON jobs FOR EACH ROW
     WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.attempts IS DISTINCT FROM NEW.attempts
-          OR OLD.outputs IS DISTINCT FROM NEW.outputs)
+          OR OLD.output_data IS DISTINCT FROM NEW.output_data)
     EXECUTE FUNCTION log_job_change();
 """
 

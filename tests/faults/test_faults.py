@@ -240,7 +240,9 @@ def test_7_concurrent_races_have_one_winner(
 
     def finisher(job: transitions.ClaimedJob, who: str) -> None:
         with sa.orm.Session(stack.engine) as session:
-            outcome = transitions.Outcome(job.id, job.attempt, "succeeded", outputs={"by": who})
+            outcome = transitions.Outcome(
+                job.id, job.attempt, "succeeded", output_data=who.encode()
+            )
             written = transitions.finish(session, [outcome], guarded=guarded)
             session.commit()
             if written:

@@ -19,7 +19,7 @@ from app.db.models import Job
 from app.db.session import Database, current_session
 from app.inference.sessions import SessionPool
 from app.jobs import dispatch, sweeps, transitions
-from tests.conftest import STAGED, TenantAuth, insert_queued_job, wait_for_job
+from tests.conftest import STAGED, TenantAuth, insert_queued_job, outputs_of, wait_for_job
 
 PIXELS = load_digits().data.astype(np.float32)
 
@@ -74,7 +74,12 @@ def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
     for job_id in ids[-3:]:
         assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
     with database.sessionmaker() as session:
-        jobs = {j.id: j for j in session.scalars(sa.select(Job).where(Job.id.in_(ids)))}
+        jobs = {
+            j.id: j
+            for j in session.scalars(
+                sa.select(Job).where(Job.id.in_(ids)).options(sa.orm.undefer(Job.output_data))
+            )
+        }
     assert all(job.status == "succeeded" for job in jobs.values())
     # Jobs claimed in one UPDATE share its transaction's now(): the batches.
     claims = {job.started_at for job in jobs.values()}
@@ -82,7 +87,7 @@ def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
     card = app.extensions["models"].resolve(STAGED)
     direct = SessionPool("cpu", 1).run(card, {"pixels": PIXELS[:100]})
     for i, job_id in enumerate(ids):
-        outputs = jobs[job_id].outputs
+        outputs = outputs_of(jobs[job_id])
         assert outputs is not None and outputs["label"] == [int(direct["label"][i])]
         assert np.array_equal(
             np.asarray(outputs["probabilities"], np.float32), direct["probabilities"][i : i + 1]
@@ -179,3 +184,30 @@ def test_inputs_are_stored_at_their_declared_precision(
         ).one()
     assert stored.inputs is None
     assert rows.astype(np.float32).nbytes <= len(stored.input_data) <= 1.1 * 4 * rows.size
+
+
+@pytest.mark.usefixtures("worker")
+def test_outputs_are_stored_at_their_declared_precision(
+    app: Flask, database: Database, auth: dict[str, str]
+) -> None:
+    """Outputs are kept as bytes of their declared datatypes, not JSON digits, and
+    read back as exactly what ONNX Runtime gave."""
+    rows = PIXELS[:1000]
+    client = app.test_client()
+    body = {"model": STAGED, "inputs": {"pixels": rows.tolist()}}
+    response = client.post("/jobs", json=body, headers=auth)
+    assert response.status_code == 202, response.json
+    job = wait_for_job(client, auth, response.json["id"])
+    assert job["status"] == "succeeded", job
+    with database.engine.connect() as conn:
+        stored = conn.execute(
+            sa.text("SELECT outputs, output_data FROM jobs WHERE id = :id"), {"id": job["id"]}
+        ).one()
+    card = app.extensions["models"].resolve(STAGED)
+    direct = SessionPool("cpu", 1).run(card, {"pixels": rows.astype(np.float32)})
+    raw = sum(array.nbytes for array in direct.values())
+    assert stored.outputs is None
+    assert raw <= len(stored.output_data) <= 1.1 * raw
+    assert job["outputs"]["label"] == direct["label"].tolist()
+    served = np.asarray(job["outputs"]["probabilities"], np.float32)
+    assert np.array_equal(served, direct["probabilities"])

@@ -15,12 +15,11 @@ import pytest
 from flask import Flask
 from sqlalchemy import event
 
-from app.db.models import Job
 from app.db.session import Database
 from app.jobs import runner, service
 from app.jobs.runtime import current_runtime
 from app.jobs.transitions import Outcome, claim, finish
-from tests.conftest import TenantAuth, insert_queued_job
+from tests.conftest import TenantAuth, insert_queued_job, load_job, outputs_of, packed
 
 PIXELS = {"pixels": [[0.0] * 64]}
 
@@ -36,13 +35,6 @@ def ctx(app: Flask) -> Iterator[None]:
         yield
 
 
-def load(database: Database, job_id: uuid.UUID) -> Job:
-    with database.sessionmaker() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
-
-
 def test_a_second_delivery_neither_runs_nor_writes(
     ctx: None, database: Database, queued_job: uuid.UUID
 ) -> None:
@@ -51,7 +43,7 @@ def test_a_second_delivery_neither_runs_nor_writes(
         second = runner.execute(session, current_runtime(), [queued_job])
     assert [o.status for o in first] == ["succeeded"]
     assert second == []
-    job = load(database, queued_job)
+    job = load_job(database, queued_job)
     assert job.status == "succeeded" and job.attempts == 1
 
 
@@ -62,11 +54,11 @@ def test_a_stale_attempt_cannot_overwrite_the_result(
         [claimed] = claim(session, [queued_job], lease_s=60)
         stale = Outcome(queued_job, claimed.attempt - 1, "failed", error_code="x")
         assert finish(session, [stale]) == set()
-        good = Outcome(queued_job, claimed.attempt, "succeeded", outputs={"label": [0]})
+        good = Outcome(queued_job, claimed.attempt, "succeeded", output_data=packed(label=0))
         assert finish(session, [good]) == {queued_job}
         assert finish(session, [good]) == set(), "a finished job cannot be finished again"
         session.commit()
-    assert load(database, queued_job).outputs == {"label": [0]}
+    assert outputs_of(load_job(database, queued_job)) == {"label": [0]}
 
 
 def test_concurrent_claims_have_one_winner(
@@ -87,7 +79,7 @@ def test_concurrent_claims_have_one_winner(
     for t in threads:
         t.join()
     assert sorted(wins) == [0] * 7 + [1]
-    assert load(database, queued_job).attempts == 1
+    assert load_job(database, queued_job).attempts == 1
 
 
 def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
@@ -136,7 +128,7 @@ def test_a_bad_row_fails_only_its_own_job(
     with database.sessionmaker() as session:
         outcomes = runner.execute(session, current_runtime(), ids)
     assert [o.status for o in outcomes] == ["succeeded", "failed", "succeeded"]
-    bad = load(database, ids[1])
+    bad = load_job(database, ids[1])
     assert bad.status == "failed" and bad.error_code == "inference_error"
     assert "pixels" in (bad.error_message or "") or "dimension" in (bad.error_message or "").lower()
 
@@ -148,4 +140,4 @@ def test_a_job_for_a_removed_model_fails_clearly(
     with database.sessionmaker() as session:
         [outcome] = runner.execute(session, current_runtime(), [job_id])
     assert outcome.status == "failed" and outcome.error_code == "model_unavailable"
-    assert load(database, job_id).error_message == outcome.error_message
+    assert load_job(database, job_id).error_message == outcome.error_message

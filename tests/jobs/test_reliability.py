@@ -16,12 +16,12 @@ import pytest
 from flask import Flask
 from sqlalchemy import select, text
 
-from app.db.models import DeadLetter, Job
+from app.db.models import DeadLetter
 from app.db.session import Database
 from app.jobs import runner, sweeps, transitions
 from app.jobs.runner import Runtime
 from app.jobs.runtime import current_runtime
-from tests.conftest import STAGED, TenantAuth, insert_queued_job
+from tests.conftest import STAGED, TenantAuth, insert_queued_job, load_job, outputs_of, packed
 from tests.models import HUGE
 
 SLOW = {"x": [[0.1] * 64]}
@@ -38,13 +38,6 @@ def runtime_with(**overrides: Any) -> Runtime:
     return Runtime(
         base.repository, base.sessions, base.settings.with_overrides(**overrides), base.new_session
     )
-
-
-def load(database: Database, job_id: uuid.UUID) -> Job:
-    with database.sessionmaker() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
 
 
 def letters_for(database: Database, job_id: uuid.UUID) -> list[DeadLetter]:
@@ -79,7 +72,7 @@ def test_out_of_memory_is_retried_with_backoff_then_dead_lettered(
         [first] = runner.execute(session, current_runtime(), [job_id])
     assert first.status == "retry" and first.error_code == "resource_exhausted"
     assert "Failed to allocate memory" in (first.error_message or "")
-    job = load(database, job_id)
+    job = load_job(database, job_id)
     assert job.status == "queued" and job.attempts == 1 and job.enqueued_at is None
     assert job.run_after > job.started_at  # waits out its backoff before being sent again
     with database.sessionmaker() as session:
@@ -89,7 +82,7 @@ def test_out_of_memory_is_retried_with_backoff_then_dead_lettered(
     with database.sessionmaker() as session:
         [second] = runner.execute(session, current_runtime(), [job_id])
     assert second.status == "failed" and second.error_code == "retries_exhausted"
-    job = load(database, job_id)
+    job = load_job(database, job_id)
     assert job.status == "failed" and job.attempts == 2
     [letter] = letters_for(database, job_id)
     assert letter.error_code == "retries_exhausted" and letter.attempts == 2
@@ -104,7 +97,7 @@ def test_a_permanent_error_fails_at_once_with_a_dead_letter(
     with database.sessionmaker() as session:
         [outcome] = runner.execute(session, current_runtime(), [job_id])
     assert outcome.status == "failed" and outcome.error_code == "inference_error"
-    assert load(database, job_id).attempts == 1
+    assert load_job(database, job_id).attempts == 1
     [letter] = letters_for(database, job_id)
     assert letter.error_code == "inference_error" and letter.attempts == 1
 
@@ -123,7 +116,7 @@ def test_a_dead_workers_job_is_queued_again_then_capped(
         with database.sessionmaker() as session:
             requeued = transitions.take_back_expired_leases(session, 0.01, 0.01, 500)
             session.commit()
-        job = load(database, job_id)
+        job = load_job(database, job_id)
         if attempt == 1:
             assert requeued == [job_id]
             assert job.status == "queued" and job.error_code == "worker_lost"
@@ -147,12 +140,12 @@ def test_an_old_attempt_cannot_write_after_its_lease_was_taken_back(
         expire_lease(database, job_id)
         [new] = transitions.claim(session, [job_id], lease_s=60)  # redelivery after the lease
         session.commit()
-        late = transitions.Outcome(job_id, old.attempt, "succeeded", outputs={"stale": True})
+        late = transitions.Outcome(job_id, old.attempt, "succeeded", output_data=packed(stale=1))
         assert transitions.finish(session, [late]) == set()
-        fresh = transitions.Outcome(job_id, new.attempt, "succeeded", outputs={"fresh": True})
+        fresh = transitions.Outcome(job_id, new.attempt, "succeeded", output_data=packed(fresh=1))
         assert transitions.finish(session, [fresh]) == {job_id}
         session.commit()
-    assert load(database, job_id).outputs == {"fresh": True}
+    assert outputs_of(load_job(database, job_id)) == {"fresh": [1]}
 
 
 def slow_inputs(seconds: float) -> dict[str, Any]:
@@ -177,7 +170,7 @@ def test_a_running_job_keeps_its_lease_while_it_runs(
         second = transitions.claim(session, [job_id], lease_s=0.5, guarded=guarded)
         session.commit()
     worker.join()
-    job = load(database, job_id)
+    job = load_job(database, job_id)
     if guarded:
         assert second == [] and job.attempts == 1
         assert [o.status for o in outcome] == ["succeeded"] and job.status == "succeeded"
@@ -192,12 +185,14 @@ def test_cancel_while_running_ends_cancelled_without_a_result(
     with database.sessionmaker() as session:
         [claimed] = transitions.claim(session, [job_id], lease_s=60)
         assert transitions.request_cancel(session, tenant.id, job_id) == "running"
-        done = transitions.Outcome(job_id, claimed.attempt, "succeeded", outputs={"label": [1]})
+        done = transitions.Outcome(
+            job_id, claimed.attempt, "succeeded", output_data=packed(label=1)
+        )
         assert transitions.finish(session, [done]) == {job_id}
         assert transitions.request_cancel(session, tenant.id, job_id) is None
         session.commit()
-    job = load(database, job_id)
-    assert job.status == "cancelled" and job.outputs is None and job.finished_at is not None
+    job = load_job(database, job_id)
+    assert job.status == "cancelled" and outputs_of(job) is None and job.finished_at is not None
 
 
 def test_overdue_jobs_expire_and_are_not_claimed(
@@ -216,11 +211,13 @@ def test_overdue_jobs_expire_and_are_not_claimed(
     with database.sessionmaker() as session:
         assert transitions.claim(session, [queued], lease_s=60) == []
         assert transitions.expire_overdue(session, 500) >= 2
-        late = transitions.Outcome(running, claimed.attempt, "succeeded", outputs={"late": 1})
+        late = transitions.Outcome(
+            running, claimed.attempt, "succeeded", output_data=packed(late=1)
+        )
         assert transitions.finish(session, [late]) == set(), "an expired job keeps no late result"
         session.commit()
     for job_id in (queued, running):
-        job = load(database, job_id)
+        job = load_job(database, job_id)
         assert job.status == "expired" and job.error_code == "deadline_exceeded"
 
 
@@ -233,8 +230,8 @@ def test_retention_deletes_old_inputs_and_outputs_but_keeps_the_job(
     update_job(database, job_id, "finished_at = now() - interval '8 days'")
     with database.sessionmaker() as session:
         assert sweeps.purge(session, current_runtime().settings)["purged"] >= 1
-    job = load(database, job_id)
-    assert job.outputs is None and job.purged_at is not None and job.status == "succeeded"
+    job = load_job(database, job_id)
+    assert outputs_of(job) is None and job.purged_at is not None and job.status == "succeeded"
     with database.engine.connect() as conn:
         stored = conn.execute(
             text("SELECT inputs, input_data FROM jobs WHERE id = :id"), {"id": job_id}
@@ -285,4 +282,4 @@ def test_a_card_sets_its_models_attempt_limit(
     finally:
         card_path.write_text(original)
         repository.refresh()
-    assert load(database, job.id).max_attempts == 7
+    assert load_job(database, job.id).max_attempts == 7
