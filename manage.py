@@ -77,33 +77,48 @@ def db_revision(message: str) -> None:
 @cli.command("create-api-key")
 @click.option("--tenant", help="Tenant name; created if new")
 @click.option("--operator", is_flag=True, help="An operator key (model repository routes)")
+@click.option(
+    "--expires-in-days",
+    type=click.FloatRange(min=0, min_open=True, max=36500),
+    help="The key stops working after this many days (default: until revoked)",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print {tenant, api_key, webhook_secret}")
-def create_api_key(tenant: str | None, operator: bool, as_json: bool) -> None:
+def create_api_key(
+    tenant: str | None, operator: bool, expires_in_days: float | None, as_json: bool
+) -> None:
     """Create an API key for TENANT, or an operator key. The key is printed once
     and stored hashed."""
+    from datetime import UTC, datetime, timedelta
+
     from app.db.session import Database
     from app.tenants import create_api_key as create
     from app.tenants import create_operator_key
 
     if operator == (tenant is not None):
         raise click.UsageError("give either --tenant NAME or --operator")
+    expires_at = None
+    if expires_in_days is not None:
+        expires_at = datetime.now(UTC) + timedelta(days=expires_in_days)
     database = Database(_settings().database_url)
     with database.sessionmaker() as session:
         if operator:
-            key = create_operator_key(session)
+            key = create_operator_key(session, expires_at=expires_at)
         else:
-            creds = create(session, str(tenant))
+            creds = create(session, str(tenant), expires_at=expires_at)
     database.engine.dispose()
     if operator:
-        shown = {"kind": "operator", "api_key": key}
+        shown = {"kind": "operator", "api_key": key,
+                 "expires_at": expires_at.isoformat() if expires_at else None}  # fmt: skip
         click.echo(json.dumps(shown) if as_json else f"operator key: {key}\n(not shown again)")
         return
+    expiry = creds.expires_at.isoformat() if creds.expires_at else None
     if as_json:
-        click.echo(json.dumps(creds.__dict__))
+        click.echo(json.dumps({**creds.__dict__, "expires_at": expiry}))
     else:
         click.echo(
             f"tenant:         {creds.tenant}\napi key:        {creds.api_key}\n"
-            f"webhook secret: {creds.webhook_secret}\n(the key is not shown again)"
+            f"webhook secret: {creds.webhook_secret}\nexpires:        {expiry or 'never'}\n"
+            "(the key is not shown again)"
         )
 
 
@@ -126,6 +141,21 @@ def revoke_api_key(prefix: str | None, tenant: str | None) -> None:
     if not revoked:
         raise click.ClickException("no active key matched")
     click.echo(json.dumps({"revoked": revoked}))
+
+
+@cli.command("list-api-keys")
+@click.option("--tenant", help="Only this tenant's keys")
+def list_api_keys(tenant: str | None) -> None:
+    """Every key's prefix, kind, tenant, creation, expiry and revocation (JSON lines)."""
+    from app.db.session import Database
+    from app.tenants import list_api_keys as listed
+
+    database = Database(_settings().database_url)
+    with database.sessionmaker() as session:
+        rows = listed(session, tenant)
+    database.engine.dispose()
+    for row in rows:
+        click.echo(json.dumps(row))
 
 
 @cli.command("rotate-webhook-secret")

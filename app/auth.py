@@ -49,7 +49,7 @@ def _caller() -> Caller:
     if caller is None:
         raise Problem(
             "unauthorized",
-            "the API key is not valid or was revoked",
+            "the API key is not valid, was revoked or has expired",
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
     who = caller.tenant.name if caller.tenant else caller.kind

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Tenant
@@ -25,30 +25,45 @@ class Credentials:
     tenant: str
     api_key: str
     webhook_secret: str
+    expires_at: datetime | None = None
 
 
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
-def create_api_key(session: Session, tenant_name: str) -> Credentials:
-    """A new key for the tenant, creating the tenant (and its webhook secret) if new."""
+def create_api_key(
+    session: Session, tenant_name: str, *, expires_at: datetime | None = None
+) -> Credentials:
+    """A new key for the tenant, creating the tenant (and its webhook secret) if
+    new; with `expires_at` the key stops working then."""
     tenant = session.scalar(select(Tenant).where(Tenant.name == tenant_name))
     if tenant is None:
         tenant = Tenant(name=tenant_name, webhook_secret=_new_secret())
         session.add(tenant)
         session.flush()
     api_key = KEY_PREFIX + secrets.token_urlsafe(32)
-    session.add(ApiKey(tenant_id=tenant.id, key_hash=hash_key(api_key), prefix=api_key[:10]))
+    session.add(
+        ApiKey(
+            tenant_id=tenant.id,
+            key_hash=hash_key(api_key),
+            prefix=api_key[:10],
+            expires_at=expires_at,
+        )
+    )
     session.commit()
-    return Credentials(tenant.name, api_key, tenant.webhook_secret)
+    return Credentials(tenant.name, api_key, tenant.webhook_secret, expires_at)
 
 
-def create_operator_key(session: Session) -> str:
+def create_operator_key(session: Session, *, expires_at: datetime | None = None) -> str:
     """A new operator key: it manages the model repository and belongs to no
     tenant, so it reads no tenant's jobs."""
     api_key = OPERATOR_KEY_PREFIX + secrets.token_urlsafe(32)
-    session.add(ApiKey(kind=OPERATOR, key_hash=hash_key(api_key), prefix=api_key[:10]))
+    session.add(
+        ApiKey(
+            kind=OPERATOR, key_hash=hash_key(api_key), prefix=api_key[:10], expires_at=expires_at
+        )
+    )
     session.commit()
     return api_key
 
@@ -79,21 +94,32 @@ class TenantRef:
 
 @dataclass(frozen=True)
 class Caller:
-    """A valid key's kind, and its tenant (None for an operator key)."""
+    """A valid key's kind, its tenant (None for an operator key), and when it
+    expires (None: never)."""
 
     kind: str
     tenant: TenantRef | None
+    expires_at: datetime | None = None
+
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= datetime.now(UTC)
 
 
 def caller_for_key(session: Session, api_key: str) -> Caller | None:
+    """The key's caller; None for an unknown, revoked or expired key."""
     row = session.execute(
-        select(ApiKey.kind, Tenant.id, Tenant.name)
+        select(ApiKey.kind, ApiKey.expires_at, Tenant.id, Tenant.name)
         .outerjoin(Tenant, ApiKey.tenant_id == Tenant.id)
-        .where(ApiKey.key_hash == hash_key(api_key), ApiKey.revoked_at.is_(None))
+        .where(
+            ApiKey.key_hash == hash_key(api_key),
+            ApiKey.revoked_at.is_(None),
+            or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > func.now()),
+        )
     ).first()
     if row is None:
         return None
-    return Caller(row.kind, TenantRef(row.id, row.name) if row.id is not None else None)
+    tenant = TenantRef(row.id, row.name) if row.id is not None else None
+    return Caller(row.kind, tenant, row.expires_at)
 
 
 class KeyCache:
@@ -116,7 +142,7 @@ class KeyCache:
         digest = hash_key(api_key)
         now = time.monotonic()
         entry = self._entries.get(digest)
-        if entry is not None and entry[0] > now:
+        if entry is not None and entry[0] > now and not entry[1].expired():
             return entry[1]
         ref = caller_for_key(session, api_key)
         if ref is None:
@@ -148,6 +174,35 @@ def revoke_api_keys(session: Session, *, prefix: str | None, tenant: str | None)
     revoked = list(session.scalars(query.returning(ApiKey.prefix)))
     session.commit()
     return revoked
+
+
+def list_api_keys(session: Session, tenant: str | None = None) -> list[dict[str, object]]:
+    """Every key (never the key itself): prefix, kind, tenant, created, expiry, revocation."""
+    query = (
+        select(
+            ApiKey.prefix,
+            ApiKey.kind,
+            Tenant.name,
+            ApiKey.created_at,
+            ApiKey.expires_at,
+            ApiKey.revoked_at,
+        )  # fmt: skip
+        .outerjoin(Tenant, ApiKey.tenant_id == Tenant.id)
+        .order_by(ApiKey.created_at)
+    )
+    if tenant is not None:
+        query = query.where(Tenant.name == tenant)
+    return [
+        {
+            "prefix": r.prefix,
+            "kind": r.kind,
+            "tenant": r.name,
+            "created_at": r.created_at.isoformat(),
+            "expires_at": r.expires_at.isoformat() if r.expires_at else None,
+            "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
+        }  # fmt: skip
+        for r in session.execute(query)
+    ]
 
 
 def has_tenants(session: Session) -> bool:

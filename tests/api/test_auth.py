@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+import uuid
 
 import sqlalchemy as sa
 from sqlalchemy import event
 
 from app import create_app
-from app.config import Settings
+from app.config import ROOT, Settings
 from app.db.models import ApiKey, Tenant
 from app.db.session import Database
-from tests.conftest import TenantAuth
+from tests.conftest import TenantAuth, make_tenant, service_env
 
 
 def test_a_key_is_looked_up_once_per_cache_period(
@@ -56,27 +60,54 @@ def test_an_unknown_key_is_refused_every_time(settings: Settings) -> None:
         assert response.status_code == 401
 
 
+def run_manage(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "manage.py", *args]
+    env = service_env(settings)
+    return subprocess.run(command, cwd=ROOT, env=env, text=True, capture_output=True, timeout=60)
+
+
+def test_a_key_with_a_lifetime_stops_working_when_it_expires_even_if_cached(
+    settings: Settings, database: Database
+) -> None:
+    app = create_app(settings.with_overrides(api_key_cache_seconds=600))
+    client = app.test_client()
+    name = f"expiring-{uuid.uuid4().hex[:8]}"
+    made = run_manage(settings, "create-api-key", "--tenant", name, "--expires-in-days", "0.00004")
+    assert made.returncode == 0, made.stderr
+    shown = json.loads(run_manage(settings, "create-api-key", "--tenant", name, "--json").stdout)
+    key = made.stdout.split("api key:")[1].split()[0]
+    expiring = {"Authorization": f"Bearer {key}"}
+    lasting = {"Authorization": f"Bearer {shown['api_key']}"}
+    assert shown["expires_at"] is None
+    assert client.get("/jobs?limit=1", headers=expiring).status_code == 200  # now cached
+    listed = [json.loads(line) for line in run_manage(settings, "list-api-keys", "--tenant", name)
+              .stdout.splitlines()]  # fmt: skip
+    assert [row["prefix"] for row in listed] == [key[:10], shown["api_key"][:10]]
+    assert listed[0]["expires_at"] is not None and listed[1]["expires_at"] is None
+    assert all("api_key" not in row for row in listed)
+    deadline = time.monotonic() + 30
+    while client.get("/jobs?limit=1", headers=expiring).status_code == 200:
+        assert time.monotonic() < deadline, "the key never expired"
+        time.sleep(0.2)
+    refused = client.get("/jobs?limit=1", headers=expiring)
+    assert refused.status_code == 401 and "expired" in refused.json["detail"]
+    fresh = create_app(settings).test_client()  # not cached anywhere: the query refuses it
+    assert fresh.get("/jobs?limit=1", headers=expiring).status_code == 401
+    assert client.get("/jobs?limit=1", headers=lasting).status_code == 200
+    bad = run_manage(settings, "create-api-key", "--tenant", name, "--expires-in-days", "-1")
+    assert bad.returncode != 0 and "expires-in-days" in bad.stderr
+
+
 def test_manage_py_revokes_a_key_by_prefix_and_a_tenants_keys(
     settings: Settings, database: Database
 ) -> None:
-    import json
-    import subprocess
-    import sys
-
-    from app.config import ROOT
-    from tests.conftest import make_tenant, service_env
-
     app = create_app(settings.with_overrides(api_key_cache_seconds=0.2))
     client = app.test_client()
     one, other = make_tenant(database), make_tenant(database)
     key = one.headers["Authorization"].split()[1]
 
     def manage(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "manage.py", *args]
-        env = service_env(settings)
-        return subprocess.run(
-            command, cwd=ROOT, env=env, text=True, capture_output=True, timeout=60
-        )
+        return run_manage(settings, *args)
 
     done = manage("revoke-api-key", "--prefix", key[:12])
     assert done.returncode == 0 and json.loads(done.stdout)["revoked"] == [key[:10]]
