@@ -158,6 +158,64 @@ def list_api_keys(tenant: str | None) -> None:
         click.echo(json.dumps(row))
 
 
+@cli.group()
+def tenants() -> None:
+    """Tenants and their quotas (jobs in flight, submits a second, batch rows a
+    day, bytes stored, highest priority)."""
+
+
+@tenants.command("list")
+@click.argument("name", required=False)
+def tenants_list(name: str | None) -> None:
+    """Every tenant (or NAME) with its own quotas; null: the TENANT_* default."""
+    from app.db.session import Database
+    from app.tenants import describe_tenants
+
+    database = Database(_settings().database_url)
+    with database.sessionmaker() as session:
+        rows = describe_tenants(session, name)
+    database.engine.dispose()
+    if name is not None and not rows:
+        raise click.ClickException(f"no tenant named {name!r}")
+    for row in rows:
+        click.echo(json.dumps(row))
+
+
+def _quota(value: str) -> float | None:
+    return None if value.lower() in ("default", "none") else float(value)
+
+
+@tenants.command("set")
+@click.argument("name")
+@click.option("--max-in-flight", help="Jobs queued or running at once")
+@click.option("--max-submits-per-second", help="Requests that make work, a second")
+@click.option("--max-batch-rows-per-day", help="Batch rows in any 24 hours")
+@click.option("--max-stored-bytes", help="Bytes of uploads and batch results kept")
+@click.option("--max-priority", help="Highest priority (0-9) its jobs may ask for")
+def tenants_set(name: str, **quotas: str | None) -> None:
+    """Set quotas of tenant NAME: a number, or `default` for the TENANT_* setting.
+    Running API processes apply them within a few seconds."""
+    from app.db.session import Database
+    from app.tenants import set_quotas
+
+    changes = {}
+    try:
+        changes = {q: _quota(v) for q, v in quotas.items() if v is not None}
+    except ValueError as exc:
+        raise click.UsageError(f"a quota is a number or `default`: {exc}") from None
+    if not changes:
+        raise click.UsageError("give at least one quota to set")
+    database = Database(_settings().database_url)
+    try:
+        with database.sessionmaker() as session:
+            row = set_quotas(session, name, changes)
+    except (LookupError, ValueError) as exc:
+        raise click.ClickException(str(exc).strip("'\"")) from None
+    finally:
+        database.engine.dispose()
+    click.echo(json.dumps(row))
+
+
 @cli.command("rotate-webhook-secret")
 @click.option("--tenant", required=True)
 @click.option(

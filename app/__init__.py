@@ -21,6 +21,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
+    from app.jobs.quotas import Quotas
     from app.tenants import KeyCache
     from workers.celery_app import celery_init_app
 
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     )
     app.extensions["inserts"] = JobInserter(database.engine, dispatcher.wake)
     app.extensions["admission"] = Admission(settings.max_queued_per_model)
+    app.extensions["quotas"] = Quotas(settings)
     app.extensions["holds"] = Holds(settings.max_waits_per_tenant, settings.max_waits)
     register_api(app)
     return app

@@ -54,6 +54,18 @@ class Settings:
     # MAX_QUEUED_PER_MODEL: queued jobs a model takes before submits get 429 with
     # Retry-After (batch chunks count as jobs); 0 = no bound.
     max_queued_per_model: int = 50_000
+    # Per-tenant quotas' defaults, for tenants with none of their own (`manage.py
+    # tenants set`); 0 = no limit. TENANT_MAX_IN_FLIGHT: jobs (and batch chunks) queued
+    # or running at once, below MAX_QUEUED_PER_MODEL so no single tenant can fill a
+    # model's queue; TENANT_MAX_SUBMITS_PER_SECOND: requests that make work (jobs, sync
+    # calls, batches), across API processes; TENANT_MAX_BATCH_ROWS_PER_DAY: batch rows
+    # in any 24 h; TENANT_MAX_STORED_BYTES: uploaded files plus batch results kept;
+    # TENANT_MAX_PRIORITY: the highest `priority` (0-9) a job may ask for.
+    tenant_max_in_flight: int = 10_000
+    tenant_max_submits_per_second: float = 0
+    tenant_max_batch_rows_per_day: int = 0
+    tenant_max_stored_bytes: int = 0
+    tenant_max_priority: int = 5
     # MAX_MODEL_BYTES: the largest model.onnx PUT /v2/repository/models/... accepts
     # (streamed to a file in MODEL_REPOSITORY, never held in memory).
     max_model_bytes: int = 2 * 1024 * 1024 * 1024
@@ -189,6 +201,15 @@ class Settings:
             ),
             batch_chunk_rows=_env_int("BATCH_CHUNK_ROWS", d.batch_chunk_rows),
             max_queued_per_model=_env_int("MAX_QUEUED_PER_MODEL", d.max_queued_per_model),
+            tenant_max_in_flight=_env_int("TENANT_MAX_IN_FLIGHT", d.tenant_max_in_flight),
+            tenant_max_submits_per_second=_env_float(
+                "TENANT_MAX_SUBMITS_PER_SECOND", d.tenant_max_submits_per_second
+            ),
+            tenant_max_batch_rows_per_day=_env_int(
+                "TENANT_MAX_BATCH_ROWS_PER_DAY", d.tenant_max_batch_rows_per_day
+            ),
+            tenant_max_stored_bytes=_env_int("TENANT_MAX_STORED_BYTES", d.tenant_max_stored_bytes),
+            tenant_max_priority=_env_int("TENANT_MAX_PRIORITY", d.tenant_max_priority),
             max_waits=_env_int("MAX_WAITS", d.max_waits),
             max_waits_per_tenant=_env_int("MAX_WAITS_PER_TENANT", d.max_waits_per_tenant),
             data_dir=Path(_env_str("DATA_DIR", _env_str("VAR_DIR", str(d.var_dir)) + "/data")),

@@ -109,6 +109,13 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "was kept: send it again after Retry-After seconds, computed from how fast the "
         "model's jobs finish.",
     ),
+    "quota-exceeded": (
+        429,
+        "A quota of this tenant is used up",
+        "The tenant is at one of its quotas (`limit` names it, `allowed` and `used` say "
+        "where it stands; an operator sets them with `manage.py tenants set`). Nothing of "
+        "this request was kept: send it again after Retry-After seconds.",
+    ),
     "service-unavailable": (
         503,
         "Service unavailable",

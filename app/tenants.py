@@ -186,7 +186,7 @@ def list_api_keys(session: Session, tenant: str | None = None) -> list[dict[str,
             ApiKey.created_at,
             ApiKey.expires_at,
             ApiKey.revoked_at,
-        )  # fmt: skip
+        )
         .outerjoin(Tenant, ApiKey.tenant_id == Tenant.id)
         .order_by(ApiKey.created_at)
     )
@@ -200,9 +200,50 @@ def list_api_keys(session: Session, tenant: str | None = None) -> list[dict[str,
             "created_at": r.created_at.isoformat(),
             "expires_at": r.expires_at.isoformat() if r.expires_at else None,
             "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
-        }  # fmt: skip
+        }
         for r in session.execute(query)
     ]
+
+
+QUOTAS = (
+    "max_in_flight", "max_submits_per_second", "max_batch_rows_per_day", "max_stored_bytes",
+    "max_priority",
+)  # fmt: skip
+
+
+def describe_tenants(session: Session, name: str | None = None) -> list[dict[str, object]]:
+    """Each tenant's name and own quotas (None: the TENANT_* setting applies)."""
+    query = select(Tenant).order_by(Tenant.name)
+    if name is not None:
+        query = query.where(Tenant.name == name)
+    return [
+        {
+            "tenant": t.name,
+            "created_at": t.created_at.isoformat(),
+            **{q: getattr(t, q) for q in QUOTAS},
+        }
+        for t in session.scalars(query)
+    ]
+
+
+def set_quotas(session: Session, name: str, changes: dict[str, float | None]) -> dict[str, object]:
+    """Set (a number) or clear (None: back to the setting's default) quotas of a
+    tenant; running API processes apply them within a few seconds."""
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        raise LookupError(f"no tenant named {name!r}")
+    for quota, value in changes.items():
+        if quota not in QUOTAS:
+            raise ValueError(f"unknown quota {quota!r}; one of {', '.join(QUOTAS)}")
+        if value is not None and value < 0:
+            raise ValueError(f"{quota} must be 0 or more (0: nothing allowed)")
+        if quota == "max_priority" and value is not None and value > 9:
+            raise ValueError("max_priority is at most 9")
+        is_float = quota == "max_submits_per_second"
+        setattr(tenant, quota, value if value is None or is_float else int(value))
+    session.commit()
+    [described] = describe_tenants(session, name)
+    return described
 
 
 def has_tenants(session: Session) -> bool:

@@ -42,6 +42,7 @@ def register_api(app: Flask) -> None:
         jobs,
         models,
         schedules,
+        usage,
     )  # fmt: skip
     from app.api import repository as model_repository
 
@@ -65,7 +66,7 @@ def register_api(app: Flask) -> None:
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
     blueprints = (
         jobs.blp, infer.blp, batches.blp, files.blp, schedules.blp, deliveries.blp,
-        dead_letters.blp, models.blp, model_repository.blp, health.blp,
+        dead_letters.blp, usage.blp, models.blp, model_repository.blp, health.blp,
     )  # fmt: skip
     for blueprint in blueprints:
         api.register_blueprint(blueprint)

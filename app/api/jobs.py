@@ -39,6 +39,7 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
 @blp.alt_response(409, response="CONFLICT", description="Same Idempotency-Key still in flight")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
+@blp.alt_response(429, response="TOO_MANY_REQUESTS", description="A queue or quota is full")
 def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
     job = service.submit(
         current_session(),
@@ -55,6 +56,7 @@ def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, 
         allowed_webhook_networks=current_app.extensions["settings"].webhook_allowed_networks,
         inserter=current_app.extensions["inserts"],
         tenant=current_tenant().name,
+        priority=body["priority"],
     )
     headers = {"Location": f"/jobs/{job.id}"}
     wait = preferred_wait(headers_in.get("prefer"), current_app.extensions["settings"])

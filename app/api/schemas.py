@@ -84,6 +84,16 @@ class SubmitJobSchema(Schema):
             "The Cancel-After header (seconds) is the relative form."
         },
     )
+    priority = fields.Integer(
+        load_default=0,
+        strict=True,
+        validate=validate.Range(min=0, max=9),
+        metadata={
+            "description": "0-9, higher first among the model's queued jobs, up to your "
+            "tenant's allowance (default 5; more is a 422). Tenants take turns within a "
+            "priority; sync calls (/v2/models/<m>/infer) run ahead of every job."
+        },
+    )
 
 
 class SubmitHeadersSchema(Schema):
@@ -282,3 +292,40 @@ class WebhookDeliverySchema(Schema):
 
 class WebhookDeliveryListSchema(Schema):
     items = fields.List(fields.Nested(WebhookDeliverySchema))
+
+
+class UsageArgsSchema(Schema):
+    start = instant(data_key="from", metadata={"description": "Default: `to` less 24 hours"})
+    end = instant(data_key="to", metadata={"description": "Default: now"})
+
+
+class ModelUsageSchema(Schema):
+    model = fields.String()
+    jobs = fields.Integer(metadata={"description": "Jobs created in the period (with chunks)"})
+    batch_chunks = fields.Integer(metadata={"description": "Of which chunks of batches"})
+    succeeded = fields.Integer()
+    failed = fields.Integer(metadata={"description": "Failed or expired"})
+    cancelled = fields.Integer()
+    unfinished = fields.Integer(metadata={"description": "Still queued or running"})
+    rows = fields.Integer(metadata={"description": "Rows along the model's batch axis"})
+    queued_seconds = fields.Float(metadata={"description": "Sum of time from submit to start"})
+    running_seconds = fields.Float(metadata={"description": "Sum of time from start to finish"})
+    compute_seconds = fields.Float(
+        metadata={"description": "Sum of each job's share of its micro-batch's ONNX Runtime time"}
+    )
+
+
+class UsageTotalSchema(Schema):
+    jobs = fields.Integer()
+    rows = fields.Integer()
+    queued_seconds = fields.Float()
+    running_seconds = fields.Float()
+    compute_seconds = fields.Float()
+
+
+class UsageReportSchema(Schema):
+    tenant = fields.String()
+    start = fields.DateTime(data_key="from")
+    end = fields.DateTime(data_key="to")
+    models = fields.List(fields.Nested(ModelUsageSchema))
+    total = fields.Nested(UsageTotalSchema)

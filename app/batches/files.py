@@ -19,6 +19,7 @@ from app.batches.readers import FORMATS
 from app.db.models import Batch, File, FilePart, Schedule
 from app.db.tenancy import owned
 from app.domain import Conflict, DomainError, InvalidRequest, TooLarge
+from app.jobs import quotas
 from app.jobs.chunks import PART_BYTES, read_range
 
 __all__ = ["PART_BYTES", "read_range"]
@@ -38,10 +39,19 @@ def format_of(filename: str, declared: str | None) -> str:
 def store(
     session: Session, tenant_id: int, filename: str, fmt: str, body: IO[bytes], max_bytes: int
 ) -> File:
-    """Read `body` to its end into a new file (committed); TooLarge past `max_bytes`."""
+    """Read `body` to its end into a new file (committed); TooLarge past `max_bytes`,
+    QuotaExceeded past what the tenant may still store."""
+    limits = quotas.current()
+    room = limits.admit_upload(session, tenant_id, 0) if limits else None
+    limit = max_bytes if room is None else min(max_bytes, room)
     try:
         file = store_parts(session, tenant_id, filename, fmt,
-                           iter(lambda: _read_part(body), b""), max_bytes)  # fmt: skip
+                           iter(lambda: _read_part(body), b""), limit)  # fmt: skip
+    except TooLarge:
+        session.rollback()
+        if limits is not None and limit < max_bytes:
+            limits.admit_upload(session, tenant_id, limit + 1)  # raises QuotaExceeded
+        raise
     except DomainError:
         session.rollback()
         raise

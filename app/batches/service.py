@@ -34,7 +34,7 @@ from app.domain import Conflict, InputsDoNotFit, InvalidRequest
 from app.inference.datatypes import V2_TO_NUMPY
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.tensors import pack, pack_header
-from app.jobs import admission, dispatch
+from app.jobs import admission, dispatch, quotas
 from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
 from app.jobs.service import check_inputs
 from app.webhooks.ssrf import UnsafeUrl, check_url, networks
@@ -81,6 +81,8 @@ def create(
     batch = new_batch(card, settings, tenant_id, webhook)
     if file_id is not None:
         attach_file(session, batch, card, file_id)
+        if limits := quotas.current():  # its rows are counted once it is cut
+            limits.admit_batch(session, tenant_id, None, 1)
         admission.admit(session, card.name)
         session.add(batch)
         session.commit()
@@ -89,6 +91,8 @@ def create(
         return batch
     arrays = check_inputs(card, inputs)
     total = len(next(iter(arrays.values())))
+    if limits := quotas.current():
+        limits.admit_batch(session, tenant_id, total, math.ceil(total / batch.chunk_rows))
     admission.admit(session, card.name, math.ceil(total / batch.chunk_rows))
     batch.status, batch.rows, batch.split_rows = "running", total, total
     batch.chunks, batch.started_at = math.ceil(total / batch.chunk_rows), datetime.now(UTC)

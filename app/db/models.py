@@ -11,10 +11,12 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -48,6 +50,15 @@ class Tenant(Base):
     previous_webhook_secret: Mapped[str | None] = mapped_column(String(100))
     previous_secret_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Quotas (app.jobs.quotas), set with `manage.py tenants set`; NULL: the TENANT_*
+    # setting's default. Jobs queued or running at once; submits a second (every
+    # door); batch rows in 24 h; bytes of uploads and batch results kept; the highest
+    # `priority` its jobs may ask for.
+    max_in_flight: Mapped[int | None] = mapped_column(Integer)
+    max_submits_per_second: Mapped[float | None] = mapped_column(Float)
+    max_batch_rows_per_day: Mapped[int | None] = mapped_column(BigInteger)
+    max_stored_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_priority: Mapped[int | None] = mapped_column(SmallInteger)
 
 
 API_KEY_KINDS = ("tenant", "operator")
@@ -91,8 +102,22 @@ class Job(Base):
         ),
         # GET /jobs: a tenant's jobs, newest first, keyset-paginated on (created_at, id).
         Index("ix_jobs_tenant_created", "tenant_id", text("created_at DESC"), text("id DESC")),
-        # Workers claim a model's queued jobs, oldest first.
-        Index("ix_jobs_claim", "model", "created_at", postgresql_where=text("status = 'queued'")),
+        # Workers claim a model's queued jobs tenant by tenant (a skip scan over
+        # tenant_id), each tenant's by priority then age: fair dispatch.
+        Index(
+            "ix_jobs_claim",
+            "model",
+            "tenant_id",
+            text("priority DESC"),
+            "created_at",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        # A tenant's jobs in flight, for its quota.
+        Index(
+            "ix_jobs_tenant_open",
+            "tenant_id",
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
         # The sweeps each read one narrow slice of the table.
         Index(
             "ix_jobs_queued_enqueued",
@@ -145,6 +170,13 @@ class Job(Base):
     # Rows along the model's batch dimension (1 for models that do not batch): a
     # worker claims jobs until their rows fill one ONNX Runtime call.
     batch_rows: Mapped[int] = mapped_column(Integer, server_default="1")
+    # Higher runs first among a model's queued jobs (0-9 asked by clients, within the
+    # tenant's allowance; sync calls run above every async job).
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    # What the job cost: its share of its micro-batch (its rows over the call's) and
+    # that share of the ONNX Runtime call's wall time.
+    batch_share: Mapped[float | None] = mapped_column(Float)
+    compute_seconds: Mapped[float | None] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     # The cap on attempts, fixed at submit: a job that crashes its worker every time
     # stops here, whatever the workers' settings.
@@ -251,6 +283,8 @@ class Batch(Base):
     )
     chunk_rows: Mapped[int] = mapped_column(Integer)
     rows: Mapped[int | None] = mapped_column(BigInteger)  # known once split
+    # Bytes of its chunks' stored outputs, counted when it finished (storage quota).
+    result_bytes: Mapped[int | None] = mapped_column(BigInteger)
     chunks: Mapped[int | None] = mapped_column(Integer)
     # Rows cut into chunks so far, and when: a split that stopped resumes from here.
     split_rows: Mapped[int] = mapped_column(BigInteger, server_default="0")

@@ -70,7 +70,8 @@ _SETTLE = text(
     counts AS (
         SELECT r.id, 0 AS open,
                count(j.id) FILTER (WHERE j.status = 'succeeded') AS good,
-               count(j.id) FILTER (WHERE j.status <> 'succeeded') AS bad
+               count(j.id) FILTER (WHERE j.status <> 'succeeded') AS bad,
+               coalesce(sum(octet_length(j.output_data)), 0) AS result_bytes
         FROM ready r LEFT JOIN jobs j ON j.batch_id = r.id
         GROUP BY r.id
     ),
@@ -81,7 +82,7 @@ _SETTLE = text(
                           WHEN c.bad = 0 THEN 'succeeded'
                           WHEN c.good = 0 THEN 'failed'
                           ELSE 'partially_succeeded' END,
-            finished_at = now()
+            finished_at = now(), result_bytes = c.result_bytes
         FROM counts c WHERE b.id = c.id AND c.open = 0
         RETURNING b.id, b.tenant_id, b.status, b.webhook_url, b.webhook_events
     ),

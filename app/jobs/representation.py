@@ -55,6 +55,18 @@ class JobSchema(Schema):
     running_seconds = fields.Method(
         "get_running_seconds", metadata={"description": "Time from start to finish (so far)"}
     )
+    priority = fields.Integer(metadata={"description": "0-9 as asked; 10 for a sync call"})
+    compute_seconds = fields.Float(
+        allow_none=True,
+        metadata={
+            "description": "Its share of the ONNX Runtime time of the micro-batch it ran in "
+            "(the batch's time times batch_share)"
+        },
+    )
+    batch_share = fields.Float(
+        allow_none=True,
+        metadata={"description": "Its rows over all rows of the micro-batch it ran in"},
+    )
 
     def get_outputs(self, job: Job) -> dict[str, Any] | None:
         return stored_outputs(job)

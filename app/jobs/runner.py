@@ -21,13 +21,14 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.inference.engine import NonFiniteOutput, infer
+from app.inference.engine import rows as engine_rows
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.sessions import SessionPool
 from app.inference.tensors import from_json, pack, parse_inputs, tensor_bytes, unpack
@@ -181,13 +182,28 @@ def _run_group(
             runnable.append(job)
         except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
             outcomes[job.id] = _failed(job, "invalid_input", exc)
-    for job, result in zip(runnable, infer(runtime.sessions, card, requests), strict=True):
-        outcomes[job.id] = (
+    started = time.perf_counter()
+    results = infer(runtime.sessions, card, requests)
+    elapsed = time.perf_counter() - started
+    sizes = [_rows(card, request) for request in requests]
+    total = sum(sizes) or 1
+    for job, result, size in zip(runnable, results, sizes, strict=True):
+        outcome = (
             _after_error(runtime.settings, job, result)
             if isinstance(result, Exception)
             else _succeeded(job, result)
         )
+        # What the job cost: its rows' share of the call (one figure per job, summed
+        # per tenant by GET /usage).
+        outcomes[job.id] = replace(
+            outcome, batch_share=size / total, compute_seconds=elapsed * size / total
+        )
     return [outcomes[job.id] for job in jobs]
+
+
+def _rows(card: ModelCard, request: dict[str, np.ndarray]) -> int:
+    """Rows the request adds to its micro-batch (1 for a model without a batch axis)."""
+    return max(1, engine_rows(request)) if card.batching.max_batch_size > 0 else 1
 
 
 def _succeeded(job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:

@@ -21,7 +21,7 @@ from app.db.tenancy import owned
 from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
 from app.inference.repository import ModelCard, ModelRepository
 from app.inference.tensors import InvalidInputs, pack, parse_inputs
-from app.jobs import admission, dispatch, idempotency, transitions
+from app.jobs import admission, dispatch, idempotency, quotas, transitions
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOB, JobInserter
 from app.webhooks.ssrf import UnsafeUrl, check_url, networks
@@ -43,6 +43,7 @@ def submit(
     allowed_webhook_networks: tuple[str, ...] = (),
     inserter: JobInserter | None = None,
     tenant: str | None = None,
+    priority: int = 0,
 ) -> Job:
     """Check the inputs against the model, store the job, then wake its workers.
 
@@ -52,6 +53,8 @@ def submit(
     With an idempotency key, a repeat of the same request returns the first job.
     An `inserter` (the API's) writes the row together with concurrent submits.
     `tenant` (the tenant's name) sees only the models its card grants it.
+    `priority` (0-9 within the tenant's allowance; SYNC_PRIORITY for sync calls)
+    orders the model's queue before age; tenants take turns within a priority.
     """
     card = repository.resolve(model, version, tenant)  # UnknownModel: a 404 at the edge
     arrays = check_inputs(card, inputs)
@@ -69,6 +72,8 @@ def submit(
         earlier = idempotency.claim(session, tenant_id, idempotency_key, fingerprint)
         if earlier is not None:
             return get(session, tenant_id, earlier)
+    if limits := quotas.current():  # QuotaExceeded: a 429 naming the limit, nothing kept
+        limits.admit_jobs(session, tenant_id, priority=priority)
     admission.admit(session, card.name)  # QueueFull: a 429 at the edge, nothing kept
     values = {
         "id": uuid.uuid4(),
@@ -78,6 +83,7 @@ def submit(
         "status": "queued",
         "input_data": pack(arrays),
         "batch_rows": batch_rows(card, arrays),
+        "priority": priority,
         "attempts": 0,
         "max_attempts": int(card.extra.get("max_attempts", max_attempts)),
         "deadline_at": deadline,

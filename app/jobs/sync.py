@@ -26,7 +26,7 @@ from app.inference import engine
 from app.inference.repository import ModelCard, ModelRepository
 from app.inference.sessions import SessionPool
 from app.inference.tensors import from_json, unpack
-from app.jobs import service
+from app.jobs import quotas, service
 from app.jobs.events import EventBus
 from app.jobs.inserts import JobInserter
 
@@ -77,6 +77,8 @@ def infer(
     card = repository.resolve(model, version, tenant)
     if card.extra.get("execution") == INLINE:
         arrays = service.check_inputs(card, inputs)
+        if limits := quotas.current():  # its submits count, though it makes no job
+            limits.admit_jobs(session, tenant_id, 0)
         pool = sessions()
         try:
             pool.get(card)
@@ -92,6 +94,7 @@ def infer(
     job = service.submit(
         session, repository, tenant_id, card.name, card.version, inputs,
         max_attempts=max_attempts, inserter=inserter, tenant=tenant,
+        priority=quotas.SYNC_PRIORITY,  # a caller waits: ahead of every async job
     )  # fmt: skip
     job = service.wait_until_finished(session, bus, tenant_id, job.id, timeout_s)
     if job.status == "succeeded":

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.orm import Session
 
@@ -45,6 +45,8 @@ class Outcome:
     attempt: int
     status: str  # "succeeded", "failed" or "retry"
     output_data: bytes | None = None  # outputs, packed (app.inference.tensors.pack)
+    batch_share: float | None = None  # its rows over its micro-batch's
+    compute_seconds: float | None = None  # that share of the ONNX Runtime call
     error_code: str | None = None
     error_message: str | None = None
     error_class: str | None = None
@@ -98,42 +100,84 @@ def claim(
 def claim_next(
     session: Session, model: str, max_rows: int, lease_s: float, *, guarded: bool = True
 ) -> tuple[list[ClaimedJob], bool]:
-    """Claim the oldest queued, due jobs of `model` whose rows fit in `max_rows`
-    (a job bigger than that alone), under a lease. Returns them, oldest first,
-    and whether more were waiting.
+    """Claim queued, due jobs of `model` whose rows fit in `max_rows` (a job bigger
+    than that alone), under a lease, fairly between tenants. Returns them in the
+    order taken, and whether more were waiting.
+
+    Fair dispatch: higher `priority` first; within a priority, tenants take turns
+    (each tenant's oldest, then each one's second oldest, ...), so one tenant's
+    flood of queued jobs delays another tenant's next job by about one turn, not
+    by the whole flood. The tenants come from a skip scan of ix_jobs_claim (one
+    index probe per tenant with queued jobs of the model), each tenant's head of
+    the queue from the same index: the cost grows with the number of tenants
+    waiting, never with the length of the queue.
 
     SKIP LOCKED lets worker processes claim side by side without waiting on each
     other; candidates left over are unlocked when this transaction commits.
     Unguarded (the fault suite only) a running job can be claimed again.
     """
-    states = "status = 'queued' AND run_after <= now()"
-    if not guarded:
-        states = "status IN ('queued', 'running')"
-    statement = text(
+    statement = claim_next_statement(guarded)
+    params = {"model": model, "max_rows": max_rows, "lease": lease_s,
+              "per_tenant": 2 * max_rows}  # fmt: skip
+    rows = sorted(session.execute(statement, params), key=lambda r: r.position)
+    more = bool(rows) and (rows[0].candidates > len(rows) or len(rows) == max_rows)
+    return [_claimed(r) for r in rows], more
+
+
+def claim_next_statement(guarded: bool = True) -> TextClause:
+    """claim_next's statement; params model, max_rows, per_tenant and lease."""
+    waiting = "status = 'queued'" if guarded else "status IN ('queued', 'running')"
+
+    def due(table: str) -> str:
+        return f"{table}.{waiting}" + (f" AND {table}.run_after <= now()" if guarded else "")
+
+    return text(
         f"""
-        WITH candidates AS (
-            SELECT id, batch_rows, created_at FROM jobs
-            WHERE model = :model AND {states} AND attempts < max_attempts
-              AND (deadline_at IS NULL OR deadline_at > now())
-            ORDER BY created_at LIMIT :max_rows FOR UPDATE SKIP LOCKED
+        WITH RECURSIVE tenants AS (  -- ordered as ix_jobs_claim is, so it walks that index
+            (SELECT tenant_id FROM jobs WHERE model = :model AND {waiting}
+             ORDER BY tenant_id, priority DESC, created_at LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.tenant_id FROM jobs j
+                    WHERE j.model = :model AND j.{waiting} AND j.tenant_id > t.tenant_id
+                    ORDER BY j.tenant_id, j.priority DESC, j.created_at LIMIT 1)
+            FROM tenants t WHERE t.tenant_id IS NOT NULL
+        ),
+        heads AS (  -- each tenant's next jobs; the spare covers rows others hold locked
+            SELECT h.id, h.priority, h.created_at,
+                   row_number() OVER (PARTITION BY t.tenant_id, h.priority
+                                      ORDER BY h.created_at) AS turn
+            FROM tenants t CROSS JOIN LATERAL (
+                SELECT id, priority, created_at FROM jobs
+                WHERE model = :model AND tenant_id = t.tenant_id AND {due("jobs")}
+                  AND attempts < max_attempts AND (deadline_at IS NULL OR deadline_at > now())
+                ORDER BY priority DESC, created_at LIMIT :per_tenant
+            ) AS h
+            WHERE t.tenant_id IS NOT NULL
+        ),
+        candidates AS (  -- locked in turn order, one primary-key probe each, until enough
+            SELECT h.id, j.batch_rows, h.priority, h.turn, h.created_at
+            FROM (SELECT * FROM heads ORDER BY priority DESC, turn, created_at, id) AS h
+            CROSS JOIN LATERAL (
+                SELECT j.batch_rows FROM jobs j WHERE j.id = h.id AND {due("j")}
+                FOR UPDATE SKIP LOCKED
+            ) AS j
+            LIMIT :max_rows
         ),
         picked AS (
-            SELECT id FROM (
-                SELECT id, sum(batch_rows) OVER (ORDER BY created_at, id) AS running,
-                       row_number() OVER (ORDER BY created_at, id) AS position
+            SELECT pid, position FROM (
+                SELECT id AS pid, sum(batch_rows) OVER w AS running,
+                       row_number() OVER w AS position
                 FROM candidates
+                WINDOW w AS (ORDER BY priority DESC, turn, created_at, id)
             ) AS c
             WHERE running <= :max_rows OR position = 1
         )
         UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(), {_LEASE}
-        WHERE id IN (SELECT id FROM picked)
-        RETURNING {_CLAIMED}, (SELECT count(*) FROM candidates) AS candidates
+        FROM picked
+        WHERE jobs.id = picked.pid
+        RETURNING {_CLAIMED}, picked.position, (SELECT count(*) FROM candidates) AS candidates
         """
     )
-    params = {"model": model, "max_rows": max_rows, "lease": lease_s}
-    rows = sorted(session.execute(statement, params), key=lambda r: r.created_at)
-    more = bool(rows) and (rows[0].candidates > len(rows) or len(rows) == max_rows)
-    return [_claimed(r) for r in rows], more
 
 
 def _claimed(r: Any) -> ClaimedJob:
@@ -198,6 +242,8 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
         "classes": [o.error_class for o in outcomes],
         "tracebacks": [o.traceback for o in outcomes],
         "delays": [o.delay_s for o in outcomes],
+        "shares": [o.batch_share for o in outcomes],
+        "computes": [o.compute_seconds for o in outcomes],
     }
     statement = text(
         f"""
@@ -206,15 +252,19 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
                 CAST(:ids AS uuid[]), CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
                 CAST(:output_data AS bytea[]),
                 CAST(:codes AS text[]), CAST(:messages AS text[]), CAST(:classes AS text[]),
-                CAST(:tracebacks AS text[]), CAST(:delays AS float8[])
+                CAST(:tracebacks AS text[]), CAST(:delays AS float8[]),
+                CAST(:shares AS float8[]), CAST(:computes AS float8[])
             ) AS v(id, attempt, status, output_data, error_code, error_message,
-                   error_class, traceback, delay)
+                   error_class, traceback, delay, share, compute)
         ),
         moved AS (
             UPDATE jobs AS j SET
                 status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                               WHEN v.status = 'retry' THEN 'queued' ELSE v.status END,
                 output_data = CASE WHEN j.cancel_requested_at IS NULL THEN v.output_data END,
+                batch_share = coalesce(v.share, j.batch_share),
+                compute_seconds = CASE WHEN v.compute IS NULL THEN j.compute_seconds
+                                       ELSE coalesce(j.compute_seconds, 0) + v.compute END,
                 error_code = v.error_code, error_message = v.error_message,
                 finished_at = CASE WHEN v.status = 'retry' AND j.cancel_requested_at IS NULL
                                    THEN NULL ELSE now() END,

@@ -99,6 +99,7 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     monkeypatch.setattr("app.jobs.dispatch.Dispatcher.wake", wake)
     with database.sessionmaker() as session:  # the queue bound's reading, taken at most
         app.extensions["admission"].admit(session, "digits", 0)  # every 0.5 s per model
+        app.extensions["quotas"].admit_jobs(session, tenant.id, 0)  # and the tenant's quotas
     event.listen(database.engine, "before_cursor_execute", record)
     try:
         with database.sessionmaker() as session:

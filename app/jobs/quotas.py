@@ -1,0 +1,243 @@
+"""Per-tenant quotas: jobs in flight, submits a second, batch rows a day, bytes
+stored, and the highest priority a job may ask for. Stored on the tenant row
+(`manage.py tenants set`), with the TENANT_* settings as defaults; beyond one,
+a request gets 429 quota-exceeded naming the limit, and nothing of it is kept.
+
+Cost on the submit path: a tenant's limits are read at most every `ttl_s`; its
+jobs in flight are counted (ix_jobs_tenant_open) at most every `count_ttl_s`
+and this process's own admissions are added in between, like the model queue's
+bound (app.jobs.admission), so the count is approximate by what one process
+admits in that time. The rate is a per-second counter in Redis, shared by every
+API process; it is only touched for tenants that have a rate limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import redis
+from flask import current_app
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db.models import Batch, File, Tenant
+from app.domain import DomainError, InvalidRequest
+from app.jobs.dispatch import redis_client
+
+logger = logging.getLogger(__name__)
+
+# Above every priority a client may ask for: sync calls go ahead of async jobs.
+SYNC_PRIORITY = 10
+MAX_PRIORITY = 9
+DAY = timedelta(days=1)
+
+
+class QuotaExceeded(DomainError):
+    """The tenant is at one of its quotas (429, with Retry-After)."""
+
+    problem_type = "quota-exceeded"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A tenant's quotas; None: no limit."""
+
+    in_flight: int | None
+    submits_per_second: float | None
+    batch_rows_per_day: int | None
+    stored_bytes: int | None
+    max_priority: int
+
+    @classmethod
+    def of(cls, tenant: Tenant, settings: Settings) -> Limits:
+        def pick(own: float | None, default: float) -> float | None:
+            value = own if own is not None else default
+            return value if value > 0 else None
+
+        in_flight = pick(tenant.max_in_flight, settings.tenant_max_in_flight)
+        rows = pick(tenant.max_batch_rows_per_day, settings.tenant_max_batch_rows_per_day)
+        stored = pick(tenant.max_stored_bytes, settings.tenant_max_stored_bytes)
+        priority = tenant.max_priority
+        return cls(
+            in_flight=None if in_flight is None else int(in_flight),
+            submits_per_second=pick(
+                tenant.max_submits_per_second, settings.tenant_max_submits_per_second
+            ),
+            batch_rows_per_day=None if rows is None else int(rows),
+            stored_bytes=None if stored is None else int(stored),
+            max_priority=settings.tenant_max_priority if priority is None else priority,
+        )
+
+
+@dataclass
+class _Count:
+    value: int
+    at: float
+
+
+class Quotas:
+    """One per process: the tenants' limits and in-flight counts, cached."""
+
+    def __init__(self, settings: Settings, *, ttl_s: float = 5.0, count_ttl_s: float = 0.5) -> None:
+        self.settings, self.ttl_s, self.count_ttl_s = settings, ttl_s, count_ttl_s
+        self._limits: dict[int, tuple[float, Limits]] = {}
+        self._counts: dict[int, _Count] = {}
+        self._lock = threading.Lock()
+        self._redis: redis.Redis | None = None
+
+    def limits(self, session: Session, tenant_id: int) -> Limits:
+        now = time.monotonic()
+        cached = self._limits.get(tenant_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        tenant = session.get(Tenant, tenant_id)
+        if tenant is None:  # deleted meanwhile: nothing may be admitted
+            raise QuotaExceeded("the tenant no longer exists", status=403, limit="tenant")
+        limits = Limits.of(tenant, self.settings)
+        self._limits[tenant_id] = (now + self.ttl_s, limits)
+        return limits
+
+    def admit_jobs(
+        self, session: Session, tenant_id: int, jobs: int = 1, *, priority: int = 0
+    ) -> None:
+        """Count one request making `jobs` jobs (at `priority`), or raise QuotaExceeded."""
+        limits = self.limits(session, tenant_id)
+        if priority > limits.max_priority and priority != SYNC_PRIORITY:
+            raise InvalidRequest(
+                f"priority {priority} is above this tenant's allowance of "
+                f"{limits.max_priority}; ask for 0 to {limits.max_priority}",
+                errors={"priority": [f"at most {limits.max_priority}"]},
+            )
+        self._rate(tenant_id, limits)
+        if limits.in_flight is not None:
+            self._in_flight(session, tenant_id, jobs, limits.in_flight)
+
+    def admit_batch(self, session: Session, tenant_id: int, rows: int | None, chunks: int) -> None:
+        """A new batch of `rows` (None: not known until its file is cut, so only a
+        tenant with room left may start one) in `chunks` chunk jobs."""
+        limits = self.limits(session, tenant_id)
+        self._rate(tenant_id, limits)
+        if limits.batch_rows_per_day is not None:
+            self._batch_rows(session, tenant_id, rows or 0, limits.batch_rows_per_day)
+        if limits.stored_bytes is not None:
+            self._stored(session, tenant_id, 0, limits.stored_bytes)
+        if limits.in_flight is not None:
+            self._in_flight(session, tenant_id, chunks, limits.in_flight)
+
+    def admit_upload(self, session: Session, tenant_id: int, size: int) -> int | None:
+        """An upload of `size` bytes (so far); returns the bytes the tenant may still
+        store (None: no limit)."""
+        limits = self.limits(session, tenant_id)
+        if limits.stored_bytes is None:
+            return None
+        return self._stored(session, tenant_id, size, limits.stored_bytes)
+
+    def _rate(self, tenant_id: int, limits: Limits) -> None:
+        if limits.submits_per_second is None:
+            return
+        second = int(time.time())
+        key = f"quota:submits:{tenant_id}:{second}"
+        try:
+            if self._redis is None:
+                self._redis = redis_client(self.settings.redis_url)
+            pipe = self._redis.pipeline()
+            pipe.incr(key)
+            pipe.expire(key, 2)
+            used = int(pipe.execute()[0])
+        except redis.RedisError as exc:  # the quota fails open: the broker's outage shows elsewhere
+            logger.warning("submit rate of tenant %s not counted: %s", tenant_id, exc)
+            return
+        allowed = limits.submits_per_second
+        if used > allowed:
+            raise QuotaExceeded(
+                f"this tenant may make at most {allowed:g} submits a second "
+                f"(max_submits_per_second); this was number {used} in this second",
+                retry_after=1, status=429, limit="max_submits_per_second",
+                allowed=allowed, used=used,
+            )  # fmt: skip
+
+    def _in_flight(self, session: Session, tenant_id: int, jobs: int, allowed: int) -> None:
+        now = time.monotonic()
+        count = self._counts.get(tenant_id)
+        if count is None or now - count.at > self.count_ttl_s:
+            value = session.scalar(_IN_FLIGHT, {"tenant": tenant_id}) or 0
+            count = self._counts[tenant_id] = _Count(int(value), now)
+        with self._lock:
+            if count.value + jobs > allowed:
+                raise QuotaExceeded(
+                    f"this tenant has {count.value} jobs queued or running and may have at "
+                    f"most {allowed} (max_in_flight); this request adds {jobs}",
+                    retry_after=2, status=429, limit="max_in_flight",
+                    allowed=allowed, used=count.value,
+                )  # fmt: skip
+            count.value += jobs
+
+    def _batch_rows(self, session: Session, tenant_id: int, rows: int, allowed: int) -> None:
+        since = datetime.now(UTC) - DAY
+        recent = list(
+            session.execute(
+                select(Batch.created_at, Batch.rows)
+                .where(Batch.tenant_id == tenant_id, Batch.created_at > since)
+                .order_by(Batch.created_at)
+            )
+        )
+        used = sum(r.rows or 0 for r in recent)
+        if used + rows <= allowed and (rows or used < allowed):
+            return
+        # Rows leave the 24 h window as their batches age: when enough will have left.
+        excess, freed, wait = used + rows - allowed, 0, DAY.total_seconds()
+        for r in recent:
+            freed += r.rows or 0
+            if freed >= max(excess, 1):
+                wait = (r.created_at + DAY - datetime.now(UTC)).total_seconds()
+                break
+        raise QuotaExceeded(
+            f"this tenant ran {used} batch rows in the last 24 h and may run at most "
+            f"{allowed} (max_batch_rows_per_day); this batch has "
+            f"{rows if rows else 'an unknown number of'} rows",
+            retry_after=max(1, math.ceil(wait)), status=429, limit="max_batch_rows_per_day",
+            allowed=allowed, used=used,
+        )  # fmt: skip
+
+    def _stored(self, session: Session, tenant_id: int, size: int, allowed: int) -> int:
+        used = stored_bytes(session, tenant_id, self.settings.retention_seconds)
+        if used + size <= allowed and used < allowed:
+            return allowed - used - size
+        raise QuotaExceeded(
+            f"this tenant keeps {used} bytes of uploads and batch results and may keep at "
+            f"most {allowed} (max_stored_bytes); this adds {size}. Delete files "
+            "(DELETE /files/<id>) or wait for retention to remove old results",
+            retry_after=60, status=429, limit="max_stored_bytes", allowed=allowed, used=used,
+        )  # fmt: skip
+
+
+_IN_FLIGHT = text(
+    "SELECT count(*) FROM jobs WHERE tenant_id = :tenant AND status IN ('queued', 'running')"
+)
+
+
+def stored_bytes(session: Session, tenant_id: int, retention_s: float) -> int:
+    """Bytes the tenant keeps: its uploaded files, and its batches' results that
+    retention has not deleted yet."""
+    files = session.scalar(
+        select(func.coalesce(func.sum(File.size_bytes), 0)).where(File.tenant_id == tenant_id)
+    )
+    results = select(func.coalesce(func.sum(Batch.result_bytes), 0)).where(
+        Batch.tenant_id == tenant_id, Batch.result_bytes.is_not(None)
+    )
+    if retention_s > 0:
+        kept_since = datetime.now(UTC) - timedelta(seconds=retention_s)
+        results = results.where(Batch.finished_at > kept_since)
+    return int(files or 0) + int(session.scalar(results) or 0)
+
+
+def current() -> Quotas | None:
+    """The current app's quotas (none outside an app, as in the CLI)."""
+    quotas: Quotas | None = current_app.extensions.get("quotas") if current_app else None
+    return quotas
