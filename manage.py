@@ -112,8 +112,10 @@ def create_api_key(
         click.echo(json.dumps(shown) if as_json else f"operator key: {key}\n(not shown again)")
         return
     expiry = creds.expires_at.isoformat() if creds.expires_at else None
-    if as_json:
-        click.echo(json.dumps({**creds.__dict__, "expires_at": expiry}))
+    if as_json:  # {"tenant", "api_key", "webhook_secret"}, and "expires_at" for a key that expires
+        shown = {"tenant": creds.tenant, "api_key": creds.api_key,
+                 "webhook_secret": creds.webhook_secret}  # fmt: skip
+        click.echo(json.dumps(shown | ({"expires_at": expiry} if expiry else {})))
     else:
         click.echo(
             f"tenant:         {creds.tenant}\napi key:        {creds.api_key}\n"

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,22 @@ def settings(database_url: str, redis_url: str, model_repository: Path) -> Setti
 @pytest.fixture(scope="session")
 def app(settings: Settings) -> Flask:
     return create_app(settings)
+
+
+@pytest.fixture
+def make_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
+    """Apps of their own settings for one test (`make_app(api_key_cache_seconds=60)`),
+    their connection pools closed after it, so the suite stays within the
+    server's max_connections however many tests build one."""
+    made: list[Flask] = []
+
+    def make(base: Settings | None = None, **overrides: Any) -> Flask:
+        made.append(create_app((base or settings).with_overrides(**overrides)))
+        return made[-1]
+
+    yield make
+    for app in made:
+        app.extensions["database"].engine.dispose()
 
 
 @pytest.fixture

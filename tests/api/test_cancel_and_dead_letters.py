@@ -14,7 +14,6 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from app import create_app
 from app.config import Settings
 from app.db.models import AuditEvent, Job
 from app.db.session import Database, current_session
@@ -28,9 +27,9 @@ PIXELS = {"pixels": [[0.0] * 64]}
 
 
 @pytest.fixture
-def idle(settings: Settings) -> Flask:
+def idle(settings: Settings, make_app: Callable[..., Flask]) -> Flask:
     """An app on a queue no worker reads: its jobs stay queued."""
-    return create_app(settings.with_overrides(jobs_queue=f"{settings.jobs_queue}-idle"))
+    return make_app(jobs_queue=f"{settings.jobs_queue}-idle")
 
 
 def post_job(client: FlaskClient, auth: dict[str, str], **extra: Any) -> dict[str, Any]:
@@ -100,12 +99,16 @@ def test_bad_deadlines_are_422(
 
 
 def test_a_failed_wake_up_leaves_the_job_for_the_sweep(
-    settings: Settings, auth: dict[str, str], app: Flask, worker: Any
+    settings: Settings,
+    auth: dict[str, str],
+    app: Flask,
+    worker: Any,
+    make_app: Callable[..., Flask],
 ) -> None:
     """The broker is unreachable when the job is accepted: 202 all the same, and the
     job runs once the sweep wakes its model (a crash between commit and wake-up
     leaves the same state, which the sweep finds by the job's age)."""
-    broken = create_app(settings.with_overrides(redis_url="redis://127.0.0.1:1/0"))
+    broken = make_app(settings.with_overrides(redis_url="redis://127.0.0.1:1/0"))
     job = post_job(broken.test_client(), auth)
     with app.app_context():
         row = current_session().get(Job, uuid.UUID(job["id"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
@@ -16,7 +16,6 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
-from app import create_app
 from app.config import Settings
 from app.db.models import Job
 from app.db.session import Database
@@ -26,9 +25,9 @@ BODY = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}
 
 
 @pytest.fixture
-def idle(settings: Settings) -> Flask:
+def idle(settings: Settings, make_app: Callable[..., Flask]) -> Flask:
     """An app on a queue no worker reads: its jobs stay queued until the test acts."""
-    return create_app(settings.with_overrides(jobs_queue=f"{settings.jobs_queue}-idle"))
+    return make_app(jobs_queue=f"{settings.jobs_queue}-idle")
 
 
 def jobs_of(database: Database, tenant: TenantAuth) -> int:
@@ -130,7 +129,11 @@ def finished_job(client: FlaskClient, auth: dict[str, str], worker: Any) -> Iter
 
 
 def test_event_stream_of_a_job_and_resume_elsewhere(
-    client: FlaskClient, auth: dict[str, str], finished_job: str, settings: Settings
+    client: FlaskClient,
+    auth: dict[str, str],
+    finished_job: str,
+    settings: Settings,
+    make_app: Callable[..., Flask],
 ) -> None:
     response = client.get(f"/jobs/{finished_job}/events", headers=auth)
     assert response.status_code == 200 and response.mimetype == "text/event-stream"
@@ -141,7 +144,7 @@ def test_event_stream_of_a_job_and_resume_elsewhere(
     assert final == client.get(f"/jobs/{finished_job}", headers=auth).json
 
     # Reconnect to another API process with Last-Event-ID: nothing missed or repeated.
-    other_process = create_app(settings).test_client()
+    other_process = make_app(settings).test_client()
     resume = {**auth, "Last-Event-ID": str(events[0]["id"])}
     resumed = other_process.get(f"/jobs/{finished_job}/events", headers=resume)
     assert parse_events(resumed.get_data(as_text=True)) == events[1:]

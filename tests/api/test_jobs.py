@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import redis
+from flask import Flask
 from flask.testing import FlaskClient
 from sklearn.datasets import load_digits
 
-from app import create_app
 from app.config import Settings
 from app.inference.repository import ModelRepository
 from tests.conftest import WorkerProcess, make_tenant, wait_for_job
@@ -129,12 +130,15 @@ def test_unknown_job_is_404(client: FlaskClient, auth: dict[str, str]) -> None:
 
 
 def test_jobs_wait_for_a_worker_and_complete_when_one_starts(
-    auth: dict[str, str], settings: Settings, tmp_path: Path
+    auth: dict[str, str],
+    settings: Settings,
+    tmp_path: Path,
+    make_app: Callable[..., Flask],
 ) -> None:
     """With no worker on its queue a job stays queued, and is not lost: it completes
     once a worker starts."""
     lonely = settings.with_overrides(jobs_queue=f"{settings.jobs_queue}-late")
-    client = create_app(lonely).test_client()
+    client = make_app(lonely).test_client()
     queued = [
         submit(client, auth, {"model": "digits", "inputs": {"pixels": [row.tolist()]}})
         for row in DIGITS[:3]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app
 from app.config import Settings
 
 
@@ -42,8 +44,10 @@ def test_health(client: FlaskClient) -> None:
     assert ready.json["checks"] == {"database": "ok", "redis": "ok", "models": "ok"}
 
 
-def test_not_ready_when_redis_does_not_answer(settings: Settings) -> None:
-    broken = create_app(settings.with_overrides(redis_url="redis://127.0.0.1:1/0"))
+def test_not_ready_when_redis_does_not_answer(
+    settings: Settings, make_app: Callable[..., Flask]
+) -> None:
+    broken = make_app(settings.with_overrides(redis_url="redis://127.0.0.1:1/0"))
     response = broken.test_client().get("/v2/health/ready")
     assert response.status_code == 503
     assert response.content_type == "application/problem+json"
@@ -52,8 +56,10 @@ def test_not_ready_when_redis_does_not_answer(settings: Settings) -> None:
     assert response.json["checks"]["database"] == "ok"
 
 
-def test_not_ready_without_models(settings: Settings, tmp_path: object) -> None:
-    empty = create_app(settings.with_overrides(model_repository=tmp_path))
+def test_not_ready_without_models(
+    settings: Settings, tmp_path: object, make_app: Callable[..., Flask]
+) -> None:
+    empty = make_app(settings.with_overrides(model_repository=tmp_path))
     response = empty.test_client().get("/v2/health/ready")
     assert response.status_code == 503
     assert "models build" in response.json["checks"]["models"]

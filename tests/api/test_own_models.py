@@ -21,7 +21,6 @@ from click.testing import CliRunner
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app
 from app.config import ROOT, Settings
 from app.db.models import Tenant
 from app.db.session import Database
@@ -367,9 +366,12 @@ def test_a_new_version_keeps_its_models_tenants_and_policy(
 
 
 def test_a_model_over_max_model_bytes_is_refused(
-    settings: Settings, database: Database, iris_onnx: Path
+    settings: Settings,
+    database: Database,
+    iris_onnx: Path,
+    make_app: Callable[..., Flask],
 ) -> None:
-    small = create_app(settings.with_overrides(max_model_bytes=100)).test_client()
+    small = make_app(settings.with_overrides(max_model_bytes=100)).test_client()
     with database.sessionmaker() as session:
         headers = {"Authorization": f"Bearer {create_operator_key(session)}"}
     response = put(small, headers, fresh_name(), "1", iris_onnx.read_bytes())

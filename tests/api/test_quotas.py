@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +17,6 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app
 from app.config import ROOT, Settings
 from app.db.models import Job, Tenant
 from app.db.session import Database
@@ -31,11 +31,18 @@ def name_of(database: Database, tenant: TenantAuth) -> str:
         return str(session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant.id)))
 
 
-def limited(settings: Settings, database: Database, tenant: TenantAuth, **quotas: float) -> Any:
-    """A fresh app (no cached limits) after setting the tenant's quotas."""
-    with database.sessionmaker() as session:
-        set_quotas(session, name_of(database, tenant), dict(quotas))
-    return create_app(settings).test_client()
+@pytest.fixture
+def limited(
+    make_app: Callable[..., Flask], database: Database, tenant: TenantAuth
+) -> Callable[..., FlaskClient]:
+    """A client of a fresh app (no cached limits) after setting the tenant's quotas."""
+
+    def limit(**quotas: float) -> FlaskClient:
+        with database.sessionmaker() as session:
+            set_quotas(session, name_of(database, tenant), dict(quotas))
+        return make_app().test_client()
+
+    return limit
 
 
 def quota_problem(response: Any, limit: str) -> dict[str, Any]:
@@ -48,9 +55,9 @@ def quota_problem(response: Any, limit: str) -> dict[str, Any]:
 
 
 def test_jobs_in_flight_beyond_the_quota_are_refused_and_nothing_is_kept(
-    settings: Settings, database: Database, tenant: TenantAuth
+    limited: Callable[..., FlaskClient], database: Database, tenant: TenantAuth
 ) -> None:
-    client = limited(settings, database, tenant, max_in_flight=3)
+    client = limited(max_in_flight=3)
     other = make_tenant(database)
     for _ in range(3):  # staged: no worker runs them, so they stay in flight
         body = {"model": STAGED, "inputs": ONE}
@@ -68,9 +75,9 @@ def test_jobs_in_flight_beyond_the_quota_are_refused_and_nothing_is_kept(
 
 
 def test_submits_a_second_beyond_the_quota_are_refused(
-    settings: Settings, database: Database, tenant: TenantAuth
+    limited: Callable[..., FlaskClient], database: Database, tenant: TenantAuth
 ) -> None:
-    client = limited(settings, database, tenant, max_submits_per_second=2)
+    client = limited(max_submits_per_second=2)
     while time.time() % 1 > 0.3:  # start early in a second: five submits fit in it
         time.sleep(0.02)
     codes = [
@@ -85,9 +92,9 @@ def test_submits_a_second_beyond_the_quota_are_refused(
 
 
 def test_priority_allowance_is_the_tenants_own(
-    settings: Settings, database: Database, tenant: TenantAuth
+    limited: Callable[..., FlaskClient], database: Database, tenant: TenantAuth
 ) -> None:
-    client = limited(settings, database, tenant, max_priority=8)
+    client = limited(max_priority=8)
     body = {"model": STAGED, "inputs": ONE, "priority": 8}
     assert client.post("/jobs", json=body, headers=tenant.headers).status_code == 202
     body["priority"] = 9
@@ -96,9 +103,9 @@ def test_priority_allowance_is_the_tenants_own(
 
 
 def test_batch_rows_a_day_beyond_the_quota_are_refused(
-    settings: Settings, database: Database, tenant: TenantAuth
+    limited: Callable[..., FlaskClient], database: Database, tenant: TenantAuth
 ) -> None:
-    client = limited(settings, database, tenant, max_batch_rows_per_day=100)
+    client = limited(max_batch_rows_per_day=100)
 
     def batch(rows: int) -> Any:
         body = {"model": "digits", "inputs": {"pixels": [[0.0] * 64] * rows}}
@@ -113,9 +120,9 @@ def test_batch_rows_a_day_beyond_the_quota_are_refused(
 
 
 def test_stored_bytes_beyond_the_quota_are_refused_and_the_upload_is_not_kept(
-    settings: Settings, database: Database, tenant: TenantAuth
+    limited: Callable[..., FlaskClient], database: Database, tenant: TenantAuth
 ) -> None:
-    client = limited(settings, database, tenant, max_stored_bytes=1000)
+    client = limited(max_stored_bytes=1000)
     first = client.post("/files?filename=a.jsonl", data=b"x" * 800, headers=tenant.headers)
     assert first.status_code == 201, first.json
     refused = quota_problem(

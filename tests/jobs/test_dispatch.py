@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,6 @@ import sqlalchemy as sa
 from flask import Flask
 from sklearn.datasets import load_digits
 
-from app import create_app
 from app.config import Settings
 from app.db.models import Job
 from app.db.session import Database, current_session
@@ -25,9 +24,9 @@ PIXELS = load_digits().data.astype(np.float32)
 
 
 @pytest.fixture
-def idle(settings: Settings) -> Iterator[Flask]:
+def idle(settings: Settings, make_app: Callable[..., Flask]) -> Iterator[Flask]:
     """An app on a queue no worker reads, so its wake-ups can be counted."""
-    app = create_app(settings.with_overrides(jobs_queue=f"{settings.jobs_queue}-wake"))
+    app = make_app(jobs_queue=f"{settings.jobs_queue}-wake")
     yield app
     client = redis.Redis.from_url(settings.redis_url)
     client.delete(app.extensions["settings"].jobs_queue)

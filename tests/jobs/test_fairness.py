@@ -47,12 +47,13 @@ def stage(
 
 
 def test_claims_take_turns_between_tenants_within_a_priority(database: Database) -> None:
+    model = f"fair-{uuid.uuid4().hex[:8]}"  # a queue of this test's own: only its jobs
     a, b, c = (make_tenant(database) for _ in range(3))
-    flood = stage(database, a.id, 30)
-    few = stage(database, b.id, 3)
-    urgent = stage(database, c.id, 2, priority=7)
+    flood = stage(database, a.id, 30, model=model)
+    few = stage(database, b.id, 3, model=model)
+    urgent = stage(database, c.id, 2, model=model, priority=7)
     with database.sessionmaker() as session:
-        claimed, more = transitions.claim_next(session, STAGED, 10, 60)
+        claimed, more = transitions.claim_next(session, model, 10, 60)
         session.commit()
     order = [job.id for job in claimed]
     assert more and len(order) == 10

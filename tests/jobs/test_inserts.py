@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
+from flask import Flask
 
-from app import create_app
 from app.config import Settings
 from app.db.models import Job
 from app.db.session import Database
@@ -27,9 +28,12 @@ def row(tenant_id: int) -> dict[str, Any]:
 
 
 def test_concurrent_submits_share_transactions_and_all_commit(
-    settings: Settings, database: Database, tenant: TenantAuth
+    settings: Settings,
+    database: Database,
+    tenant: TenantAuth,
+    make_app: Callable[..., Flask],
 ) -> None:
-    app = create_app(settings.with_overrides(db_pool_size=24))  # a connection per request
+    app = make_app(settings.with_overrides(db_pool_size=24))  # a connection per request
     ids: list[str] = []
     barrier = threading.Barrier(24)
 

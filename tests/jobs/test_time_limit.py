@@ -4,11 +4,12 @@ by the attempt cap kept on its row, with a dead letter, not looped forever."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from flask import Flask
 from sqlalchemy import select
 
-from app import create_app
 from app.config import Settings
 from app.db.models import DeadLetter
 from app.db.session import current_session
@@ -17,13 +18,16 @@ from tests.conftest import WorkerProcess, wait_for_job
 
 
 def test_a_job_that_outlives_its_time_limit_every_time_is_capped(
-    settings: Settings, auth: dict[str, str], tmp_path: Path
+    settings: Settings,
+    auth: dict[str, str],
+    tmp_path: Path,
+    make_app: Callable[..., Flask],
 ) -> None:
     fast = settings.with_overrides(
         jobs_queue=f"{settings.jobs_queue}-limit", job_max_attempts=2, job_lease_seconds=1.0,
         retry_backoff_seconds=0.1, retry_backoff_max_seconds=0.2,
     )  # fmt: skip
-    app = create_app(fast)
+    app = make_app(fast)
     client = app.test_client()
     worker = WorkerProcess(fast, tmp_path / "worker.log", concurrency=1,
                            JOB_TIME_LIMIT_SECONDS="1", JOB_LEASE_SECONDS="1")  # fmt: skip

@@ -560,13 +560,13 @@ def test_an_egress_proxy_carries_every_delivery(
 
 def test_proxy_settings_of_the_environment_are_ignored(
     hooks: Settings, receiver: ScriptedReceiver, tenant: TenantAuth, tmp_path: Path,
-    webhook_worker: WorkerProcess,
+    webhook_worker: WorkerProcess, make_app: Callable[..., Flask],
 ) -> None:  # fmt: skip
     """A worker started with HTTP_PROXY in its environment still connects directly."""
     trap = ScriptedReceiver()
     queue = f"{hooks.webhooks_queue}-env"
     settings = hooks.with_overrides(webhooks_queue=queue)
-    app = create_app(settings)
+    app = make_app(settings)
     worker = WorkerProcess(
         settings.with_overrides(jobs_queue=queue), tmp_path / "env.log", 1,
         WEBHOOKS_QUEUE=queue, WEBHOOK_ALLOW_PRIVATE_NETWORKS="true", WEBHOOK_TIMEOUT_SECONDS="1",
