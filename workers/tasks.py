@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from app.jobs.runtime import current_runtime
 from app.schedules import service as schedules
 from app.webhooks import delivery
 
+logger = logging.getLogger(__name__)
+
 
 @contextmanager
 def _sweeping(task: str) -> Iterator[Settings]:
@@ -34,10 +37,17 @@ def _sweeping(task: str) -> Iterator[Settings]:
 
 @shared_task(name=dispatch.DRAIN_TASK, bind=True, max_retries=8)
 def drain(self: Task, model: str) -> int:
-    """A wake-up for `model`: run its queued jobs (see app.jobs.dispatch)."""
+    """A wake-up for `model`: run its queued jobs (see app.jobs.dispatch). It claims
+    that model's jobs only, whichever queue it came from."""
     dispatcher = dispatch.current()
+    came_on = (self.request.delivery_info or {}).get("routing_key")
     try:
-        dispatcher.taken(model)
+        if came_on and came_on != (queue := dispatcher.queue_for(model)):
+            logger.warning(
+                "a wake-up for %s came on queue %s, not its card's %s: its card changed, "
+                "or a waker reads another model repository", model, came_on, queue,
+            )  # fmt: skip
+        dispatcher.taken(model, came_on)
         return runner.drain(
             current_session(), current_runtime(), model, lambda: dispatcher.wake(model)
         )
