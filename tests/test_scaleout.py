@@ -105,6 +105,18 @@ class TaskEvents:
                 if e["type"] == "task-received" and e["name"] == dispatch.DRAIN_TASK
             }
 
+    def passed_on(self) -> set[tuple[str, str]]:
+        """(node, model) of drains a node sent on to another queue (a retry)."""
+        with self._lock:
+            events = list(self.events)
+        models = {e["uuid"]: ast.literal_eval(e["args"])[0] for e in events
+                  if e["type"] == "task-received" and e["name"] == dispatch.DRAIN_TASK}  # fmt: skip
+        return {
+            (e["hostname"].split("@")[0], models[e["uuid"]])
+            for e in events
+            if e["type"] == "task-retried" and e["uuid"] in models
+        }
+
     def stop(self) -> None:
         self._receiver.should_stop = True
         self._thread.join(10)
@@ -280,11 +292,20 @@ def test_a_cpu_worker_never_takes_a_gpu_models_jobs_even_with_no_gpu_worker(
     on_gpu = submit(routed_app, tenant.headers, ON_GPU, 20)
     with routed_app.app_context():  # the sweep's republish goes to the GPU queue too
         assert sweeps.wake_waiting(current_session(), older_than_s=0) >= 20
+    # A wake-up for the GPU model on the CPU queue (a waker with a stale card, or
+    # none): the CPU worker passes it on to the GPU queue instead of running it.
+    celery = routed_app.extensions["celery"]
+    celery.send_task(dispatch.DRAIN_TASK, args=[ON_GPU], queue=CPU)
     on_cpu = submit(routed_app, tenant.headers, ON_CPU, 20)
     wait_finished(database, on_cpu)
     assert_ran_once(database, on_cpu)
+    deadline = time.monotonic() + 30
+    while (cpu_worker.node, ON_GPU) not in task_events.passed_on():
+        assert time.monotonic() < deadline, "the misrouted wake-up was not passed on"
+        time.sleep(0.2)
     assert {(r.status, r.attempts) for r in rows(database, on_gpu)} == {("queued", 0)}
-    assert (cpu_worker.node, ON_GPU) not in task_events.received()
+    assert (cpu_worker.node, ON_GPU) not in task_events.drained()
+    assert "loaded model on-gpu:1" not in cpu_worker.text()
 
     gpu_worker = start_worker(routed_settings, gpu_folder, "gpu", GPU, task_events)
     try:
@@ -292,6 +313,6 @@ def test_a_cpu_worker_never_takes_a_gpu_models_jobs_even_with_no_gpu_worker(
         assert_ran_once(database, on_gpu)
         wait_drained(task_events, gpu_worker.node, ON_GPU, len(on_gpu))
         assert task_events.drained()[(gpu_worker.node, ON_GPU)] == len(on_gpu)
-        assert (cpu_worker.node, ON_GPU) not in task_events.received()
+        assert (cpu_worker.node, ON_GPU) not in task_events.drained()
     finally:
         gpu_worker.stop()
