@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""The service's command line: up, db, create-api-key, models, schedules, bench."""
+"""The service's command line: up, worker, db, create-api-key, models, schedules, bench."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import click
@@ -47,6 +48,28 @@ def up(port: int, host: str, flower_port: int, concurrency: int) -> None:
         flower_port=flower_port,
         worker_concurrency=concurrency,
     ).run()
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--concurrency",
+    envvar="WORKER_CONCURRENCY",
+    type=int,
+    default=None,
+    help="Worker processes. Default: one per CUDA_DEVICES entry, else 1 (one per GPU)",
+)
+@click.option("--hostname", default="worker@%h", show_default=True, help="Unique per worker")
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+def worker(concurrency: int | None, hostname: str, celery_args: tuple[str, ...]) -> None:
+    """Run an inference worker on the queues of WORKER_QUEUES (default: the default
+    model queue and JOBS_QUEUE); further arguments go to `celery worker`."""
+    from app.launcher import worker_command
+
+    settings = Settings.from_env()
+    processes = concurrency or max(1, len(settings.cuda_devices))
+    queues = ",".join(settings.inference_queues)
+    argv = worker_command(queues, processes, hostname, *celery_args)
+    os.execv(argv[0], argv)  # celery takes this process: signals reach it directly
 
 
 @cli.group()

@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["settings"] = settings
     app.extensions["database"] = database = Database(settings.database_url, settings.db_pool_size)
     app.extensions["events"] = EventBus(database.engine)
-    app.extensions["models"] = ModelRepository(
+    app.extensions["models"] = models = ModelRepository(
         settings.model_repository,
         SharedStates(database.engine),
         settings.model_state_cache_seconds,
@@ -43,9 +43,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.teardown_appcontext(close_session)
     register_error_handlers(app)
     celery = celery_init_app(app, settings)
+    # Each model's wake-ups go to the queue its card names (or DEFAULT_MODEL_QUEUE).
     app.extensions["dispatch"] = dispatcher = Dispatcher(
-        celery, settings.redis_url, settings.jobs_queue
-    )
+        celery, settings.redis_url, settings.jobs_queue,
+        lambda model: models.queue_of(model) or settings.model_queue,
+    )  # fmt: skip
     app.extensions["inserts"] = JobInserter(database.engine, dispatcher.wake)
     app.extensions["admission"] = Admission(settings.max_queued_per_model)
     app.extensions["quotas"] = Quotas(settings)

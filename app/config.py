@@ -81,8 +81,16 @@ class Settings:
     data_dir: Path = field(default_factory=lambda: ROOT / "var" / "data")
     # SCHEDULE_TICK_SECONDS: how often beat asks a worker to fire due schedules.
     schedule_tick_seconds: float = 10.0
-    # JOBS_QUEUE: the Celery queue that inference jobs travel on.
+    # JOBS_QUEUE: the Celery queue of batch file splits, and of the wake-ups of models
+    # whose card names no queue (unless DEFAULT_MODEL_QUEUE says otherwise).
     jobs_queue: str = "inference"
+    # DEFAULT_MODEL_QUEUE: the queue a model's jobs run on when its card names none
+    # (`"queue": "gpu"`); empty = JOBS_QUEUE.
+    default_model_queue: str = ""
+    # WORKER_QUEUES: comma list of the queues `manage.py worker` (and `make run`'s worker)
+    # serves: those of the models this machine can run. Empty: `manage.py worker` serves
+    # the default model queue and JOBS_QUEUE; `make run` every queue a model names too.
+    worker_queues: tuple[str, ...] = ()
     # DRAIN_SECONDS: how long one wake-up may keep a worker process on one model's jobs
     # before it hands the rest to another wake-up, so other models get their turn.
     drain_seconds: float = 1.0
@@ -215,6 +223,10 @@ class Settings:
             data_dir=Path(_env_str("DATA_DIR", _env_str("VAR_DIR", str(d.var_dir)) + "/data")),
             schedule_tick_seconds=_env_float("SCHEDULE_TICK_SECONDS", d.schedule_tick_seconds),
             jobs_queue=_env_str("JOBS_QUEUE", d.jobs_queue),
+            default_model_queue=_env_str("DEFAULT_MODEL_QUEUE", d.default_model_queue),
+            worker_queues=tuple(
+                q.strip() for q in _env_str("WORKER_QUEUES", "").split(",") if q.strip()
+            ),
             drain_seconds=_env_float("DRAIN_SECONDS", d.drain_seconds),
             drain_linger_ms=_env_float("DRAIN_LINGER_MS", d.drain_linger_ms),
             db_pool_size=_env_int("DB_POOL_SIZE", d.db_pool_size),
@@ -289,6 +301,17 @@ class Settings:
 
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def model_queue(self) -> str:
+        """The queue of models whose card names none."""
+        return self.default_model_queue or self.jobs_queue
+
+    @property
+    def inference_queues(self) -> tuple[str, ...]:
+        """The queues an inference worker serves unless WORKER_QUEUES names them: the
+        default model queue, and JOBS_QUEUE for batch splits."""
+        return self.worker_queues or tuple(dict.fromkeys((self.model_queue, self.jobs_queue)))
 
     @property
     def broker_url(self) -> str:

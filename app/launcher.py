@@ -22,6 +22,7 @@ import requests
 
 from app import embedded
 from app.config import ROOT, Settings
+from app.inference.repository import ModelRepository
 
 logger = logging.getLogger("launcher")
 
@@ -54,6 +55,16 @@ def worker_command(queue: str, concurrency: int, hostname: str, *extra: str) -> 
         *CELERY, "worker", "--queues", queue, "--concurrency", str(concurrency),
         "--loglevel", "INFO", "--hostname", hostname, *extra,
     ]  # fmt: skip
+
+
+def inference_queues(settings: Settings, named: set[str]) -> str:
+    """The queues `make run`'s one worker serves, comma-separated: WORKER_QUEUES when
+    set; else the default ones and every queue a model in the repository names
+    (`named`), so a fresh `make run` runs every model. A queue first named by a
+    model added later is served after a restart."""
+    if settings.worker_queues:
+        return ",".join(settings.worker_queues)
+    return ",".join(dict.fromkeys([*settings.inference_queues, *sorted(named)]))
 
 
 def control_worker_command(queue: str, hostname: str, *extra: str) -> list[str]:
@@ -160,7 +171,9 @@ class Launcher:
             database.engine.dispose()
 
     def _start_children(self) -> None:
-        queue, concurrency = self.settings.jobs_queue, self.worker_concurrency
+        named = ModelRepository(self.settings.model_repository).queues()
+        queue, concurrency = inference_queues(self.settings, named), self.worker_concurrency
+        logger.info("the worker serves the queues %s", queue)
         self.children = [
             Child("api", api_command(f"{self.host}:{self.port}")),
             Child("worker", worker_command(queue, concurrency, "worker@%h", "--task-events")),

@@ -75,7 +75,10 @@ def _check_manage(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
 
     command: click.Command | None = manage.cli
     ctx = click.Context(manage.cli)
-    for name in argv[2:]:
+    names = argv[2:]
+    if options := [i for i, a in enumerate(names) if a.startswith("-")]:
+        names = names[: options[0]]  # the command's own options and arguments follow
+    for name in names:
         assert isinstance(command, click.Group), f"{argv}: {name!r} follows a plain command"
         command = command.get_command(ctx, name)
         assert command is not None, f"manage.py has no command {name!r} ({argv})"
@@ -99,11 +102,65 @@ def test_postgres_and_redis() -> None:
     assert "--maxmemory-policy noeviction" in command
 
 
-def test_worker_reserves_gpu_and_restarts() -> None:
+def _default(value: Any) -> str:
+    """A compose value with `${VAR:-default}` read as its default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+
+
+def _served_queues(service: dict[str, Any]) -> list[str]:
+    """The queues a worker service serves: its `celery worker --queues`, or for
+    `manage.py worker` its WORKER_QUEUES (as the worker's defaults read it)."""
+    argv = _argv(service.get("command", []))
+    if "--queues" in argv:
+        return argv[argv.index("--queues") + 1].split(",")
+    if argv[:3] == ["python", "manage.py", "worker"]:
+        value = _default(service["environment"].get("WORKER_QUEUES", ""))
+        return [q for q in value.split(",") if q] or ["inference"]
+    return []
+
+
+def test_worker_reserves_one_gpu_and_restarts() -> None:
+    """`--scale worker=N`: each replica one GPU (a `count: 1` reservation) and one
+    process on it (WORKER_CONCURRENCY 1, one process per GPU)."""
     worker = _services()["worker"]
     devices = worker["deploy"]["resources"]["reservations"]["devices"]
-    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    (gpu,) = [d for d in devices if d["driver"] == "nvidia" and "gpu" in d["capabilities"]]
+    assert gpu["count"] == 1 and "device_ids" not in gpu
+    assert _default(worker["environment"]["WORKER_CONCURRENCY"]) == "1"
     assert worker["restart"] in ("always", "unless-stopped", "on-failure")
+
+
+def test_models_routed_to_gpu_and_cpu_have_workers() -> None:
+    """The GPU worker serves the default queue (bundled models, batch splits) and
+    `gpu`; a CPU worker, reserving no GPU and running ORT on the CPU, serves `cpu`."""
+    services = _services()
+    assert set(_served_queues(services["worker"])) == {"inference", "gpu"}
+    cpu = services["cpu-worker"]
+    assert _served_queues(cpu) == ["cpu"]
+    assert cpu["environment"]["ORT_PROVIDER"] == "cpu"
+    assert "deploy" not in cpu
+    assert cpu["restart"] in ("always", "unless-stopped", "on-failure")
+
+
+def test_workers_can_be_scaled() -> None:
+    """Nothing in a worker service is per container: no container_name or hostname
+    (Celery's %h is the container's, unique per replica), no published port, only
+    named volumes, and a Celery node name built on %h; and a warm shutdown's grace."""
+    services = _services()
+    workers = [name for name, s in services.items() if _served_queues(s)]
+    assert {"worker", "cpu-worker", "webhook-worker", "control-worker"} <= set(workers)
+    named_volumes = set(_compose()["volumes"])
+    for name in workers:
+        service = services[name]
+        assert "container_name" not in service and "hostname" not in service, name
+        assert "ports" not in service, name
+        for volume in service.get("volumes", []):
+            assert str(volume).split(":")[0] in named_volumes, (name, volume)
+        argv = _argv(service["command"])
+        if "--hostname" in argv:
+            assert "%h" in argv[argv.index("--hostname") + 1], name
+    for name in ("worker", "cpu-worker"):
+        assert services[name]["stop_grace_period"] == "60s"
 
 
 def test_flower_requires_basic_auth() -> None:
@@ -145,10 +202,8 @@ def test_beats_sweeps_have_a_worker_of_their_own() -> None:
     worker serves it, with the tenants' data area (schedules import files)."""
     served: dict[str, str] = {}
     for name, service in _services().items():
-        argv = _argv(service.get("command", []))
-        if "worker" in argv and "--queues" in argv:
-            for queue in argv[argv.index("--queues") + 1].split(","):
-                served[queue] = name
+        for queue in _served_queues(service):
+            served[queue] = name
     assert served["control"] not in ("worker", None)
     assert served["inference"] == "worker"
     assert "tenant-data:/data" in _services()[served["control"]]["volumes"]

@@ -105,8 +105,12 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
             # A hard time limit: ORT holds the thread in C code, so the child is
             # killed; Celery starts a new one and the job's lease brings it back.
             runtime.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)
+            # Only the models whose queue this worker serves (-Q): a CPU worker never
+            # holds a GPU model's session, a GPU worker no CPU model's.
+            served = celery.amqp.queues.consume_from
             for card in runtime.repository.all():
-                runtime.sessions.get(card)
-                pipeline.load(card)
+                if not served or (card.queue or settings.model_queue) in served:
+                    runtime.sessions.get(card)
+                    pipeline.load(card)
 
     return celery

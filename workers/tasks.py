@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from app.jobs.runtime import current_runtime
 from app.schedules import service as schedules
 from app.webhooks import delivery
 
+logger = logging.getLogger(__name__)
+
 
 @contextmanager
 def _sweeping(task: str) -> Iterator[Settings]:
@@ -34,10 +37,21 @@ def _sweeping(task: str) -> Iterator[Settings]:
 
 @shared_task(name=dispatch.DRAIN_TASK, bind=True, max_retries=8)
 def drain(self: Task, model: str) -> int:
-    """A wake-up for `model`: run its queued jobs (see app.jobs.dispatch)."""
+    """A wake-up for `model`: run its queued jobs (see app.jobs.dispatch). It claims
+    that model's jobs only. One that came on a queue other than the model's card
+    names (a waker that read a stale card, or none) is passed on to that queue,
+    not run here: a CPU worker never runs a GPU model's jobs. Passing on counts
+    as a retry, so two machines whose cards disagree give up after max_retries."""
     dispatcher = dispatch.current()
+    came_on = (self.request.delivery_info or {}).get("routing_key")
     try:
-        dispatcher.taken(model)
+        queue = dispatcher.queue_for(model)
+        if came_on and came_on != queue and current_runtime().repository.on_disk(model):
+            logger.warning("a wake-up for %s came on queue %s: passed on to its card's %s",
+                           model, came_on, queue)  # fmt: skip
+            dispatcher.taken(model, came_on)
+            raise self.retry(queue=queue, countdown=0)
+        dispatcher.taken(model, came_on)
         return runner.drain(
             current_session(), current_runtime(), model, lambda: dispatcher.wake(model)
         )

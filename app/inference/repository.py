@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,9 @@ class UnknownModel(LookupError):
         else:
             super().__init__(f"{what} is not in the repository; known models: {listed}")
 
+
+# A queue name a card may give: it becomes a Redis key and an item of WORKER_QUEUES.
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 # `tenant` for a caller with no tenant (an anonymous metadata request): it sees
 # only the models open to every tenant. `None` (internal callers) sees all.
@@ -168,6 +172,10 @@ class ModelCard:
     pipeline: PipelineSpec | None = None  # None: clients' tensors go to the graph as they are
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     tenants: tuple[str, ...] | None = None  # None: every tenant may use it
+    # The Celery queue its jobs' wake-ups travel on ("gpu", "cpu"): only workers that
+    # serve it run the model. None: DEFAULT_MODEL_QUEUE. The newest card speaks for
+    # the model (jobs are claimed by model, whatever their version).
+    queue: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -199,6 +207,7 @@ class ModelCard:
             },
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline else {}),
             "version_policy": self.version_policy.to_dict(),
+            **({"queue": self.queue} if self.queue else {}),
             **self.extra,
         }
 
@@ -206,12 +215,15 @@ class ModelCard:
     def load(cls, version_dir: Path) -> ModelCard:
         raw = json.loads((version_dir / "card.json").read_text())
         known = {"name", "version", "platform", "description", "inputs", "outputs", "labels",
-                 "batching", "pipeline", "version_policy", "tenants"}  # fmt: skip
+                 "batching", "pipeline", "version_policy", "tenants", "queue"}  # fmt: skip
         tenants = raw.get("tenants")
         if tenants is not None and not (
             isinstance(tenants, list) and all(isinstance(t, str) for t in tenants)
         ):
             raise ValueError('tenants: a list of tenant names, e.g. ["acme"]')
+        queue = raw.get("queue")
+        if queue is not None and not (isinstance(queue, str) and QUEUE_NAME.fullmatch(queue)):
+            raise ValueError('queue: a queue name of [A-Za-z0-9_.-], at most 64, e.g. "gpu"')
         return cls(
             name=version_dir.parent.name,
             version=version_dir.name,
@@ -225,6 +237,7 @@ class ModelCard:
             pipeline=PipelineSpec.from_dict(raw["pipeline"]) if "pipeline" in raw else None,
             version_policy=VersionPolicy.from_dict(raw.get("version_policy")),
             tenants=tuple(tenants) if tenants is not None else None,
+            queue=queue,
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -343,6 +356,22 @@ class ModelRepository:
         """Every readable version of `name`, serving or not, oldest first."""
         versions = self._cards.get(name, {})
         return [versions[v] for v in sorted(versions, key=version_key)]
+
+    def queue_of(self, name: str) -> str | None:
+        """The queue `name`'s jobs run on, as its newest card on disk names it
+        (serving or not: a wake-up must reach a worker even to fail jobs of an
+        unloaded version). None: the card names none, or no card is found, after
+        one rescan (a model added since this process last looked)."""
+        self.sync()
+        if name not in self._cards:
+            self.sync(force=True)
+        versions = self._cards.get(name)  # one read: a rescan swaps the whole dict
+        return versions[max(versions, key=version_key)].queue if versions else None
+
+    def queues(self) -> set[str]:
+        """Every queue a card in the folder names."""
+        self.sync()
+        return {c.queue for versions in self._cards.values() for c in versions.values() if c.queue}
 
     def index(self) -> list[VersionStatus]:
         """Every version in the folder and whether it serves, and why not."""

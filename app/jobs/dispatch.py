@@ -8,12 +8,20 @@ claims, and a job committed after the key was deleted publishes a new one:
 under load, one message covers every job that arrived while workers were busy.
 The key expires (WAKE_FLAG_TTL_S), and the sweep wakes models whose jobs wait
 too long regardless of it, so a lost message delays jobs but loses none.
+
+Each model's wake-ups travel on the queue its card names (`"queue": "gpu"`), or
+DEFAULT_MODEL_QUEUE: only workers subscribed to it (WORKER_QUEUES) run the
+model. The queue is looked up from the model's name alone, in the model
+repository every API and worker process holds, so every waker (submit, sync,
+batches, the sweep, a drain handing over) sends to the same place, and the
+pending flag is kept per queue and model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import redis
 from celery import Celery
@@ -34,23 +42,37 @@ def redis_client(url: str) -> redis.Redis:
 
 
 class Dispatcher:
-    def __init__(self, celery: Celery, redis_url: str, queue: str) -> None:
+    def __init__(
+        self,
+        celery: Celery,
+        redis_url: str,
+        queue: str,
+        route: Callable[[str], str | None] | None = None,
+    ) -> None:
+        """`queue`: for tasks that name no model, and for models `route` gives none
+        (no `route`: every model)."""
         self._celery = celery
         self._redis = redis_client(redis_url)
         self._queue = queue
+        self._route = route
 
-    def _flag(self, model: str) -> str:
-        return f"inference:wake:{self._queue}:{model}"
+    def queue_for(self, model: str) -> str:
+        """The queue `model`'s wake-ups travel on."""
+        return (self._route(model) if self._route else None) or self._queue
+
+    def _flag(self, queue: str, model: str) -> str:
+        return f"inference:wake:{queue}:{model}"
 
     def wake(self, model: str, *, force: bool = False) -> bool:
         """Make sure a wake-up for `model` is pending; `force` publishes one even
         if the flag says one is. Returns False when Redis refused: the caller
         leaves its jobs for the sweep, so an outage delays work but loses none."""
-        flag = self._flag(model)
+        queue = self.queue_for(model)
+        flag = self._flag(queue, model)
         try:
             if not self._redis.set(flag, "1", nx=True, ex=WAKE_FLAG_TTL_S) and not force:
                 return True
-            self._celery.send_task(DRAIN_TASK, args=[model], queue=self._queue)
+            self._celery.send_task(DRAIN_TASK, args=[model], queue=queue)
         except Exception as exc:  # redis-py and kombu raise many kinds; all mean "not sent"
             logger.warning("could not wake workers for %s: %s", model, exc)
             self._forget(flag)
@@ -67,9 +89,10 @@ class Dispatcher:
             return False
         return True
 
-    def taken(self, model: str) -> None:
-        """A worker took the wake-up: jobs committed from now on need a new one."""
-        self._redis.delete(self._flag(model))
+    def taken(self, model: str, queue: str | None = None) -> None:
+        """A worker took the wake-up (from `queue`, default: the model's): jobs
+        committed from now on need a new one."""
+        self._redis.delete(self._flag(queue or self.queue_for(model), model))
 
     def _forget(self, flag: str) -> None:
         with contextlib.suppress(redis.RedisError):  # else it expires by itself
