@@ -336,6 +336,7 @@ def models_add(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help=".npy (a structured array for several inputs) or .json ({input: rows}, or rows)",
 )
+@click.option("--priority", type=click.IntRange(0, 9), default=None, help="0-9, higher first")
 @click.option("--wait", is_flag=True, help="Wait for the job; exit 1 unless it succeeded")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after seconds")
 @click.option("--api-key", envvar="INFERENCE_API_KEY", help="Default: $INFERENCE_API_KEY")
@@ -344,6 +345,7 @@ def submit(
     model: str,
     version: str | None,
     input_path: Path,
+    priority: int | None,
     wait: bool,
     timeout: float | None,
     api_key: str | None,
@@ -371,7 +373,7 @@ def submit(
         raise click.UsageError(f"cannot read {input_path}: {exc}") from None
     client = Client(url, api_key)
     try:
-        job = client.submit(model, inputs, version=version)
+        job = client.submit(model, inputs, version=version, priority=priority)
         if wait:
             job = client.wait(job.id, timeout=timeout)
     except ApiError as exc:

@@ -218,6 +218,8 @@ class Client:
         KServe v2 tensors `[{"name", "shape", "datatype", "data"}]`, or one array
         for a model with one input. `webhook`: a URL, or `{"url", "events"}`.
         `cancel_after` (seconds) or `deadline`: the job expires unfinished then.
+        `priority`: 0-9, higher first among the model's queued jobs (the service's
+        default when None; past the tenant's allowance a 422).
         `wait` (seconds): the service holds the answer until the job finishes or
         the time is up (`Prefer: wait`); the job is returned as it stands then."""
         body: dict[str, Any] = {"model": model, "inputs": self._job_inputs(model, version, inputs)}

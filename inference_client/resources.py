@@ -60,6 +60,9 @@ class Job:
     finished_at: datetime | None = None
     queued_seconds: float | None = None
     running_seconds: float | None = None
+    priority: int | None = None
+    compute_seconds: float | None = None
+    batch_share: float | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -92,6 +95,9 @@ class Job:
             finished_at=_time(data.get("finished_at")),
             queued_seconds=_float(data.get("queued_seconds")),
             running_seconds=_float(data.get("running_seconds")),
+            priority=_int(data.get("priority")),
+            compute_seconds=_float(data.get("compute_seconds")),
+            batch_share=_float(data.get("batch_share")),
             raw=dict(data),
         )
 

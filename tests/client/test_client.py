@@ -281,6 +281,15 @@ def test_batch_uploads_follows_and_streams_rows_in_order(
     assert np.array_equal(labels, expected["label"][:40])
 
 
+def test_priority_is_passed_through_only_when_given(api: Client) -> None:
+    row = {"pixels": pixels(1)}
+    assert api.submit("digits", row, priority=3, cancel_after=3600).priority == 3
+    assert api.submit("digits", row, cancel_after=3600).priority == 0  # the service's default
+    with pytest.raises(ApiError) as over:  # past the tenant's allowance
+        api.submit("digits", row, priority=9)
+    assert over.value.status == 422
+
+
 def test_an_idempotency_key_returns_the_same_job(api: Client) -> None:
     key = f"client-{uuid.uuid4()}"
     inputs = {"pixels": pixels(1)}
