@@ -351,6 +351,69 @@ def models_add(
     click.echo(f"edit {card.path / 'card.json'} for its description, labels and batching")
 
 
+@cli.command()
+@click.option("--model", required=True, help="The model's name (GET /models)")
+@click.option("--version", default=None, help="Default: the newest serving version")
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help=".npy (a structured array for several inputs) or .json ({input: rows}, or rows)",
+)
+@click.option("--priority", type=click.IntRange(0, 9), default=None, help="0-9, higher first")
+@click.option("--wait", is_flag=True, help="Wait for the job; exit 1 unless it succeeded")
+@click.option("--timeout", type=float, default=None, help="With --wait: give up after seconds")
+@click.option("--api-key", envvar="INFERENCE_API_KEY", help="Default: $INFERENCE_API_KEY")
+@click.option("--url", envvar="INFERENCE_URL", default="http://127.0.0.1:8000", show_default=True)
+def submit(
+    model: str,
+    version: str | None,
+    input_path: Path,
+    priority: int | None,
+    wait: bool,
+    timeout: float | None,
+    api_key: str | None,
+    url: str,
+) -> None:
+    """Submit a job over HTTP with the Python client and print it as JSON; a
+    single array goes to the model's only input, named from its metadata."""
+    import numpy as np
+    import requests
+
+    from inference_client import ApiError, Client, WaitTimeout
+
+    if not api_key:
+        raise click.UsageError("give --api-key or set INFERENCE_API_KEY")
+    if input_path.suffix not in (".npy", ".json"):
+        raise click.UsageError("--input must be a .npy or .json file")
+    try:
+        if input_path.suffix == ".npy":
+            array = np.load(input_path, allow_pickle=False)
+            names = array.dtype.names
+            inputs = {name: array[name] for name in names} if names else array
+        else:
+            inputs = json.loads(input_path.read_text())
+    except ValueError as exc:
+        raise click.UsageError(f"cannot read {input_path}: {exc}") from None
+    client = Client(url, api_key)
+    try:
+        job = client.submit(model, inputs, version=version, priority=priority)
+        if wait:
+            job = client.wait(job.id, timeout=timeout)
+    except ApiError as exc:
+        raise click.ClickException(f"{exc.status} {exc.title}: {exc.detail}") from None
+    except WaitTimeout as exc:
+        raise click.ClickException(str(exc)) from None
+    except (requests.RequestException, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+    click.echo(json.dumps(job.raw, indent=2))
+    if wait and not job.succeeded:
+        raise SystemExit(1)
+
+
 cli.add_command(bench_command)
 cli.add_command(schedules_command)
 

@@ -1,0 +1,66 @@
+"""The service over real HTTP on loopback (werkzeug in a thread, the run's real
+workers behind it), for the Python client."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from app import create_app
+from app.config import Settings
+from inference_client import Client
+from tests.conftest import TenantAuth, free_port
+
+CHUNKED = "digits-chunked"  # digits cut into chunk jobs of 16 rows: batches of several chunks
+
+
+@contextmanager
+def serving(app: Flask) -> Iterator[str]:
+    """`app` on a free loopback port, one thread per request; yields its base URL."""
+    port = free_port()
+    httpd: BaseWSGIServer = make_server("127.0.0.1", port, app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        httpd.shutdown()
+
+
+@pytest.fixture(scope="session")
+def client_app(settings: Settings, model_repository: Path) -> Flask:
+    chunked = model_repository / CHUNKED / "1"
+    if not chunked.exists():
+        shutil.copytree(model_repository / "digits" / "1", chunked)
+        card = json.loads((chunked / "card.json").read_text())
+        (chunked / "card.json").write_text(json.dumps({**card, "batch_chunk_rows": 16}))
+    return create_app(settings)
+
+
+@pytest.fixture(scope="session")
+def base_url(client_app: Flask) -> Iterator[str]:
+    with serving(client_app) as url:
+        yield url
+
+
+def key_of(tenant: TenantAuth) -> str:
+    return tenant.headers["Authorization"].removeprefix("Bearer ")
+
+
+@pytest.fixture
+def api_key(tenant: TenantAuth) -> str:
+    return key_of(tenant)
+
+
+@pytest.fixture
+def api(base_url: str, api_key: str) -> Iterator[Client]:
+    with Client(base_url, api_key, timeout=30) as client:
+        yield client
