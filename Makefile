@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test test-fast test-faults lint format models clean-var
+.PHONY: run test test-fast test-faults lint format models clean-var browser
 
 $(VENV)/.runtime: requirements.txt requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,16 +16,21 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
+# The browser tests (tests/browser) drive Debian's chromium; installed here when it
+# is missing (as root, with apt-get), since CI starts from a clean machine.
+browser:
+	@command -v chromium >/dev/null 2>&1 || sh tests/browser/install-chromium.sh
+
 ## run: the whole service (API :8000, worker, beat, Flower :5555) until Ctrl-C
 run: $(VENV)/.runtime
 	$(PY) manage.py up
 
 ## test: lint, type-check and the test suite on real PostgreSQL, Redis and workers
-test: $(VENV)/.dev lint
+test: $(VENV)/.dev browser lint
 	$(PY) -m pytest -m "not faults"
 
 ## test-fast: the suite without the end-to-end `manage.py up` tests
-test-fast: $(VENV)/.dev
+test-fast: $(VENV)/.dev browser
 	$(PY) -m pytest -m "not stack and not faults"
 
 ## test-faults: kill workers, Redis, PostgreSQL mid-run; writes docs/reliability.md

@@ -22,6 +22,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
     from app.jobs.quotas import Quotas
+    from app.status.service import StatusBoard
+    from app.status.workers import WorkerCensus
     from app.tenants import KeyCache
     from workers.celery_app import celery_init_app
 
@@ -52,5 +54,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["admission"] = Admission(settings.max_queued_per_model)
     app.extensions["quotas"] = Quotas(settings)
     app.extensions["holds"] = Holds(settings.max_waits_per_tenant, settings.max_waits)
+    queues = (settings.jobs_queue, settings.webhooks_queue, settings.control_queue)
+    census = WorkerCensus(celery, settings.redis_url, queues, settings.status_cache_seconds)
+    app.extensions["status"] = StatusBoard(
+        census, settings.retention_seconds, settings.status_cache_seconds
+    )
     register_api(app)
     return app

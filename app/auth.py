@@ -67,6 +67,17 @@ def optional_tenant() -> str | None:
     return caller.tenant.name if caller.tenant else None  # an operator sees every model
 
 
+def optional_operator() -> bool:
+    """For pages open without a key that show operators more (the status page):
+    False without an `Authorization` header, True for an operator's key; a bad
+    key is refused (401), a tenant's too (403): it never unlocks the operator view."""
+    if "Authorization" not in request.headers:
+        return False
+    if _caller().kind != OPERATOR:
+        raise Forbidden("a tenant's key does not open the operator view; send an operator key")
+    return True
+
+
 def authenticated(view: F) -> F:
     """Require a tenant's key, expose the tenant as `current_tenant()`. An
     operator key is refused (403): it belongs to no tenant."""

@@ -190,6 +190,20 @@ class Settings:
     # CUDA_DEVICES: comma list of GPU ids; worker process i runs its CUDA sessions on
     # device i mod len (one process per GPU). Empty: ORT's default device.
     cuda_devices: tuple[int, ...] = ()
+    # SECRET_KEY: signs the status page's operator session cookie. Empty: a random key
+    # made once and kept in VAR_DIR/secret-key, which every process on this machine
+    # shares; set it (the same value) where API processes run on several machines.
+    secret_key: str = field(default="", repr=False)
+    # STATUS_CACHE_SECONDS: how long an API process reuses the status page's numbers
+    # and its answer from the workers, so reloading the page costs the database and
+    # the broker at most one round of queries (and one 1 s worker census) per period.
+    status_cache_seconds: float = 5.0
+    # FLOWER_URL: where the status page links to Flower; empty: no link (`make run` sets
+    # it to its own Flower).
+    flower_url: str = ""
+    # FLOWER_BASIC_AUTH: user:password that `make run` starts Flower with. Empty: user
+    # `admin` and a random password kept in VAR_DIR/flower-password.
+    flower_basic_auth: str = field(default="", repr=False)
     # LOG_LEVEL
     log_level: str = "INFO"
 
@@ -296,6 +310,10 @@ class Settings:
             cuda_devices=tuple(
                 int(x) for x in _env_str("CUDA_DEVICES", "").split(",") if x.strip()
             ),
+            secret_key=_env_str("SECRET_KEY", d.secret_key),
+            status_cache_seconds=_env_float("STATUS_CACHE_SECONDS", d.status_cache_seconds),
+            flower_url=_env_str("FLOWER_URL", d.flower_url),
+            flower_basic_auth=_env_str("FLOWER_BASIC_AUTH", d.flower_basic_auth),
             log_level=_env_str("LOG_LEVEL", d.log_level).upper(),
         )
 

@@ -23,6 +23,7 @@ import requests
 from app import embedded
 from app.config import ROOT, Settings
 from app.inference.repository import ModelRepository
+from app.kept_secrets import kept_secret
 
 logger = logging.getLogger("launcher")
 
@@ -77,10 +78,31 @@ def beat_command(schedule: Path, *extra: str) -> list[str]:
     return [*CELERY, "beat", "--schedule", str(schedule), "--loglevel", "INFO", *extra]
 
 
+def flower_command(host: str, port: int, *extra: str) -> list[str]:
+    """Flower on `host` only (loopback by default). Its login comes from the
+    FLOWER_BASIC_AUTH environment variable (never the command line, which `ps`
+    shows to every user); with a login set, its API needs the same one."""
+    return [*CELERY, "flower", f"--address={host}", f"--port={port}", *extra]
+
+
+FLOWER_USER = "admin"
+
+
+def flower_login(settings: Settings) -> tuple[str, bool]:
+    """Flower's `user:password`, and whether it was made here: FLOWER_BASIC_AUTH,
+    else user `admin` with a random password kept in VAR_DIR/flower-password, so a
+    browser's saved login goes on working across restarts."""
+    if settings.flower_basic_auth:
+        return settings.flower_basic_auth, False
+    password = kept_secret(settings.var_dir / "flower-password", nbytes=18)
+    return f"{FLOWER_USER}:{password}", True
+
+
 @dataclass
 class Child:
     name: str
     args: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the service's
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restarts: int = 0
@@ -103,6 +125,7 @@ class Launcher:
         self.redis: subprocess.Popen[bytes] | None = None
         self.children: list[Child] = []
         self.stopping = False
+        self.flower_auth, self.flower_auth_made = "", False
 
     def run(self) -> None:
         signal.signal(signal.SIGINT, self._on_signal)
@@ -174,8 +197,11 @@ class Launcher:
         named = ModelRepository(self.settings.model_repository).queues()
         queue, concurrency = inference_queues(self.settings, named), self.worker_concurrency
         logger.info("the worker serves the queues %s", queue)
+        self.flower_auth, self.flower_auth_made = flower_login(self.settings)
+        # The status page links to this Flower, unless FLOWER_URL names another.
+        api_env = {} if self.settings.flower_url else {"FLOWER_URL": self._flower_url()}
         self.children = [
-            Child("api", api_command(f"{self.host}:{self.port}")),
+            Child("api", api_command(f"{self.host}:{self.port}"), api_env),
             Child("worker", worker_command(queue, concurrency, "worker@%h", "--task-events")),
             # Webhook delivery waits on the network: threads, apart from inference.
             Child("webhooks", worker_command(self.settings.webhooks_queue, 8, "webhooks@%h",
@@ -184,14 +210,14 @@ class Launcher:
             Child("control", control_worker_command(self.settings.control_queue,
                                                     "control@%h", "--task-events")),
             Child("beat", beat_command(self.settings.var_dir / "celerybeat-schedule")),
-            Child("flower", [*CELERY, "flower", f"--address={self.host}",
-                             f"--port={self.flower_port}"]),
+            Child("flower", flower_command(self.host, self.flower_port),
+                  {"FLOWER_BASIC_AUTH": self.flower_auth}),
         ]  # fmt: skip
         for child in self.children:
             self._spawn(child)
 
     def _spawn(self, child: Child) -> None:
-        env = embedded.environment(self.settings)
+        env = {**embedded.environment(self.settings), **child.env}
         child.proc = subprocess.Popen(
             child.args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, start_new_session=True
         )
@@ -215,10 +241,18 @@ class Launcher:
         base = f"http://{self.host}:{self.port}"
         key = self.first_key or "<your API key>"
         status = "ready" if ready else f"started, but {base}/v2/health/ready does not say ready"
+        if self.flower_auth_made:
+            user, _, password = self.flower_auth.partition(":")
+            login = (
+                f"user {user}, password {password}, kept in "
+                f"{self.settings.var_dir / 'flower-password'}; FLOWER_BASIC_AUTH=user:pw to choose"
+            )
+        else:
+            login = "login from FLOWER_BASIC_AUTH"
         lines = [
             "",
-            f"Inference service {status}: API {base}  (docs {base}/docs), "
-            f"Flower http://{self.host}:{self.flower_port}",
+            f"Inference service {status}: API {base}  (docs {base}/docs, status page {base}/)",
+            f"Flower {self._flower_url()}  ({login})",
         ]
         if self.first_key:
             lines.append(f"Your API key (tenant 'default', shown once): {self.first_key}")
@@ -237,6 +271,9 @@ class Launcher:
             "",
         ]
         print("\n".join(lines), flush=True)
+
+    def _flower_url(self) -> str:
+        return f"http://{self.host}:{self.flower_port}"
 
     def _supervise_once(self) -> None:
         """Start again each child that exited; give up on one that cannot stay up."""

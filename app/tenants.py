@@ -107,11 +107,16 @@ class Caller:
 
 def caller_for_key(session: Session, api_key: str) -> Caller | None:
     """The key's caller; None for an unknown, revoked or expired key."""
+    return caller_for_hash(session, hash_key(api_key))
+
+
+def caller_for_hash(session: Session, key_hash: str) -> Caller | None:
+    """As `caller_for_key`, by the key's hash (what the status page's session holds)."""
     row = session.execute(
         select(ApiKey.kind, ApiKey.expires_at, Tenant.id, Tenant.name)
         .outerjoin(Tenant, ApiKey.tenant_id == Tenant.id)
         .where(
-            ApiKey.key_hash == hash_key(api_key),
+            ApiKey.key_hash == key_hash,
             ApiKey.revoked_at.is_(None),
             or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > func.now()),
         )
@@ -139,12 +144,15 @@ class KeyCache:
         return caller.tenant if caller is not None else None
 
     def caller(self, session: Session, api_key: str) -> Caller | None:
-        digest = hash_key(api_key)
+        return self.caller_by_hash(session, hash_key(api_key))
+
+    def caller_by_hash(self, session: Session, digest: str) -> Caller | None:
+        """The caller of the key whose hash is `digest`, cached as `caller`."""
         now = time.monotonic()
         entry = self._entries.get(digest)
         if entry is not None and entry[0] > now and not entry[1].expired():
             return entry[1]
-        ref = caller_for_key(session, api_key)
+        ref = caller_for_hash(session, digest)
         if ref is None:
             self._entries.pop(digest, None)
             return None

@@ -265,7 +265,8 @@ QUIET_WORKER = ("--without-gossip", "--without-mingle")
 
 class WorkerProcess:
     """A real `celery worker` subprocess on this run's queue (the control queue's
-    worker, as `make run` starts it, with `control=True`)."""
+    worker, as `make run` starts it, with `control=True`); `options` are more
+    command-line flags (`--task-events`)."""
 
     def __init__(
         self,
@@ -274,15 +275,17 @@ class WorkerProcess:
         concurrency: int = 2,
         *,
         control: bool = False,
+        options: tuple[str, ...] = (),
         **env: str,
     ) -> None:
         self.log_path = log_path
         self.log = log_path.open("wb")
         hostname = f"test-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h"
+        flags = (*QUIET_WORKER, *options)
         args = (
-            control_worker_command(settings.control_queue, hostname, *QUIET_WORKER)
+            control_worker_command(settings.control_queue, hostname, *flags)
             if control
-            else worker_command(settings.jobs_queue, concurrency, hostname, *QUIET_WORKER)
+            else worker_command(settings.jobs_queue, concurrency, hostname, *flags)
         )
         self.proc = subprocess.Popen(
             args,

@@ -7,6 +7,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,44 @@ def test_beats_sweeps_have_a_worker_of_their_own(monkeypatch: pytest.MonkeyPatch
     assert queues == {subject.settings.control_queue}
     assert served[subject.settings.control_queue] == "control"
     assert subject.settings.jobs_queue not in queues
+
+
+def test_flower_gets_a_login_kept_in_var_dir_unless_one_is_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    subject = Launcher(Settings(var_dir=tmp_path), flower_port=5599)
+    monkeypatch.setattr(subject, "_spawn", lambda child: None)
+    subject.first_key = subject.first_secret = None
+    subject._start_children()
+    children = {child.name: child for child in subject.children}
+    login = children["flower"].env["FLOWER_BASIC_AUTH"]
+    user, _, password = login.partition(":")
+    assert user == "admin" and len(password) >= 20
+    assert password not in " ".join(children["flower"].args)  # `ps` shows arguments to all
+    assert "--address=127.0.0.1" in children["flower"].args
+    assert children["api"].env["FLOWER_URL"] == "http://127.0.0.1:5599"
+    kept = tmp_path / "flower-password"
+    assert kept.read_text().strip() == password and kept.stat().st_mode & 0o777 == 0o600
+    subject._announce(True)
+    banner = capsys.readouterr().out
+    assert f"Flower http://127.0.0.1:5599  (user admin, password {password}" in banner
+    assert "status page http://127.0.0.1:8000/" in banner
+
+    again = Launcher(Settings(var_dir=tmp_path))
+    monkeypatch.setattr(again, "_spawn", lambda child: None)
+    again._start_children()
+    assert again.children[-1].env["FLOWER_BASIC_AUTH"] == login  # the same after a restart
+
+    chosen = Launcher(
+        Settings(var_dir=tmp_path / "other", flower_basic_auth="ops:s3cret",
+                 flower_url="https://flower.example")
+    )  # fmt: skip
+    monkeypatch.setattr(chosen, "_spawn", lambda child: None)
+    chosen.first_key = chosen.first_secret = None
+    chosen._start_children()
+    assert chosen.children[-1].env == {"FLOWER_BASIC_AUTH": "ops:s3cret"}
+    assert "FLOWER_URL" not in chosen.children[0].env  # the API reads FLOWER_URL itself
+    assert not (tmp_path / "other" / "flower-password").exists()
+    chosen._announce(True)
+    banner = capsys.readouterr().out
+    assert "login from FLOWER_BASIC_AUTH" in banner and "s3cret" not in banner

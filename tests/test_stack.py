@@ -114,6 +114,11 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         assert re.search(r"webhook signing secret \(shown once\): whsec_\S+", banner), banner
         assert banner.count("whsec_") == 1
         assert f"curl -s -X POST {stack.base}/jobs" in banner
+        flower, flower_login = _flower(banner)
+        assert requests.get(f"{flower}/api/workers", timeout=10).status_code == 401
+        assert requests.get(f"{flower}/api/workers", auth=flower_login, timeout=10).ok
+        page = requests.get(f"{stack.base}/", timeout=10)
+        assert page.status_code == 200 and f'href="{flower}"' in page.text
         assert stack.proc is not None
         assert len(children_of(stack.proc.pid)) >= 5  # redis, api, worker, beat, flower
 
@@ -143,7 +148,8 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         )
         assert cli.returncode == 0, cli.stderr
         creds = json.loads(cli.stdout)
-        assert set(creds) == {"tenant", "api_key", "webhook_secret"}
+        assert set(creds) == {"tenant", "api_key", "webhook_secret", "expires_at"}
+        assert creds["expires_at"] is None
         assert creds["tenant"] == "acme" and creds["webhook_secret"].startswith("whsec_")
         acme = {"Authorization": f"Bearer {creds['api_key']}"}
         assert requests.get(f"{stack.base}/jobs", headers=acme, timeout=10).json()["items"] == []
@@ -161,12 +167,20 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         # Start again: nothing lost, no second key printed, the old keys still work.
         banner = stack.start()
         assert "Your API key" not in banner and "create-api-key" in banner
+        assert _flower(banner) == (flower, flower_login)  # the same login after a restart
         owner = {"Authorization": f"Bearer {api_key}"}
         again = requests.get(f"{stack.base}/jobs/{job['id']}", headers=owner, timeout=10).json()
         assert again == job
         assert stack.stop() == 0
     finally:
         stack.kill()
+
+
+def _flower(banner: str) -> tuple[str, tuple[str, str]]:
+    """Flower's URL and the login `make run` made for it, as its banner prints them."""
+    match = re.search(r"Flower (http://\S+)  \(user (\S+), password (\S+), kept in", banner)
+    assert match, banner[-3000:]
+    return match.group(1), (match.group(2), match.group(3))
 
 
 def _key(stack: Stack, tenant: str) -> dict[str, str]:

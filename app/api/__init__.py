@@ -42,6 +42,7 @@ def register_api(app: Flask) -> None:
         jobs,
         models,
         schedules,
+        status,
         usage,
     )  # fmt: skip
     from app.api import repository as model_repository
@@ -66,11 +67,15 @@ def register_api(app: Flask) -> None:
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
     blueprints = (
         jobs.blp, infer.blp, batches.blp, files.blp, schedules.blp, deliveries.blp,
-        dead_letters.blp, usage.blp, models.blp, model_repository.blp, health.blp,
+        dead_letters.blp, usage.blp, models.blp, model_repository.blp, health.blp, status.blp,
     )  # fmt: skip
     for blueprint in blueprints:
         api.register_blueprint(blueprint)
     app.extensions["api"] = api
+    # The status page at / and its sign-in form: HTML for people, outside the
+    # OpenAPI document (its JSON twin, /status.json, is in it).
+    status.init_sessions(app, app.extensions["settings"])
+    app.register_blueprint(status.pages)
     # Swagger UI's JavaScript and CSS from the installed package, not a CDN.
     app.register_blueprint(
         Blueprint(

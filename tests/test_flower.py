@@ -1,0 +1,173 @@
+"""Flower, as `make run` starts it: behind its login, and never showing a job's
+inputs. Tasks take ids and model names only (the job row in PostgreSQL holds
+the inputs), which the first test checks on every registered task's signature
+and the second on what a real Flower shows of a real worker's tasks."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import secrets
+import subprocess
+import time
+import typing
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from flask import Flask
+
+from app import create_app
+from app.config import ROOT, Settings
+from app.launcher import flower_command
+from tests.conftest import (
+    TenantAuth,
+    WorkerProcess,
+    free_port,
+    service_env,
+    wait_for_job,
+)
+
+# What a task may take: a model's name, or the id of a row that holds the rest.
+ARGUMENTS = {"model": str, "batch_id": str, "delivery_id": int}
+PIXEL = 13.371337  # a value no id, name or count contains
+TEXT = "flower must never show this sentence"
+
+
+def test_every_task_takes_ids_or_model_names_only(app: Flask) -> None:
+    import workers.tasks  # noqa: F401  (registers the tasks)
+
+    tasks = {n: t for n, t in app.extensions["celery"].tasks.items() if not n.startswith("celery.")}
+    assert len(tasks) >= 6
+    for name, task in tasks.items():
+        hints = typing.get_type_hints(task.run)
+        for parameter in inspect.signature(task.run).parameters:
+            assert ARGUMENTS.get(parameter) is hints.get(parameter), (
+                f"task {name} takes {parameter}: {hints.get(parameter)}; tasks take ids and "
+                "model names, the job's row holds its inputs"
+            )
+
+
+class FlowerProcess:
+    def __init__(self, settings: Settings, log_path: Path, login: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = log_path.open("wb")
+        # As the launcher starts it, except that it asks no worker (of other test runs
+        # on this broker) to switch its events on: the test's worker sends its own.
+        args = flower_command("127.0.0.1", self.port, "--enable_events=False")
+        env = service_env(settings, FLOWER_BASIC_AUTH=login)
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "Flower did not start"
+            try:
+                requests.get(self.base, timeout=2)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def own(settings: Settings) -> Settings:
+    """A queue of its own, so the drains Flower sees are this test's."""
+    return settings.with_overrides(jobs_queue=f"flower-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def flower(own: Settings, tmp_path: Path) -> Iterator[tuple[FlowerProcess, tuple[str, str]]]:
+    user, password = "admin", secrets.token_urlsafe(12)
+    process = FlowerProcess(own, tmp_path / "flower.log", f"{user}:{password}")
+    yield process, (user, password)
+    process.stop()
+
+
+def test_flower_needs_its_login_and_shows_ids_and_model_names_never_inputs(
+    own: Settings,
+    flower: tuple[FlowerProcess, tuple[str, str]],
+    tenant: TenantAuth,
+    tmp_path: Path,
+) -> None:
+    process, login = flower
+    for path in ("/", "/api/tasks", "/api/workers"):
+        assert requests.get(process.base + path, timeout=10).status_code == 401
+        wrong = requests.get(process.base + path, auth=(login[0], "wrong"), timeout=10)
+        assert wrong.status_code == 401
+
+    worker = WorkerProcess(own, tmp_path / "worker.log", concurrency=1, options=("--task-events",))
+    app = create_app(own)
+    try:
+        client = app.test_client()
+        bodies = [
+            {"model": "digits", "inputs": {"pixels": [[PIXEL] * 64]}},
+            {"model": "minilm", "inputs": {"text": [TEXT]}},
+        ]
+        for body in bodies:
+            response = client.post("/jobs", json=body, headers=tenant.headers)
+            assert response.status_code == 202, response.json
+            assert wait_for_job(client, tenant.headers, response.json["id"], 60)["status"] == (
+                "succeeded"
+            )
+        tasks = _tasks_seen(process, login, {"digits", "minilm"})
+    finally:
+        worker.stop()
+        app.extensions["database"].engine.dispose()
+
+    shown = json.dumps(tasks)
+    for task_id in tasks:
+        shown += requests.get(f"{process.base}/api/task/info/{task_id}", auth=login,
+                              timeout=10).text  # fmt: skip
+    assert str(PIXEL) not in shown and TEXT not in shown
+    assert "pixels" not in shown and "flower must" not in shown
+    for task in tasks.values():
+        arguments = ast.literal_eval(task["args"])
+        assert isinstance(arguments, tuple | list) and all(
+            isinstance(a, int) or _name_or_id(a) for a in arguments
+        ), task
+        assert ast.literal_eval(task["kwargs"]) == {}, task
+
+
+def _tasks_seen(
+    process: FlowerProcess, login: tuple[str, str], models: set[str]
+) -> dict[str, dict[str, Any]]:
+    """Flower's tasks once it has seen a drain of each model succeed."""
+    deadline = time.monotonic() + 60
+    while True:
+        tasks: dict[str, dict[str, Any]] = requests.get(
+            f"{process.base}/api/tasks", auth=login, timeout=10
+        ).json()
+        drained = {
+            ast.literal_eval(t["args"])[0]
+            for t in tasks.values()
+            if t["name"] == "jobs.drain" and t["state"] == "SUCCESS"
+        }
+        if models <= drained:
+            return tasks
+        assert time.monotonic() < deadline, f"Flower saw drains of {drained}: {tasks}"
+        time.sleep(0.5)
+
+
+def _name_or_id(value: object) -> bool:
+    if not isinstance(value, str) or len(value) > 100:
+        return False
+    try:
+        uuid.UUID(value)
+        return True
+    except ValueError:
+        return value.replace("-", "").replace("_", "").replace(".", "").isalnum()
