@@ -183,6 +183,27 @@ def list_api_keys(tenant: str | None) -> None:
         click.echo(json.dumps(row))
 
 
+@cli.command("settings")
+@click.option("--write", is_flag=True, help="Put the table in README.md")
+def settings_table(write: bool) -> None:
+    """Every environment variable the service reads, with its default and what it
+    does, as the README's Markdown table (made from app/config.py)."""
+    from app.config import ROOT
+    from app.settings_reference import in_readme, markdown
+
+    table = markdown()
+    if not write:
+        click.echo(table)
+        return
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    current = in_readme(text)
+    if current is None:
+        raise click.ClickException("README.md has no settings table markers to replace")
+    readme.write_text(text.replace(current, table))
+    click.echo("README.md: settings table written")
+
+
 @cli.group()
 def tenants() -> None:
     """Tenants and their quotas (jobs in flight, submits a second, batch rows a

@@ -54,17 +54,20 @@ class Settings:
     # MAX_QUEUED_PER_MODEL: queued jobs a model takes before submits get 429 with
     # Retry-After (batch chunks count as jobs); 0 = no bound.
     max_queued_per_model: int = 50_000
-    # Per-tenant quotas' defaults, for tenants with none of their own (`manage.py
-    # tenants set`); 0 = no limit. TENANT_MAX_IN_FLIGHT: jobs (and batch chunks) queued
-    # or running at once, below MAX_QUEUED_PER_MODEL so no single tenant can fill a
-    # model's queue; TENANT_MAX_SUBMITS_PER_SECOND: requests that make work (jobs, sync
-    # calls, batches), across API processes; TENANT_MAX_BATCH_ROWS_PER_DAY: batch rows
-    # in any 24 h; TENANT_MAX_STORED_BYTES: uploaded files plus batch results kept;
-    # TENANT_MAX_PRIORITY: the highest `priority` (0-9) a job may ask for.
+    # Per-tenant quotas' defaults, for tenants with none of their own (`manage.py tenants
+    # set`); 0 = no limit. TENANT_MAX_IN_FLIGHT: a tenant's jobs (and batch chunks)
+    # queued or running at once; below MAX_QUEUED_PER_MODEL, so no single tenant can
+    # fill a model's queue.
     tenant_max_in_flight: int = 10_000
+    # TENANT_MAX_SUBMITS_PER_SECOND: a tenant's requests that make work (jobs, sync
+    # calls, batches) a second, counted across API processes (Redis); 0 = no limit.
     tenant_max_submits_per_second: float = 0
+    # TENANT_MAX_BATCH_ROWS_PER_DAY: a tenant's batch rows in any 24 hours; 0 = no limit.
     tenant_max_batch_rows_per_day: int = 0
+    # TENANT_MAX_STORED_BYTES: a tenant's uploaded files plus batch results that
+    # retention still keeps; 0 = no limit.
     tenant_max_stored_bytes: int = 0
+    # TENANT_MAX_PRIORITY: the highest `priority` (0-9) a tenant's jobs may ask for.
     tenant_max_priority: int = 5
     # MAX_MODEL_BYTES: the largest model.onnx PUT /v2/repository/models/... accepts
     # (streamed to a file in MODEL_REPOSITORY, never held in memory).
@@ -131,7 +134,8 @@ class Settings:
     # (the job's metadata stays). 0 keeps them forever.
     retention_seconds: float = 7 * 24 * 3600.0
     # Retention of the logs each job leaves (deleted by the hourly purge, in batches;
-    # 0 keeps them forever):
+    # 0 keeps them forever), each below.
+
     # JOB_EVENT_RETENTION_SECONDS: job events (event streams, the job's history).
     job_event_retention_seconds: float = 30 * 24 * 3600.0
     # WEBHOOK_PAYLOAD_RETENTION_SECONDS: the body a finished delivery sent (it holds the
@@ -204,7 +208,7 @@ class Settings:
     # FLOWER_BASIC_AUTH: user:password that `make run` starts Flower with. Empty: user
     # `admin` and a random password kept in VAR_DIR/flower-password.
     flower_basic_auth: str = field(default="", repr=False)
-    # LOG_LEVEL
+    # LOG_LEVEL: DEBUG, INFO, WARNING or ERROR, for every process.
     log_level: str = "INFO"
 
     @classmethod

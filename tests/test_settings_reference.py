@@ -1,0 +1,59 @@
+"""The README's settings table is generated from `Settings` and cannot drift:
+it must equal what `python manage.py settings` prints, and `Settings.from_env`
+must read every variable the table names."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.config import ROOT, Settings
+from app.settings_reference import in_readme, markdown, variables
+
+# Values a generic guess cannot make (empty defaults of list settings, checked words).
+SPECIAL = {
+    "CUDA_DEVICES": "0,1",
+    "WORKER_QUEUES": "gpu,cpu",
+    "WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/8",
+    "GUARDS_OFF": "claim",
+    "ORT_PROVIDER": "cpu",
+    "LOG_LEVEL": "debug",
+}
+
+
+def test_the_readme_holds_the_generated_settings_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert in_readme(readme) == markdown(), "run: python manage.py settings --write"
+
+
+def another_value(name: str, default: Any) -> str:
+    if name in SPECIAL:
+        return SPECIAL[name]
+    if isinstance(default, bool):
+        return "false" if default else "true"
+    if isinstance(default, (int, float)):
+        return str(default + 7)
+    if isinstance(default, Path):
+        return "/tmp/settings-reference-test"
+    if isinstance(default, tuple) and default:
+        return "1,2"
+    if isinstance(default, str):
+        return "something-else"
+    raise AssertionError(f"no test value for {name}: add one to SPECIAL")
+
+
+@pytest.mark.parametrize("variable", variables(), ids=lambda v: v.name)
+def test_every_documented_variable_is_read_from_the_environment(
+    variable: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default = getattr(Settings(), variable.field)
+    monkeypatch.setenv(variable.name, another_value(variable.name, default))
+    assert getattr(Settings.from_env(), variable.field) != default
+
+
+def test_every_setting_is_in_the_table() -> None:
+    documented = {v.field for v in variables()}
+    assert documented == {f.name for f in dataclasses.fields(Settings)}
