@@ -42,7 +42,7 @@ def variables() -> list[Variable]:
     for node in cls.body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
-        comments = []
+        comments: list[str] = []
         row = node.lineno - 2  # the line above, 0-based
         while row >= 0 and lines[row].strip().startswith("#"):
             comments.insert(0, lines[row].strip().lstrip("#").strip())

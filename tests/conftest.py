@@ -263,6 +263,17 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
 QUIET_WORKER = ("--without-gossip", "--without-mingle")
 
 
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `timeout`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class WorkerProcess:
     """A real `celery worker` subprocess on this run's queue (the control queue's
     worker, as `make run` starts it, with `control=True`); `options` are more
@@ -304,13 +315,7 @@ class WorkerProcess:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 
@@ -325,12 +330,7 @@ class BeatProcess:
                                      stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 20)
         self.log.close()
 
 

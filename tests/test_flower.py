@@ -29,6 +29,7 @@ from tests.conftest import (
     WorkerProcess,
     free_port,
     service_env,
+    stop_process,
     wait_for_job,
 )
 
@@ -75,12 +76,7 @@ class FlowerProcess:
                 time.sleep(0.2)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 20)
         self.log.close()
 
 

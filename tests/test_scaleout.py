@@ -31,7 +31,7 @@ from app import create_app
 from app.config import ROOT, Settings
 from app.db.session import Database, current_session
 from app.jobs import dispatch, sweeps
-from tests.conftest import QUIET_WORKER, RUN_ID, TenantAuth, service_env
+from tests.conftest import QUIET_WORKER, RUN_ID, TenantAuth, service_env, stop_process
 
 GPU, CPU = f"gpu-{RUN_ID}", f"cpu-{RUN_ID}"
 ON_GPU, ON_CPU = "on-gpu", "on-cpu"
@@ -154,13 +154,7 @@ class Worker:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import requests
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
+from tests.conftest import stop_process
+
 INSTALL = "tests/browser/install-chromium.sh"
 FLAGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -136,12 +138,7 @@ class Browser:
         try:
             self.ws.close()
         finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc, 20)
             self.loop.close()
             self.log.close()
 
