@@ -21,9 +21,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
     from app.jobs.quotas import Quotas
+    from app.metrics import QueueCollector
     from app.status.service import StatusBoard
     from app.status.workers import WorkerCensus
-    from app.metrics import QueueCollector
     from app.tenants import KeyCache
     from workers.celery_app import celery_init_app
 

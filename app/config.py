@@ -218,8 +218,10 @@ class Settings:
     metrics_token: str = ""
     # WORKER_METRICS_PORT: a Celery worker serves its processes' metrics (Prometheus
     # text) on this port, from its main process; 0 = none. `make run` gives its three
-    # workers this port and the next two. WORKER_METRICS_HOST: the address it binds.
+    # workers this port and the next two.
     worker_metrics_port: int = 0
+    # WORKER_METRICS_HOST: the address a worker's metrics endpoint binds (0.0.0.0 for a
+    # scraper on another machine; `make run`: HOST).
     worker_metrics_host: str = "127.0.0.1"
 
     @classmethod
