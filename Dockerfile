@@ -6,11 +6,14 @@ FROM python:3.11-slim
 # NVIDIA_DRIVER_CAPABILITIES: when a GPU is attached (compose's device
 # reservation), the NVIDIA container runtime mounts the CUDA driver libraries;
 # without one it is ignored and ONNX Runtime runs on the CPU.
+# PROMETHEUS_MULTIPROC_DIR: each container's processes count their metrics there
+# (its own /tmp), cleared when its gunicorn or Celery worker starts.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    PROMETHEUS_MULTIPROC_DIR=/tmp/metrics
 
 WORKDIR /app
 
@@ -46,5 +49,6 @@ USER app
 
 EXPOSE 8000 5555
 
-CMD ["gunicorn", "--bind", "0.0.0.0:8000", "--workers", "2", "--worker-class", "gthread", \
-     "--threads", "32", "--no-control-socket", "--access-logfile", "-", "app:create_app()"]
+CMD ["gunicorn", "--config", "python:app.gunicorn_conf", "--bind", "0.0.0.0:8000", \
+     "--workers", "2", "--worker-class", "gthread", "--threads", "32", "--no-control-socket", \
+     "--access-logfile", "-", "app:create_app()"]

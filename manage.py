@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from app import logs
 from app.config import Settings
 from app.embedded import resolve_urls
 from app.schedules.cli import schedules as schedules_command
@@ -22,7 +23,10 @@ def _settings() -> Settings:
 
 @click.group()
 def cli() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if Settings.from_env().log_format == "json":  # as the service's own processes log
+        logs.setup(logging.INFO, "json")
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 

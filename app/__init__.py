@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 from flask import Flask
 
+from app import logs
 from app.config import Settings
 
 
@@ -22,16 +21,16 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
     from app.jobs.quotas import Quotas
+    from app.metrics import QueueCollector
     from app.status.service import StatusBoard
     from app.status.workers import WorkerCensus
     from app.tenants import KeyCache
     from workers.celery_app import celery_init_app
 
     settings = resolve_urls(settings or Settings.from_env())
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(settings.log_level, settings.log_format)
     app = Flask(__name__)
+    logs.install(app, settings.log_format)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.extensions["settings"] = settings
     app.extensions["database"] = database = Database(settings.database_url, settings.db_pool_size)
@@ -42,6 +41,9 @@ def create_app(settings: Settings | None = None) -> Flask:
         settings.model_state_cache_seconds,
     )
     app.extensions["api_keys"] = KeyCache(settings.api_key_cache_seconds)
+    app.extensions["queue_metrics"] = QueueCollector(
+        database.engine, lambda: {card.name for card in app.extensions["models"].all()}
+    )
     app.teardown_appcontext(close_session)
     register_error_handlers(app)
     celery = celery_init_app(app, settings)

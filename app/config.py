@@ -210,6 +210,19 @@ class Settings:
     flower_basic_auth: str = field(default="", repr=False)
     # LOG_LEVEL: DEBUG, INFO, WARNING or ERROR, for every process.
     log_level: str = "INFO"
+    # LOG_FORMAT: text (readable lines) or json (one JSON object a line, with job_id,
+    # tenant, model and request_id where known), for every process.
+    log_format: str = "text"
+    # METRICS_TOKEN: when set, GET /metrics (and the workers' metrics endpoints) want
+    # `Authorization: Bearer <token>`: their labels name tenants and models. Unset: open.
+    metrics_token: str = ""
+    # WORKER_METRICS_PORT: a Celery worker serves its processes' metrics (Prometheus
+    # text) on this port, from its main process; 0 = none. `make run` gives its three
+    # workers this port and the next two.
+    worker_metrics_port: int = 0
+    # WORKER_METRICS_HOST: the address a worker's metrics endpoint binds (0.0.0.0 for a
+    # scraper on another machine; `make run`: HOST).
+    worker_metrics_host: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -319,6 +332,10 @@ class Settings:
             flower_url=_env_str("FLOWER_URL", d.flower_url),
             flower_basic_auth=_env_str("FLOWER_BASIC_AUTH", d.flower_basic_auth),
             log_level=_env_str("LOG_LEVEL", d.log_level).upper(),
+            log_format=_env_str("LOG_FORMAT", d.log_format).lower(),
+            metrics_token=_env_str("METRICS_TOKEN", d.metrics_token),
+            worker_metrics_port=_env_int("WORKER_METRICS_PORT", d.worker_metrics_port),
+            worker_metrics_host=_env_str("WORKER_METRICS_HOST", d.worker_metrics_host),
         )
 
     def with_overrides(self, **changes: object) -> Settings:

@@ -20,7 +20,7 @@ from types import FrameType
 
 import requests
 
-from app import embedded
+from app import embedded, metrics_dir
 from app.config import ROOT, Settings
 from app.inference.repository import ModelRepository
 from app.kept_secrets import kept_secret
@@ -39,13 +39,17 @@ class LaunchError(RuntimeError):
 
 
 CELERY = [sys.executable, "-m", "celery", "-A", "workers.worker"]
+# The Celery workers `make run` starts, in the order their metrics ports are given.
+WORKERS = ("worker", "webhooks", "control")
 
 
 def api_command(bind: str) -> list[str]:
     """gunicorn serving the API: threads, so slow clients and open event streams do
-    not hold a process."""
+    not hold a process. Its config (app.gunicorn_conf) sets up multi-process metrics,
+    and JSON logs with LOG_FORMAT=json (where the API logs requests itself)."""
     return [
-        sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", "2",
+        sys.executable, "-m", "gunicorn", "--config", "python:app.gunicorn_conf",
+        "--bind", bind, "--workers", "2",
         "--worker-class", "gthread", "--threads", "32", "--graceful-timeout", "10",
         "--access-logfile", "-", "--no-control-socket", "app:create_app()",
     ]  # fmt: skip
@@ -149,10 +153,21 @@ class Launcher:
             logger.info("received %s, stopping", signal.Signals(signum).name)
         self.stopping = True
 
+    def _worker_metrics_ports(self) -> dict[str, int]:
+        """WORKER_METRICS_PORT for the inference worker, the next two for the webhook
+        and control workers (none when it is unset)."""
+        base = self.settings.worker_metrics_port
+        return {name: base + i for i, name in enumerate(WORKERS)} if base else {}
+
     def _check_ports(self) -> None:
+        metrics_ports = [
+            (f"{name} worker's metrics", port, "WORKER_METRICS_PORT")
+            for name, port in self._worker_metrics_ports().items()
+        ]
         for name, port, variable in (
             ("API", self.port, "PORT"),
             ("Flower", self.flower_port, "FLOWER_PORT"),
+            *metrics_ports,
         ):
             with socket.socket() as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -200,6 +215,7 @@ class Launcher:
         self.flower_auth, self.flower_auth_made = flower_login(self.settings)
         # The status page links to this Flower, unless FLOWER_URL names another.
         api_env = {} if self.settings.flower_url else {"FLOWER_URL": self._flower_url()}
+        json_logs = self.settings.log_format == "json"
         self.children = [
             Child("api", api_command(f"{self.host}:{self.port}"), api_env),
             Child("worker", worker_command(queue, concurrency, "worker@%h", "--task-events")),
@@ -213,11 +229,22 @@ class Launcher:
             Child("flower", flower_command(self.host, self.flower_port),
                   {"FLOWER_BASIC_AUTH": self.flower_auth}),
         ]  # fmt: skip
+        ports = self._worker_metrics_ports()
+        for child in self.children:
+            if child.name in ("api", *WORKERS):  # each its own multi-process metrics
+                child.env[metrics_dir.ENV] = str(self.settings.var_dir / "metrics" / child.name)
+            if child.name in ports:
+                child.env["WORKER_METRICS_PORT"] = str(ports[child.name])
+                child.env["WORKER_METRICS_HOST"] = self.host
+            if json_logs and child.args[: len(CELERY)] == CELERY:
+                child.args[len(CELERY) : len(CELERY)] = ["--quiet"]  # no banners on stdout
         for child in self.children:
             self._spawn(child)
 
     def _spawn(self, child: Child) -> None:
         env = {**embedded.environment(self.settings), **child.env}
+        if metrics_dir.ENV in child.env:  # a new process tree: its counters start at 0
+            metrics_dir.clear(Path(child.env[metrics_dir.ENV]))
         child.proc = subprocess.Popen(
             child.args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, start_new_session=True
         )

@@ -221,4 +221,6 @@ def test_only_the_tls_proxy_is_published_and_secrets_come_from_env() -> None:
     assert "inference:inference@" not in text and "POSTGRES_PASSWORD: inference" not in text
     assert "${POSTGRES_PASSWORD:?" in services["postgres"]["environment"]["POSTGRES_PASSWORD"]
     assert "--requirepass" in _argv(services["redis"]["command"])
+    # /metrics names tenants and the proxy publishes the API: a token is required.
+    assert "${METRICS_TOKEN:?" in _compose()["x-app"]["environment"]["METRICS_TOKEN"]
     assert ".env" in (ROOT / ".gitignore").read_text().split()

@@ -14,6 +14,7 @@ import pytest
 from app import launcher
 from app.config import Settings
 from app.launcher import Child, Launcher, LaunchError
+from tests.conftest import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -133,3 +134,46 @@ def test_flower_gets_a_login_kept_in_var_dir_unless_one_is_set(
     chosen._announce(True)
     banner = capsys.readouterr().out
     assert "login from FLOWER_BASIC_AUTH" in banner and "s3cret" not in banner
+
+
+def test_each_process_tree_counts_its_metrics_apart_and_workers_serve_theirs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """API and each Celery worker: a multi-process directory of its own under VAR_DIR
+    (cleared when the child starts); WORKER_METRICS_PORT and the next two for the
+    three workers; with LOG_FORMAT=json no Celery banner on stdout."""
+    settings = Settings(var_dir=tmp_path, worker_metrics_port=9300, log_format="json")
+    subject = Launcher(settings)
+    monkeypatch.setattr(subject, "_spawn", lambda child: None)
+    subject._start_children()
+    children = {child.name: child for child in subject.children}
+    dirs = {name: c.env.get("PROMETHEUS_MULTIPROC_DIR") for name, c in children.items()}
+    counted = ("api", "worker", "webhooks", "control")
+    assert dirs == {n: str(tmp_path / "metrics" / n) if n in counted else None for n in children}
+    ports = {name: c.env.get("WORKER_METRICS_PORT") for name, c in children.items()}
+    assert ports == {"api": None, "worker": "9300", "webhooks": "9301", "control": "9302",
+                     "beat": None, "flower": None}  # fmt: skip
+    assert all("--quiet" in c.args for name, c in children.items() if name != "api")
+    assert "--config" in children["api"].args
+
+
+def test_a_stale_metrics_file_is_gone_when_its_child_starts_again(tmp_path: Path) -> None:
+    folder = tmp_path / "metrics" / "sleeper"
+    folder.mkdir(parents=True)
+    (folder / "counter_1.db").write_bytes(b"stale")
+    child = Child("sleeper", [sys.executable, "-c", "pass"],
+                  env={"PROMETHEUS_MULTIPROC_DIR": str(folder)})  # fmt: skip
+    supervised(child)
+    assert child.proc is not None
+    child.proc.wait()
+    assert list(folder.iterdir()) == []
+
+
+def test_a_worker_metrics_port_in_use_is_refused_before_anything_starts() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        subject = Launcher(Settings(worker_metrics_port=port - 1), port=free_port())
+        with pytest.raises(LaunchError, match=rf"webhooks worker's metrics port .*:{port}"):
+            subject._check_ports()

@@ -28,6 +28,7 @@ class OnePendingScheduler(PersistentScheduler):
                 control.clear_pending(redis_url, queue, entry.task)  # try again next tick
                 logger.exception("Scheduler: could not send %s", entry.name)
             else:
-                logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+                # DEBUG: a sweep is sent every second; one that does something says so.
+                logger.debug("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
             return
         super().apply_entry(entry, producer=producer)

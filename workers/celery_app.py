@@ -24,9 +24,15 @@ from typing import Any
 
 from billiard.process import current_process
 from celery import Celery, Task
-from celery.signals import worker_process_init
+from celery.signals import (
+    celeryd_init,
+    setup_logging,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from flask import Flask
 
+from app import logs, metrics_dir
 from app.config import Settings
 from app.inference import pipeline
 from app.inference.sessions import device_for
@@ -62,7 +68,8 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
 
     class FlaskTask(Task):
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            with app.app_context():
+            # A fresh log context per task: what it binds (model, job) ends with it.
+            with app.app_context(), logs.scope():
                 return self.run(*args, **kwargs)
 
     celery = Celery(app.name, task_cls=FlaskTask)
@@ -90,6 +97,41 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
     )
     celery.set_default()
     app.extensions["celery"] = celery
+
+    @setup_logging.connect(weak=False)
+    def _setup_logging(loglevel: int | str | None = None, **_: Any) -> None:
+        # Celery configures no logging when a receiver does it (hijack or not): the
+        # same handler as the API's, in LOG_FORMAT, at the more verbose of --loglevel
+        # and LOG_LEVEL.
+        level = min(logs.level_number(settings.log_level), logs.level_number(loglevel or "INFO"))
+        logs.setup(level, settings.log_format, force=True)
+
+    @celeryd_init.connect(weak=False)
+    def _worker_starting(instance: Any = None, **_: Any) -> None:
+        # A worker's main process, before its pool starts.
+        if settings.log_format == "json":
+            # Before Celery's own checks warn (root privileges), which precede its
+            # logging setup; and no banner on stdout among the JSON lines.
+            logs.setup(settings.log_level, "json", force=True)
+            if instance is not None:
+                instance.quiet = True
+        directory = metrics_dir.current()
+        if directory is not None:
+            metrics_dir.clear(directory, keep_pid=os.getpid())
+        if settings.worker_metrics_port:
+            from app import metrics
+
+            host, port = settings.worker_metrics_host, settings.worker_metrics_port
+            metrics.serve(host, port, settings.metrics_token)
+            logger.info("metrics of this worker's processes on http://%s:%d/metrics", host, port)
+
+    @worker_process_shutdown.connect(weak=False)
+    def _child_exit(**_: Any) -> None:
+        directory = metrics_dir.current()
+        if directory is not None:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(os.getpid(), str(directory))
 
     @worker_process_init.connect(weak=False)
     def _after_fork(**_: Any) -> None:

@@ -14,6 +14,7 @@ from flask import current_app
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
+from app import logs, metrics
 from app.batches import service as batches
 from app.config import Settings
 from app.db.session import current_session, database_unavailable
@@ -33,6 +34,7 @@ def _sweeping(task: str) -> Iterator[Settings]:
         yield settings
     finally:
         control.clear_pending(settings.redis_url, settings.control_queue, task)
+        metrics.SWEEPS.labels(task).inc()  # they log only when they did something
 
 
 @shared_task(name=dispatch.DRAIN_TASK, bind=True, max_retries=8)
@@ -44,6 +46,7 @@ def drain(self: Task, model: str) -> int:
     as a retry, so two machines whose cards disagree give up after max_retries."""
     dispatcher = dispatch.current()
     came_on = (self.request.delivery_info or {}).get("routing_key")
+    logs.bind(model=model)
     try:
         queue = dispatcher.queue_for(model)
         if came_on and came_on != queue and current_runtime().repository.on_disk(model):
@@ -90,15 +93,26 @@ def fire_schedules() -> dict[str, int]:
 @shared_task(name=dispatch.SWEEP_TASK, ignore_result=True)
 def sweep() -> dict[str, int]:
     with _sweeping(dispatch.SWEEP_TASK) as settings:
-        counts = sweeps.sweep(current_session(), settings)
+        counts = sweeps.sweep(current_session(), settings)  # logs what it moved
+        for action, jobs in counts.items():
+            if jobs:
+                metrics.SWEEP_JOBS.labels(action).inc(jobs)
         counts["batches"] = batches.sweep(current_session(), settings, batches.start_split)
+    if counts["batches"]:
+        logger.info("sweep: %d batch(es) finished or sent to split again", counts["batches"])
     return counts
 
 
 @shared_task(name=dispatch.PURGE_TASK, ignore_result=True)
 def purge() -> dict[str, Any]:
     with _sweeping(dispatch.PURGE_TASK) as settings:
-        return sweeps.purge(current_session(), settings)
+        counts = sweeps.purge(current_session(), settings)  # retention logs its own
+    if done := {k: v for k, v in counts.items() if k in _PURGE_OWN and v}:
+        logger.info("purge: %s", done)
+    return counts
+
+
+_PURGE_OWN = ("purged", "idempotency_keys", "previous_webhook_secrets")
 
 
 @shared_task(name=delivery.DELIVER_TASK, ignore_result=True)
@@ -116,4 +130,6 @@ def sweep_webhooks() -> int:
             celery.send_task(
                 delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
             )
+    if ids:
+        logger.info("webhook sweep: %d due delivery(ies) sent to the senders", len(ids))
     return len(ids)

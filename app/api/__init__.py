@@ -40,6 +40,7 @@ def register_api(app: Flask) -> None:
         health,
         infer,
         jobs,
+        metrics,
         models,
         schedules,
         status,
@@ -68,6 +69,7 @@ def register_api(app: Flask) -> None:
     blueprints = (
         jobs.blp, infer.blp, batches.blp, files.blp, schedules.blp, deliveries.blp,
         dead_letters.blp, usage.blp, models.blp, model_repository.blp, health.blp, status.blp,
+        metrics.blp,
     )  # fmt: skip
     for blueprint in blueprints:
         api.register_blueprint(blueprint)

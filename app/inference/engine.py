@@ -13,10 +13,12 @@ be stored as JSON, and they must not take the requests beside them down.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import numpy as np
 
+from app import metrics
 from app.inference import pipeline
 from app.inference.datatypes import is_float
 from app.inference.repository import ModelCard
@@ -79,7 +81,7 @@ def _chunks(card: ModelCard, requests: list[Arrays]) -> list[list[int]]:
 
 def _run_together(sessions: SessionPool, card: ModelCard, requests: list[Arrays]) -> list[Result]:
     merged = {spec.name: np.concatenate([r[spec.name] for r in requests]) for spec in card.inputs}
-    outputs = pipeline.run(sessions, card, merged)
+    outputs = _timed(sessions, card, merged)
     counts = [rows(r) for r in requests]
     total = sum(counts)
     if any(array.shape[:1] != (total,) for array in outputs.values()):
@@ -93,9 +95,18 @@ def _run_together(sessions: SessionPool, card: ModelCard, requests: list[Arrays]
 
 def _run_alone(sessions: SessionPool, card: ModelCard, request: Arrays) -> Result:
     try:
-        return _checked(card, pipeline.run(sessions, card, request))
+        return _checked(card, _timed(sessions, card, request))
     except Exception as exc:  # recorded as this request's result, never swallowed
         return exc
+
+
+def _timed(sessions: SessionPool, card: ModelCard, inputs: Arrays) -> Arrays:
+    """One inference call, observed once (its latency and rows), not per request."""
+    started = time.perf_counter()
+    outputs = pipeline.run(sessions, card, inputs)
+    metrics.ORT_SECONDS.labels(card.name).observe(time.perf_counter() - started)
+    metrics.ORT_ROWS.labels(card.name).observe(rows(inputs))
+    return outputs
 
 
 def _checked(card: ModelCard, outputs: Arrays) -> Result:

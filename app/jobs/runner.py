@@ -32,6 +32,7 @@ from app.inference.engine import rows as engine_rows
 from app.inference.repository import ModelCard, ModelRepository, UnknownModel
 from app.inference.sessions import SessionPool
 from app.inference.tensors import from_json, pack, parse_inputs, tensor_bytes, unpack
+from app.jobs import telemetry
 from app.jobs.chunks import read_range, settle
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish, renew_leases
 
@@ -132,6 +133,7 @@ def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -
             o for (m, v), jobs in groups.items() for o in _run_group(session, runtime, m, v, jobs)
         ]
     written = finish(session, outcomes, guarded="finish" not in runtime.settings.guards_off)
+    telemetry.finished(session, claimed, written)  # metrics and a line per finished job
     session.commit()
     if batches := {job.batch_id for job in claimed if job.batch_id is not None}:
         settle(session, batches)  # after the commit: the last chunk's writer sees every chunk

@@ -16,6 +16,7 @@ import numpy as np
 from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session, defer, undefer
 
+from app import metrics
 from app.db.models import TERMINAL_STATUSES, Job
 from app.db.tenancy import owned
 from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
@@ -91,7 +92,9 @@ def submit(
         "webhook_events": list(webhook["events"]) if webhook else None,
     }
     if idempotency_key is None and inserter is not None:
-        return Job(**values, **inserter.insert(values))  # committed, its model woken
+        job = Job(**values, **inserter.insert(values))  # committed, its model woken
+        metrics.JOBS_SUBMITTED.labels(card.name, tenant or "").inc()
+        return job
     # A Core INSERT in the request's own transaction (with a key, under the advisory
     # lock `idempotency.claim` took); the ORM's unit of work cost a third of a submit.
     defaults = session.connection().execute(INSERT_JOB, values).one()._asdict()
@@ -99,6 +102,7 @@ def submit(
     if idempotency_key is not None:
         idempotency.remember(session, tenant_id, idempotency_key, fingerprint, job.id)
     session.commit()
+    metrics.JOBS_SUBMITTED.labels(card.name, tenant or "").inc()
     if not dispatch.current().wake(job.model):
         transitions.mark_unsent(session, [job.id])
         session.commit()

@@ -24,6 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from app import logs, metrics
 from app.config import Settings
 from app.db.models import (
     Batch,
@@ -119,6 +120,7 @@ def deliver(
     taken = _Taken(delivery_id, row.attempts, row.lease_expires_at)
     delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
     assert delivery is not None
+    logs.bind(job_id=delivery.job_id)
     now = datetime.now(UTC)
     if session.get(DisabledWebhookUrl, (delivery.tenant_id, delivery.url)) is not None:
         note = "not sent: this URL answered 410 Gone before"
@@ -182,9 +184,23 @@ def _finish(
     if status == "failed":
         _dead_letter(session, delivery, taken.attempts + counted, error or f"HTTP {code}")
     session.commit()
+    if counted:
+        _count_attempt(status, code, error)
     logger.info("webhook %s to %s: %s (%s)", delivery.message_id, _origin(delivery.url), status,
                 code or error)  # fmt: skip
     return status
+
+
+def _count_attempt(status: str, code: int | None, error: str | None) -> None:
+    """Attempts by the delivery's state after them; those that did not deliver by why."""
+    metrics.WEBHOOK_ATTEMPTS.labels("retry" if status == "pending" else status).inc()
+    if status == "delivered":
+        return
+    if code is not None:
+        reason = "redirect" if 300 <= code < 400 else f"http_{code // 100}xx"
+    else:
+        reason = "unsafe_url" if (error or "").startswith("unsafe URL") else "network"
+    metrics.WEBHOOK_FAILURES.labels(reason).inc()
 
 
 def _post(
@@ -235,6 +251,7 @@ def _dead_letter(session: Session, delivery: WebhookDelivery, attempts: int, err
         session.get(Batch, delivery.batch_id) if delivery.batch_id else None
     ) or session.get(Job, delivery.job_id)
     assert subject is not None
+    metrics.DEAD_LETTERS.labels(subject.model, "webhook").inc()
     session.add(
         DeadLetter(
             job_id=delivery.job_id, batch_id=delivery.batch_id, tenant_id=subject.tenant_id,

@@ -56,7 +56,8 @@ def runs(client: FlaskClient, tenant: TenantAuth, schedule_id: str) -> list[dict
 
 @pytest.fixture
 def two_beats(settings: Settings, tmp_path: Path) -> Iterator[list[BeatProcess]]:
-    beats = [BeatProcess(settings, tmp_path, name, SCHEDULE_TICK_SECONDS="0.5")
+    # DEBUG: the test reads the ticks a beat sent, which it logs at DEBUG only.
+    beats = [BeatProcess(settings, tmp_path, name, SCHEDULE_TICK_SECONDS="0.5", LOG_LEVEL="DEBUG")
              for name in ("beat-a", "beat-b")]  # fmt: skip
     yield beats
     for beat in beats:
