@@ -34,7 +34,14 @@ from app.inference.sessions import SessionPool
 from app.inference.tensors import from_json, pack, parse_inputs, tensor_bytes, unpack
 from app.jobs import telemetry
 from app.jobs.chunks import read_range, settle
-from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish, renew_leases
+from app.jobs.transitions import (
+    ClaimedJob,
+    Outcome,
+    claim,
+    claim_next,
+    finish_rows,
+    renew_leases,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +139,9 @@ def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -
         outcomes = [
             o for (m, v), jobs in groups.items() for o in _run_group(session, runtime, m, v, jobs)
         ]
-    written = finish(session, outcomes, guarded="finish" not in runtime.settings.guards_off)
-    telemetry.finished(session, claimed, written)  # metrics and a line per finished job
+    rows = finish_rows(session, outcomes, guarded="finish" not in runtime.settings.guards_off)
+    telemetry.finished(session, claimed, rows)  # metrics and a line per finished job
+    written = {row.id for row in rows}
     session.commit()
     if batches := {job.batch_id for job in claimed if job.batch_id is not None}:
         settle(session, batches)  # after the commit: the last chunk's writer sees every chunk

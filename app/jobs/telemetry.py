@@ -1,43 +1,45 @@
-"""What a worker records of the jobs it ran: one query per claim, after their
-outcomes are written (in the same transaction), for the tenant's name and the
-job's own timestamps; then per job a counter, two histogram observations and
-one log line (`job_id`, `model`, `tenant`, `status`: a job followed across
-processes by its id)."""
+"""What a worker records of the jobs it ran, from the rows their outcomes'
+UPDATE returned (no query of its own; a tenant's name is looked up once per
+process): per job a counter, two histogram observations and one log line
+(`job_id`, `model`, `tenant`, `status`: a job followed across processes by its
+id)."""
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import Counter
+from typing import Any
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app import metrics
-from app.jobs.transitions import UUIDS, ClaimedJob
+from app.jobs.transitions import ClaimedJob
 
 logger = logging.getLogger("app.jobs")
 
-_FINISHED = text(
-    """
-    SELECT j.id, j.model, j.status, j.error_code, t.name AS tenant,
-           extract(epoch FROM j.started_at - j.created_at) AS queued_s,
-           extract(epoch FROM j.finished_at - j.started_at) AS running_s
-    FROM jobs j JOIN tenants t ON t.id = j.tenant_id
-    WHERE j.id = ANY(:ids) AND j.status IN ('succeeded', 'failed', 'cancelled')
-    """
-).bindparams(bindparam("ids", type_=UUIDS))
+_TENANT_NAMES: dict[int, str] = {}  # tenants are never renamed
 
 
-def finished(session: Session, claimed: list[ClaimedJob], written: set[uuid.UUID]) -> None:
+def tenant_name(session: Session, tenant_id: int) -> str:
+    name = _TENANT_NAMES.get(tenant_id)
+    if name is None:
+        found = session.scalar(text("SELECT name FROM tenants WHERE id = :id"), {"id": tenant_id})
+        name = _TENANT_NAMES[tenant_id] = str(found)
+    return name
+
+
+def finished(session: Session, claimed: list[ClaimedJob], written: list[Any]) -> None:
     """Record a claim's jobs: how many ran together, and each one that finished
-    (a retry is not finished: its next attempt is recorded when it ends)."""
+    (`written`: the rows `finish_rows` returned; a retry is not finished, its
+    next attempt is recorded when it ends)."""
     for model, jobs in Counter(job.model for job in claimed).items():
         metrics.CLAIM_JOBS.labels(model).observe(jobs)
-    if not written:
-        return
-    for row in session.execute(_FINISHED, {"ids": list(written)}):
-        metrics.JOBS_FINISHED.labels(row.model, row.tenant, row.status).inc()
+    for row in written:
+        if row.status not in ("succeeded", "failed", "cancelled"):
+            continue
+        tenant = tenant_name(session, row.tenant_id)
+        metrics.JOBS_FINISHED.labels(row.model, tenant, row.status).inc()
         if row.status == "failed":  # finish wrote its dead letter
             metrics.DEAD_LETTERS.labels(row.model, "job").inc()
         queued = float(row.queued_s) if row.queued_s is not None else None
@@ -48,9 +50,9 @@ def finished(session: Session, claimed: list[ClaimedJob], written: set[uuid.UUID
             metrics.JOB_RUNNING_SECONDS.labels(row.model).observe(max(0.0, running))
         logger.info(
             "job %s %s%s (model %s, tenant %s, queued %.3fs, ran %.3fs)", row.id, row.status,
-            f": {row.error_code}" if row.error_code else "", row.model, row.tenant,
+            f": {row.error_code}" if row.error_code else "", row.model, tenant,
             queued or 0.0, running or 0.0,
-            extra={"job_id": str(row.id), "model": row.model, "tenant": row.tenant,
+            extra={"job_id": str(row.id), "model": row.model, "tenant": tenant,
                    "status": row.status, "error_code": row.error_code,
                    "queued_s": queued, "running_s": running},
         )  # fmt: skip

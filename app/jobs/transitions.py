@@ -224,14 +224,21 @@ _OWNED = "AND j.status = 'running' AND j.attempts = v.attempt"
 
 
 def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -> set[uuid.UUID]:
-    """Write every outcome in one statement; returns the ids whose outcome was written.
+    """Write every outcome in one statement; returns the ids whose outcome was written."""
+    return {row.id for row in finish_rows(session, outcomes, guarded=guarded)}
+
+
+def finish_rows(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -> list[Any]:
+    """`finish`, returning each written job's id, model, tenant_id, status,
+    error_code, and its time queued and running (`queued_s`, `running_s`): what
+    the worker's metrics and log lines need, with no query of their own.
 
     Only the attempt that claimed a job, while the job is still running, can
     write it, so a late or duplicate writer changes nothing. A job whose
     cancellation was requested while it ran ends `cancelled` and keeps no result.
     """
     if not outcomes:
-        return set()
+        return []
     params = {
         "ids": [str(o.job_id) for o in outcomes],
         "attempts": [o.attempt for o in outcomes],
@@ -278,14 +285,14 @@ def finish(session: Session, outcomes: list[Outcome], *, guarded: bool = True) -
             WHERE j.id = v.id {_OWNED if guarded else ""}
             RETURNING j.id, j.status, j.tenant_id, j.model, j.model_version, j.attempts,
                       j.first_failed_at, j.error_code, j.error_message, v.error_class,
-                      v.traceback
+                      v.traceback, extract(epoch FROM j.started_at - j.created_at) AS queued_s,
+                      extract(epoch FROM j.finished_at - j.started_at) AS running_s
         ),
         {_DEAD_LETTERS}
-        SELECT id FROM moved
+        SELECT id, model, tenant_id, status, error_code, queued_s, running_s FROM moved
         """
     )
-    written = {r.id for r in session.execute(statement, params)}
-    return written
+    return list(session.execute(statement, params))
 
 
 def take_back_expired_leases(

@@ -16,7 +16,7 @@ from flask import Flask
 from sqlalchemy import event
 
 from app.db.session import Database
-from app.jobs import runner, service
+from app.jobs import runner, service, telemetry
 from app.jobs.runtime import current_runtime
 from app.jobs.transitions import Outcome, claim, finish
 from tests.conftest import TenantAuth, insert_queued_job, load_job, outputs_of, packed
@@ -100,6 +100,7 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     with database.sessionmaker() as session:  # the queue bound's reading, taken at most
         app.extensions["admission"].admit(session, "digits", 0)  # every 0.5 s per model
         app.extensions["quotas"].admit_jobs(session, tenant.id, 0)  # and the tenant's quotas
+        telemetry.tenant_name(session, tenant.id)  # and its name, once per worker process
     event.listen(database.engine, "before_cursor_execute", record)
     try:
         with database.sessionmaker() as session:
