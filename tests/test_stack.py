@@ -7,6 +7,7 @@ stops it with Ctrl-C (SIGINT), starts it again and finds every job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import pytest
 import requests
 
 from app.config import ROOT
+from inference_client import Client
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.stack
@@ -77,9 +79,20 @@ class Stack:
         return self.proc.returncode
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        """After a failed test: stop the launcher and its children (each in a session
+        of its own, so they outlive a launcher that is only killed)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        children = children_of(self.proc.pid)
+        self.proc.send_signal(signal.SIGINT)  # the launcher stops its children
+        try:
+            self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -90,6 +103,14 @@ def var_dir() -> Iterator[Path]:
     path.mkdir(parents=True)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def walkthrough_pixels() -> list[list[float]]:
+    """The image the walk-through submits, read from its curl command."""
+    match = re.search(r'"pixels": (\[\[[0-9,]+\]\])', walkthrough())
+    assert match, "the walk-through submits no pixels"
+    pixels: list[list[float]] = json.loads(match.group(1))
+    return pixels
 
 
 def walkthrough() -> str:
@@ -148,11 +169,16 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         )
         assert cli.returncode == 0, cli.stderr
         creds = json.loads(cli.stdout)
-        assert set(creds) == {"tenant", "api_key", "webhook_secret", "expires_at"}
-        assert creds["expires_at"] is None
+        assert set(creds) == {"tenant", "api_key", "webhook_secret"}
         assert creds["tenant"] == "acme" and creds["webhook_secret"].startswith("whsec_")
         acme = {"Authorization": f"Bearer {creds['api_key']}"}
         assert requests.get(f"{stack.base}/jobs", headers=acme, timeout=10).json()["items"] == []
+        # The Python client against the running service: the same job, followed by SSE.
+        with Client(stack.base, creds["api_key"]) as client:
+            mine = client.submit("digits", {"pixels": walkthrough_pixels()})
+            done = client.wait(mine.id, timeout=60, via="sse")
+            assert done.status == "succeeded" and done.outputs == job["outputs"], done
+            assert [j.id for j in client.list()] == [mine.id]
         assert (
             requests.get(f"{stack.base}/jobs/{job['id']}", headers=acme, timeout=10).status_code
             == 404

@@ -62,3 +62,31 @@ def write(path: Path) -> None:
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
+    write_readme(path.parent.parent / "README.md")
+
+
+README_BEGIN = "<!-- reliability: the guard-on rows of docs/reliability.md -->"
+README_END = "<!-- /reliability -->"
+
+
+def write_readme(readme: Path) -> None:
+    """The README's short table: each scenario with its guards on, as this run saw it."""
+    text = readme.read_text()
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < 0:
+        return
+    rows = [
+        "| scenario | jobs | completed | lost | dup. exec. | dup. results | illegal "
+        "| recovery (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for t in sorted(TALLIES.values(), key=lambda t: t.scenario):
+        if t.guard != "on":
+            continue
+        recovery = "" if t.recovery_s is None else f"{t.recovery_s:g}"
+        rows.append(
+            f"| {t.scenario} | {t.jobs} | {t.completed} | {t.lost} | {t.duplicate_executions} | "
+            f"{t.duplicate_results} | {t.illegal_transitions} | {recovery} |"
+        )
+    block = "\n".join([README_BEGIN, *rows, README_END])
+    readme.write_text(text[:start] + block + text[end + len(README_END) :])

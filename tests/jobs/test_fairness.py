@@ -57,10 +57,11 @@ def test_claims_take_turns_between_tenants_within_a_priority(database: Database)
         session.commit()
     order = [job.id for job in claimed]
     assert more and len(order) == 10
-    # Priority first (c's two), then a and b in turns, oldest first within each.
-    assert order[:2] == urgent
-    assert order[2:8] == [flood[0], few[0], flood[1], few[1], flood[2], few[2]]
-    assert order[8:] == flood[3:5]
+    # Priority first (c's two), then a and b in turns (rows staged together share
+    # their created_at, so which of a tenant's comes first is the database's choice).
+    owner = {**dict.fromkeys(flood, "a"), **dict.fromkeys(few, "b"), **dict.fromkeys(urgent, "c")}
+    assert [owner[i] for i in order] == ["c", "c", "a", "b", "a", "b", "a", "b", "a", "a"]
+    assert set(order[:2]) == set(urgent) and set(few) <= set(order)
 
 
 def test_a_claim_reads_the_index_not_the_whole_queue(database: Database) -> None:
