@@ -76,6 +76,8 @@ def write_readme(readme: Path) -> None:
     if start < 0 or end < 0:
         return
     rows = [
+        f"Last run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, every guard on:",
+        "",
         "| scenario | jobs | completed | lost | dup. exec. | dup. results | illegal "
         "| recovery (s) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
