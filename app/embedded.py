@@ -15,6 +15,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from app.config import Settings
 
@@ -109,6 +110,11 @@ def start_redis(var_dir: Path) -> subprocess.Popen[bytes] | None:
 
 def stop_redis(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
     """SIGTERM makes Redis flush its append-only file before exiting."""
+    stop_process(proc, timeout)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `timeout`."""
     if proc.poll() is None:
         proc.terminate()
         try:

@@ -16,6 +16,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,11 +64,11 @@ def redis_url() -> Iterator[str]:
         embedded.stop_redis(proc)
 
 
-@pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
-    """A fresh database for this run, with every migration applied, dropped at the end."""
-    admin = sa.create_engine(engine_url(_admin_database_url()), isolation_level="AUTOCOMMIT")
-    name = f"inference_test_{RUN_ID}"
+@contextmanager
+def fresh_database(admin_url: str, name: str) -> Iterator[str]:
+    """A new database `name` on the server of `admin_url`, with every migration
+    applied; its URL, and the database dropped afterwards."""
+    admin = sa.create_engine(engine_url(admin_url), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     url = admin.url.set(database=name).render_as_string(hide_password=False)
@@ -83,6 +84,13 @@ def database_url() -> Iterator[str]:
         )
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
     admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh database for this run, dropped at the end."""
+    with fresh_database(_admin_database_url(), f"inference_test_{RUN_ID}") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -270,15 +278,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
 QUIET_WORKER = ("--without-gossip", "--without-mingle")
 
 
-def stop_process(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
-    """SIGTERM, and SIGKILL if it has not exited within `timeout`."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+stop_process = embedded.stop_process
 
 
 class WorkerProcess:

@@ -19,9 +19,8 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import ROOT, Settings
-from app.db.migrate import upgrade
 from app.db.session import engine_url
-from tests.conftest import service_env
+from tests.conftest import fresh_database, service_env
 
 
 @pytest.fixture(scope="module")
@@ -29,26 +28,12 @@ def isolated(settings: Settings) -> Iterator[Settings]:
     """The run's settings on a fresh database (every migration applied) and queues
     no other test uses; dropped afterwards."""
     tag = uuid.uuid4().hex[:6]
-    admin = sa.create_engine(engine_url(settings.database_url), isolation_level="AUTOCOMMIT")
-    name = f"{admin.url.database}_{tag}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield settings.with_overrides(
-        database_url=url, jobs_queue=f"{settings.jobs_queue}-{tag}",
-        control_queue=f"{settings.control_queue}-{tag}", webhooks_queue=f"hooks-{tag}",
-    )  # fmt: skip
-    with admin.connect() as conn:
-        conn.execute(
-            sa.text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :name AND pid <> pg_backend_pid()"
-            ),
-            {"name": name},
-        )
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    name = f"{sa.engine.make_url(engine_url(settings.database_url)).database}_{tag}"
+    with fresh_database(settings.database_url, name) as url:
+        yield settings.with_overrides(
+            database_url=url, jobs_queue=f"{settings.jobs_queue}-{tag}",
+            control_queue=f"{settings.control_queue}-{tag}", webhooks_queue=f"hooks-{tag}",
+        )  # fmt: skip
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
