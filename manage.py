@@ -10,10 +10,10 @@ from pathlib import Path
 
 import click
 
-from app import logs
-from app.config import Settings
-from app.embedded import resolve_urls
-from app.schedules.cli import schedules as schedules_command
+from app.cli.schedules import schedules as schedules_command
+from app.observability import logs
+from app.platform.embedded import resolve_urls
+from app.platform.settings import Settings
 from bench.cli import bench as bench_command
 
 
@@ -43,7 +43,7 @@ def cli() -> None:
 )
 def up(port: int, host: str, flower_port: int, concurrency: int) -> None:
     """Run the whole service (API, worker, beat, Flower) until Ctrl-C."""
-    from app.launcher import Launcher
+    from app.cli.launcher import Launcher
 
     Launcher(
         Settings.from_env(),
@@ -67,7 +67,7 @@ def up(port: int, host: str, flower_port: int, concurrency: int) -> None:
 def worker(concurrency: int | None, hostname: str, celery_args: tuple[str, ...]) -> None:
     """Run an inference worker on the queues of WORKER_QUEUES (default: the default
     model queue and JOBS_QUEUE); further arguments go to `celery worker`."""
-    from app.launcher import worker_command
+    from app.cli.launcher import worker_command
 
     settings = Settings.from_env()
     processes = concurrency or max(1, len(settings.cuda_devices))
@@ -84,7 +84,7 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> None:
     """Apply every migration."""
-    from app.db.migrate import upgrade
+    from app.platform.migrate import upgrade
 
     upgrade(_settings().database_url)
     click.echo("database is at the latest migration")
@@ -96,7 +96,7 @@ def db_revision(message: str) -> None:
     """Write a new migration from the difference between the models and the database."""
     from alembic import command
 
-    from app.db.migrate import alembic_config
+    from app.platform.migrate import alembic_config
 
     command.revision(alembic_config(_settings().database_url), message, autogenerate=True)
 
@@ -117,9 +117,9 @@ def create_api_key(
     and stored hashed."""
     from datetime import UTC, datetime, timedelta
 
-    from app.db.session import Database
-    from app.tenants import create_api_key as create
-    from app.tenants import create_operator_key
+    from app.platform.database import Database
+    from app.tenancy.keys import create_api_key as create
+    from app.tenancy.keys import create_operator_key
 
     if operator == (tenant is not None):
         raise click.UsageError("give either --tenant NAME or --operator")
@@ -156,8 +156,8 @@ def create_api_key(
 @click.option("--tenant", help="Revoke every key of this tenant")
 def revoke_api_key(prefix: str | None, tenant: str | None) -> None:
     """Revoke a key, or all of a tenant's; running APIs refuse it within seconds."""
-    from app.db.session import Database
-    from app.tenants import revoke_api_keys
+    from app.platform.database import Database
+    from app.tenancy.keys import revoke_api_keys
 
     database = Database(_settings().database_url)
     try:
@@ -176,8 +176,8 @@ def revoke_api_key(prefix: str | None, tenant: str | None) -> None:
 @click.option("--tenant", help="Only this tenant's keys")
 def list_api_keys(tenant: str | None) -> None:
     """Every key's prefix, kind, tenant, creation, expiry and revocation (JSON lines)."""
-    from app.db.session import Database
-    from app.tenants import list_api_keys as listed
+    from app.platform.database import Database
+    from app.tenancy.keys import list_api_keys as listed
 
     database = Database(_settings().database_url)
     with database.sessionmaker() as session:
@@ -191,9 +191,9 @@ def list_api_keys(tenant: str | None) -> None:
 @click.option("--write", is_flag=True, help="Put the table in README.md")
 def settings_table(write: bool) -> None:
     """Every environment variable the service reads, with its default and what it
-    does, as the README's Markdown table (made from app/config.py)."""
-    from app.config import ROOT
-    from app.settings_reference import in_readme, markdown
+    does, as the README's Markdown table (made from app/platform/settings.py)."""
+    from app.cli.settings_reference import in_readme, markdown
+    from app.platform.settings import ROOT
 
     table = markdown()
     if not write:
@@ -218,8 +218,8 @@ def tenants() -> None:
 @click.argument("name", required=False)
 def tenants_list(name: str | None) -> None:
     """Every tenant (or NAME) with its own quotas; null: the TENANT_* default."""
-    from app.db.session import Database
-    from app.tenants import describe_tenants
+    from app.platform.database import Database
+    from app.tenancy.keys import describe_tenants
 
     database = Database(_settings().database_url)
     with database.sessionmaker() as session:
@@ -245,8 +245,8 @@ def _quota(value: str) -> float | None:
 def tenants_set(name: str, **quotas: str | None) -> None:
     """Set quotas of tenant NAME: a number, or `default` for the TENANT_* setting.
     Running API processes apply them within a few seconds."""
-    from app.db.session import Database
-    from app.tenants import set_quotas
+    from app.platform.database import Database
+    from app.tenancy.keys import set_quotas
 
     changes = {}
     try:
@@ -276,8 +276,8 @@ def tenants_set(name: str, **quotas: str | None) -> None:
 )
 def rotate_webhook_secret(tenant: str, overlap_hours: float) -> None:
     """Give TENANT a new webhook secret; both sign deliveries during the overlap."""
-    from app.db.session import Database
-    from app.tenants import rotate_webhook_secret as rotate
+    from app.platform.database import Database
+    from app.tenancy.keys import rotate_webhook_secret as rotate
 
     database = Database(_settings().database_url)
     with database.sessionmaker() as session:
@@ -303,7 +303,7 @@ def models() -> None:
 @click.option("--force", is_flag=True, help="Rebuild even if the files exist")
 def models_build(force: bool) -> None:
     """Build the bundled models (offline, from packages) into MODEL_REPOSITORY."""
-    from app.inference.builders import ensure_models
+    from app.models.builders import ensure_models
 
     root = Settings.from_env().model_repository
     built = ensure_models(root, force=force)
@@ -316,9 +316,9 @@ def models_build(force: bool) -> None:
 @models.command("list")
 def models_list() -> None:
     """List every version in the repository: READY, or UNAVAILABLE and why."""
-    from app.db.session import Database
-    from app.inference.repository import ModelRepository
-    from app.inference.states import SharedStates
+    from app.models.registry import ModelRepository
+    from app.models.states import SharedStates
+    from app.platform.database import Database
 
     settings = _settings()
     database = Database(settings.database_url)
@@ -348,10 +348,10 @@ def models_add(
     """Check PATH (an .onnx file) with ONNX Runtime, draft its card.json from the
     graph, and place both in MODEL_REPOSITORY/NAME/VERSION/. Running API and
     worker processes serve it within MODEL_STATE_CACHE_SECONDS."""
-    from app.db.session import Database
-    from app.domain import DomainError
-    from app.inference import control
-    from app.inference.repository import ModelRepository
+    from app.errors import DomainError
+    from app.models import control
+    from app.models.registry import ModelRepository
+    from app.platform.database import Database
 
     settings = _settings()
     database = Database(settings.database_url)

@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from flask import Flask
 
-from app import logs
-from app.config import Settings
+from app.observability import logs
+from app.platform.settings import Settings
 
 
 def create_app(settings: Settings | None = None) -> Flask:
-    from app.api import register_api
-    from app.api.holds import Holds
-    from app.db.session import Database, close_session
-    from app.embedded import resolve_urls
-    from app.errors import register_error_handlers
-    from app.inference.repository import ModelRepository
-    from app.inference.states import SharedStates
     from app.jobs.admission import Admission
     from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
     from app.jobs.quotas import Quotas
-    from app.metrics import QueueCollector
+    from app.models.registry import ModelRepository
+    from app.models.states import SharedStates
+    from app.observability.metrics import QueueCollector
+    from app.platform.database import Database, close_session
+    from app.platform.embedded import resolve_urls
     from app.status.service import StatusBoard
     from app.status.workers import WorkerCensus
-    from app.tenants import KeyCache
+    from app.tenancy.keys import KeyCache
+    from app.web import register_api
+    from app.web.holds import Holds
+    from app.web.problems import register_error_handlers
     from workers.celery_app import celery_init_app
 
     settings = resolve_urls(settings or Settings.from_env())

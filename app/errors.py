@@ -1,277 +1,75 @@
-"""RFC 9457 problem details: every error the API returns is shaped here.
+"""What callers of the services can get wrong, as plain exceptions.
 
-Services raise plain domain exceptions (`app.domain`, and `UnknownModel` of the
-model repository), each mapped to its problem type here, once; handlers at the
-edge may raise `Problem` directly; Werkzeug / webargs errors are translated by
-`problem_from_http_exception`. The `type` of each problem is a
-relative URI under `/problems/`, which the API serves as documentation.
+Services (submit, cancel, replay, ...) raise these without knowing about HTTP,
+so beat schedules, the CLI and batch code can call them too; `app.web.problems` maps
+each kind to its problem+json type once, at the HTTP edge. Errors of other
+layers are mapped there as well: `UnknownModel` (the model repository).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from flask import Flask, Response, json, request
-from werkzeug.exceptions import HTTPException
-
-from app.domain import DomainError
-from app.inference.repository import UnknownModel
-
-PROBLEM_JSON = "application/problem+json"
-
-# code -> (status, title, what a client should do). Served at /problems/<code>.
-PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
-    "malformed-request": (
-        400,
-        "Malformed request",
-        "The body could not be parsed as JSON. Send a JSON object with "
-        "Content-Type: application/json.",
-    ),
-    "unauthorized": (
-        401,
-        "Missing or invalid API key",
-        "Send `Authorization: Bearer <api key>`. Create a key with "
-        "`python manage.py create-api-key --tenant NAME`.",
-    ),
-    "forbidden": (
-        403,
-        "Forbidden for this key",
-        "The key is valid but not for this route: the model repository routes need an "
-        "operator key (`python manage.py create-api-key --operator`); job and inference "
-        "routes need a tenant key.",
-    ),
-    "not-found": (404, "Not found", "Check the id or name in the URL."),
-    "unknown-model": (
-        404,
-        "Unknown model",
-        "GET /models lists the models and versions this service serves.",
-    ),
-    "method-not-allowed": (405, "Method not allowed", "See /docs for the methods of this URL."),
-    "conflict": (
-        409,
-        "Conflict with the current state",
-        "The resource is not in a state that allows this (for example, the job has "
-        "already finished, or the dead letter was already replayed); GET it to see why.",
-    ),
-    "payload-too-large": (
-        413,
-        "Request body too large",
-        "Send a smaller body; the limit is set by MAX_REQUEST_BYTES.",
-    ),
-    "unsupported-media-type": (
-        415,
-        "Unsupported media type",
-        "Send the body as JSON with Content-Type: application/json.",
-    ),
-    "validation-error": (
-        422,
-        "Request does not match the schema",
-        "The `errors` member names each field that was wrong and why; see /docs.",
-    ),
-    "invalid-input": (
-        422,
-        "Inputs do not match the model",
-        "The `errors` member names each input that was wrong, with the expected name, "
-        "shape and datatype; GET /v2/models/<name> gives the model's inputs.",
-    ),
-    "invalid-model": (
-        422,
-        "Model cannot serve",
-        "The model file is not an ONNX model ONNX Runtime can load, uses datatypes the "
-        "service does not support, or does not match its card.json; `detail` says which.",
-    ),
-    "inference-failed": (
-        500,
-        "Inference failed",
-        "The model did not produce outputs for this request. `error_code` says why: "
-        "invalid_input, inference_error or non_finite_output (422) come from the inputs; "
-        "cancelled or deadline_exceeded (409) from the job's own limits; anything else "
-        "(500) from the service. `job_id`, where present, names the job.",
-    ),
-    "sync-timeout": (
-        504,
-        "Not finished in time",
-        "The request's job did not finish within the call's timeout (SYNC_TIMEOUT_SECONDS, "
-        "or the request's `timeout` parameter). It goes on: GET the Location URL "
-        "(/jobs/<job_id>, with ?wait=30 to wait) for its result.",
-    ),
-    "too-many-waits": (
-        429,
-        "Too many waiting requests",
-        "Event streams, long-polls, `Prefer: wait` and sync calls hold a server thread each; a "
-        "tenant may hold MAX_WAITS_PER_TENANT of them per API process, everyone together "
-        "MAX_WAITS. Close one, or poll without waiting; retry after Retry-After seconds.",
-    ),
-    "queue-full": (
-        429,
-        "Too many jobs queued for this model",
-        "The model's queue is at its bound (MAX_QUEUED_PER_MODEL). Nothing of this request "
-        "was kept: send it again after Retry-After seconds, computed from how fast the "
-        "model's jobs finish.",
-    ),
-    "quota-exceeded": (
-        429,
-        "A quota of this tenant is used up",
-        "The tenant is at one of its quotas (`limit` names it, `allowed` and `used` say "
-        "where it stands; an operator sets them with `manage.py tenants set`). Nothing of "
-        "this request was kept: send it again after Retry-After seconds.",
-    ),
-    "service-unavailable": (
-        503,
-        "Service unavailable",
-        "A dependency (database or broker) did not answer; retry after Retry-After seconds.",
-    ),
-    "internal-error": (500, "Internal server error", "Retry later; the error was logged."),
-}
-
-_STATUS_CODES = {
-    400: "malformed-request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not-found",
-    405: "method-not-allowed",
-    409: "conflict",
-    413: "payload-too-large",
-    415: "unsupported-media-type",
-    422: "validation-error",
-    503: "service-unavailable",
-}
+from typing import Any, ClassVar
 
 
-class Problem(Exception):
-    """An error to send as problem+json. `extra` becomes extension members."""
+class DomainError(Exception):
+    """`detail` says what was wrong for a person; `extra` adds machine-readable
+    members (`errors`, `expected`, ...); `retry_after` invites a retry. `status`
+    overrides the problem type's own where one type spans several (a failed
+    inference: the inputs' fault or the service's); `headers` point elsewhere
+    (`Location` of a job that goes on)."""
+
+    problem_type: ClassVar[str] = "validation-error"
 
     def __init__(
         self,
-        code: str,
         detail: str,
         *,
+        retry_after: int | None = None,
         status: int | None = None,
         headers: dict[str, str] | None = None,
         **extra: Any,
     ) -> None:
         super().__init__(detail)
-        known_status, self.title, _ = PROBLEM_TYPES[code]
-        self.code = code
-        self.status = status or known_status
-        self.detail = detail
-        self.headers = headers or {}
-        self.extra = extra
-
-    def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "type": f"/problems/{self.code}",
-            "title": self.title,
-            "status": self.status,
-            "detail": self.detail,
-            "instance": request.path if request else None,
-        }
-        body.update(self.extra)
-        if request and request.path.startswith("/v2/"):
-            body["error"] = self.detail  # where KServe clients (tritonclient) read the message
-        return body
+        self.detail, self.retry_after, self.extra = detail, retry_after, extra
+        self.status, self.headers = status, headers or {}
 
 
-def problem_response(problem: Problem) -> Response:
-    response = Response(json.dumps(problem.to_dict()), status=problem.status, mimetype=PROBLEM_JSON)
-    for name, value in problem.headers.items():
-        response.headers[name] = value
-    return response
+class InvalidRequest(DomainError):
+    """A field has a value the service cannot accept (422)."""
 
 
-def problem_from_http_exception(exc: HTTPException) -> Problem:
-    status = exc.code or 500
-    code = _STATUS_CODES.get(status, "internal-error" if status >= 500 else "malformed-request")
-    data: dict[str, Any] = getattr(exc, "data", None) or {}
-    extra: dict[str, Any] = {}
-    detail = exc.description or PROBLEM_TYPES[code][1]
-    messages = data.get("messages")
-    if messages:
-        # webargs puts field errors under their location ("json", "query", ...).
-        if isinstance(messages, dict) and len(messages) == 1:
-            messages = next(iter(messages.values()))
-        extra["errors"] = messages
-        detail = "; ".join(_flatten(messages)) or detail
-    if status == 400 and "json" in str(detail).lower():
-        detail = "The request body is not valid JSON: " + str(detail)
-    if status == 413:
-        limit = request.max_content_length
-        setting = (
-            "MAX_UPLOAD_BYTES" if request.path.startswith("/files")
-            else "MAX_MODEL_BYTES" if request.path.startswith("/v2/repository")
-            else "MAX_REQUEST_BYTES"
-        )  # fmt: skip
-        detail = f"The request body is larger than the limit of {limit} bytes ({setting})."
-    headers: dict[str, str] = {}
-    if status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return Problem(code, str(detail), status=status, headers=headers, **extra)
+class InputsDoNotFit(DomainError):
+    """The inputs do not match the model's card (422 invalid-input)."""
+
+    problem_type = "invalid-input"
 
 
-def _flatten(messages: Any, path: str = "") -> list[str]:
-    """Field errors as 'field.sub: message' lines, for the human-readable detail."""
-    if isinstance(messages, dict):
-        return [
-            line
-            for key, value in messages.items()
-            for line in _flatten(value, f"{path}.{key}" if path else str(key))
-        ]
-    if isinstance(messages, list):
-        return [line for value in messages for line in _flatten(value, path)]
-    return [f"{path}: {messages}" if path else str(messages)]
+class NotFound(DomainError):
+    """No such thing for this tenant: another tenant's looks the same (404)."""
+
+    problem_type = "not-found"
 
 
-def problem_from_domain_error(exc: DomainError) -> Problem:
-    headers = dict(exc.headers)
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(exc.retry_after)
-    return Problem(exc.problem_type, exc.detail, status=exc.status, headers=headers, **exc.extra)
+class Conflict(DomainError):
+    """The thing is not in a state that allows this (409)."""
+
+    problem_type = "conflict"
 
 
-def register_error_handlers(app: Flask) -> None:
-    app.register_error_handler(Problem, problem_response)
-    app.register_error_handler(
-        DomainError, lambda exc: problem_response(problem_from_domain_error(exc))
-    )
-    app.register_error_handler(
-        UnknownModel,
-        lambda exc: problem_response(Problem("unknown-model", str(exc), known_models=exc.known)),
-    )
+class TooLarge(DomainError):
+    """More bytes than a limit allows (413)."""
 
-    @app.errorhandler(Exception)
-    def _unexpected(exc: Exception) -> Response:
-        if isinstance(exc, HTTPException):
-            return problem_response(problem_from_http_exception(exc))
-        from app.db.session import database_unavailable
-
-        if database_unavailable(exc):
-            app.logger.warning("database unavailable: %s", exc)
-            return problem_response(
-                Problem(
-                    "service-unavailable",
-                    "The database did not answer.",
-                    headers={"Retry-After": "5"},
-                )
-            )
-        if _nul_in_text(exc):
-            return problem_response(
-                Problem(
-                    "malformed-request",
-                    "a text field or header contains a NUL character (\\u0000), which no "
-                    "name, filter or key may hold; remove it",
-                    status=400,
-                )
-            )
-        app.logger.exception("unhandled error")
-        return problem_response(Problem("internal-error", "An unexpected error occurred."))
+    problem_type = "payload-too-large"
 
 
-def _nul_in_text(exc: BaseException | None) -> bool:
-    """psycopg2 refuses text holding NUL when it binds a parameter; any string a
-    client sends (a model filter, a key, a file name) can carry one."""
-    seen = 0
-    while exc is not None and seen < 5:
-        if isinstance(exc, ValueError) and "NUL (0x00)" in str(exc):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+class InvalidModel(DomainError):
+    """A model file or its definition cannot serve: not ONNX, not loadable by ONNX
+    Runtime, of unsupported types, or not matching its card (422 invalid-model)."""
+
+    problem_type = "invalid-model"
+
+
+class Forbidden(DomainError):
+    """The key is valid but of the wrong kind for this route (403)."""
+
+    problem_type = "forbidden"

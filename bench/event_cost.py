@@ -26,10 +26,10 @@ import psycopg2
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from app.db.migrate import upgrade
 from app.jobs.inserts import INSERT_JOBS
 from app.jobs.transitions import Outcome, claim_next, finish
-from app.tenants import create_api_key
+from app.platform.migrate import upgrade
+from app.tenancy.keys import create_api_key
 from bench.infra import Database, Servers
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")

@@ -1,7 +1,7 @@
 """The servers every contender shares, and one private slice of them per contender.
 
 With `DATABASE_URL` / `REDIS_URL` set the bench uses those servers; otherwise it
-starts the project's embedded PostgreSQL and Redis (`app.embedded`) under
+starts the project's embedded PostgreSQL and Redis (`app.platform.embedded`) under
 `var/bench`, so a run needs nothing installed on the machine. Each contender
 gets a fresh database (dropped afterwards) and its own Redis database number,
 so no contender finds another's rows, queues or flags.
@@ -22,8 +22,8 @@ import psycopg2
 import redis
 from sqlalchemy.engine import make_url
 
-from app import embedded
-from app.config import ROOT
+from app.platform import embedded
+from app.platform.settings import ROOT
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import psutil
 
-from app.config import ROOT
+from app.platform.settings import ROOT
 
 PACKAGES = (
     "onnxruntime-gpu", "onnxruntime", "numpy", "celery", "kombu", "redis", "flask",

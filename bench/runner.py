@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import ROOT, Settings
+from app.platform.settings import ROOT, Settings
 from bench import machine, report
 from bench.contenders.base import Context, HttpContender
 from bench.contenders.bento import VENV, Unavailable

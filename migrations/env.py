@@ -7,10 +7,10 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from app.config import Settings
-from app.db.models import Base
-from app.db.session import engine_url
-from app.embedded import resolve_urls
+from app.platform.database import engine_url
+from app.platform.embedded import resolve_urls
+from app.platform.settings import Settings
+from app.platform.tables import Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -27,16 +27,17 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app import create_app, embedded
-from app.config import ROOT, Settings
-from app.db.migrate import upgrade
-from app.db.models import Job, Tenant
-from app.db.session import Database, engine_url
-from app.inference.builders import ensure_models
-from app.inference.tensors import pack
+from app import create_app
+from app.cli.launcher import beat_command, control_worker_command, worker_command
 from app.jobs.representation import stored_outputs
-from app.launcher import beat_command, control_worker_command, worker_command
-from app.tenants import create_api_key
+from app.models.builders import ensure_models
+from app.platform import embedded
+from app.platform.database import Database, engine_url
+from app.platform.migrate import upgrade
+from app.platform.settings import ROOT, Settings
+from app.platform.tables import Job, Tenant
+from app.runtime.tensors import pack
+from app.tenancy.keys import create_api_key
 from tests.models import build_memhog, build_slow
 
 TEST_VAR = ROOT / "var" / "test"

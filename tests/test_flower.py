@@ -22,8 +22,8 @@ import requests
 from flask import Flask
 
 from app import create_app
-from app.config import ROOT, Settings
-from app.launcher import flower_command
+from app.cli.launcher import flower_command
+from app.platform.settings import ROOT, Settings
 from tests.conftest import (
     TenantAuth,
     WorkerProcess,

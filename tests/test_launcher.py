@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app import launcher
-from app.config import Settings
-from app.launcher import Child, Launcher, LaunchError
+from app.cli import launcher
+from app.cli.launcher import Child, Launcher, LaunchError
+from app.platform.settings import Settings
 from tests.conftest import free_port
 
 
@@ -68,7 +68,7 @@ def test_a_port_in_use_is_refused_before_anything_starts() -> None:
 
 
 def test_a_unix_socket_redis_url_keeps_its_database_for_celery() -> None:
-    from app.config import Settings
+    from app.platform.settings import Settings
 
     plain = Settings(redis_url="unix:///run/redis.sock")
     assert plain.broker_url == "redis+socket:///run/redis.sock"

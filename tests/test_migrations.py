@@ -8,9 +8,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from app.db.migrate import alembic_config
-from app.db.models import Base
-from app.db.session import Database
+from app.platform.database import Database
+from app.platform.migrate import alembic_config
+from app.platform.tables import Base
 
 
 def test_one_head() -> None:

@@ -28,9 +28,9 @@ from celery import Celery
 from flask import Flask
 
 from app import create_app
-from app.config import ROOT, Settings
-from app.db.session import Database, current_session
 from app.jobs import dispatch, sweeps
+from app.platform.database import Database, current_session
+from app.platform.settings import ROOT, Settings
 from tests.conftest import QUIET_WORKER, RUN_ID, TenantAuth, service_env, stop_process
 
 GPU, CPU = f"gpu-{RUN_ID}", f"cpu-{RUN_ID}"

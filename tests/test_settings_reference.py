@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.config import ROOT, Settings
-from app.settings_reference import in_readme, markdown, variables
+from app.cli.settings_reference import in_readme, markdown, variables
+from app.platform.settings import ROOT, Settings
 
 # Values a generic guess cannot make (empty defaults of list settings, checked words).
 SPECIAL = {

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from app.config import ROOT
+from app.platform.settings import ROOT
 from inference_client import Client
 from tests.conftest import free_port
 

@@ -1,4 +1,4 @@
-"""Beat's scheduler: one pending message per sweep (see app.jobs.control)."""
+"""Beat's scheduler: one pending message per sweep (see app.jobs.periodic)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from celery.beat import PersistentScheduler, ScheduleEntry
 
-from app.jobs import control
+from app.jobs import periodic as control
 
 logger = logging.getLogger(__name__)
 

@@ -32,12 +32,12 @@ from celery.signals import (
 )
 from flask import Flask
 
-from app import logs, metrics_dir
-from app.config import Settings
-from app.inference import pipeline
-from app.inference.sessions import device_for
-from app.jobs.control import periodic
 from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
+from app.jobs.periodic import periodic
+from app.observability import logs, metrics_dir
+from app.platform.settings import Settings
+from app.runtime import pipeline
+from app.runtime.sessions import device_for
 from app.schedules.service import TICK_TASK
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """Periodic work, declared as data. Beat only sends these, on the control queue
     (never behind inference jobs), one pending message of each at most; the control
-    worker runs them (see app.jobs.control)."""
+    worker runs them (see app.jobs.periodic)."""
     return {
         "sweep-jobs": periodic(SWEEP_TASK, settings.sweep_interval_seconds, settings),
         "purge-old-job-data": periodic(PURGE_TASK, 3600.0, settings),
@@ -119,7 +119,7 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
         if directory is not None:
             metrics_dir.clear(directory, keep_pid=os.getpid())
         if settings.worker_metrics_port:
-            from app import metrics
+            from app.observability import metrics
 
             host, port = settings.worker_metrics_host, settings.worker_metrics_port
             metrics.serve(host, port, settings.metrics_token)

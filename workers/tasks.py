@@ -14,12 +14,13 @@ from flask import current_app
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
-from app import logs, metrics
 from app.batches import service as batches
-from app.config import Settings
-from app.db.session import current_session, database_unavailable
-from app.jobs import control, dispatch, runner, sweeps
+from app.jobs import dispatch, runner, sweeps
+from app.jobs import periodic as control
 from app.jobs.runtime import current_runtime
+from app.observability import logs, metrics
+from app.platform.database import current_session, database_unavailable
+from app.platform.settings import Settings
 from app.schedules import service as schedules
 from app.webhooks import delivery
 
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 @contextmanager
 def _sweeping(task: str) -> Iterator[Settings]:
-    """Once the sweep is over, beat may send the next (see app.jobs.control)."""
+    """Once the sweep is over, beat may send the next (see app.jobs.periodic)."""
     settings: Settings = current_app.extensions["settings"]
     try:
         yield settings

@@ -1,10 +1,10 @@
 """Entry point: `celery -A workers.worker worker` (also beat and flower)."""
 
-from app import metrics_dir
-from app.config import Settings
+from app.observability import metrics_dir
+from app.platform.settings import Settings
 
 # Before the app (and prometheus_client) is imported: a worker that serves metrics
-# counts its pool children's too (see app.metrics_dir).
+# counts its pool children's too (see app.observability.metrics_dir).
 if Settings.from_env().worker_metrics_port:
     metrics_dir.ensure("worker")
 

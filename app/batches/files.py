@@ -16,11 +16,11 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches.readers import FORMATS
-from app.db.models import Batch, File, FilePart, Schedule
-from app.db.tenancy import owned
-from app.domain import Conflict, DomainError, InvalidRequest, TooLarge
+from app.errors import Conflict, DomainError, InvalidRequest, TooLarge
 from app.jobs import quotas
 from app.jobs.chunks import PART_BYTES, read_range
+from app.platform.tables import Batch, File, FilePart, Schedule
+from app.tenancy.owned import owned
 
 __all__ = ["PART_BYTES", "read_range"]
 

@@ -24,8 +24,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from app.inference.repository import ModelCard
-from app.inference.tensors import InvalidInputs, parse_inputs
+from app.models.registry import ModelCard
+from app.runtime.tensors import InvalidInputs, parse_inputs
 
 FORMATS = ("npy", "jsonl", "csv")
 Arrays = dict[str, np.ndarray]

@@ -8,7 +8,7 @@ from marshmallow import Schema, fields
 from sqlalchemy.orm import Session
 
 from app.batches.service import progress
-from app.db.models import BATCH_STATUSES, Batch
+from app.platform.tables import BATCH_STATUSES, Batch
 
 
 class FailedRowsSchema(Schema):

@@ -19,11 +19,11 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import Batch, Job
-from app.domain import Conflict, InvalidRequest
-from app.inference.datatypes import V2_TO_NUMPY
-from app.inference.repository import ModelCard
-from app.inference.tensors import unpack
+from app.errors import Conflict, InvalidRequest
+from app.models.registry import ModelCard
+from app.platform.tables import Batch, Job
+from app.runtime.datatypes import V2_TO_NUMPY
+from app.runtime.tensors import unpack
 
 NPY = "application/x-npy"
 JSONL = "application/jsonl"

@@ -27,16 +27,16 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, readers
-from app.config import Settings
-from app.db.models import BATCH_TERMINAL_STATUSES, Batch, File, Job
-from app.db.tenancy import owned
-from app.domain import Conflict, InputsDoNotFit, InvalidRequest
-from app.inference.datatypes import V2_TO_NUMPY
-from app.inference.repository import ModelCard, ModelRepository, UnknownModel
-from app.inference.tensors import pack, pack_header
+from app.errors import Conflict, InputsDoNotFit, InvalidRequest
 from app.jobs import admission, dispatch, quotas
 from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
 from app.jobs.service import check_inputs
+from app.models.registry import ModelCard, ModelRepository, UnknownModel
+from app.platform.settings import Settings
+from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, File, Job
+from app.runtime.datatypes import V2_TO_NUMPY
+from app.runtime.tensors import pack, pack_header
+from app.tenancy.owned import owned
 from app.webhooks.ssrf import UnsafeUrl, check_url, networks
 
 logger = logging.getLogger(__name__)

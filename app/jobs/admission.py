@@ -19,7 +19,7 @@ from flask import current_app
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.domain import DomainError
+from app.errors import DomainError
 
 RATE_WINDOW_S = 10
 _READ = text(

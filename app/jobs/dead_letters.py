@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import Select, delete, select, text
 from sqlalchemy.orm import Session
 
-from app.db.models import AuditEvent, DeadLetter
-from app.domain import Conflict, NotFound
+from app.errors import Conflict, NotFound
 from app.jobs import dispatch, transitions
+from app.platform.tables import AuditEvent, DeadLetter
 from app.webhooks.delivery import redeliver
 
 

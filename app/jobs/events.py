@@ -28,8 +28,8 @@ from sqlalchemy import Engine
 from sqlalchemy import select as sql_select
 from sqlalchemy.orm import Session
 
-from app.background import LazyThread
-from app.db.models import JobEvent
+from app.platform.background import LazyThread
+from app.platform.tables import JobEvent
 
 logger = logging.getLogger(__name__)
 

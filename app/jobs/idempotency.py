@@ -14,8 +14,8 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.db.models import IdempotencyKey
-from app.domain import Conflict, InvalidRequest
+from app.errors import Conflict, InvalidRequest
+from app.platform.tables import IdempotencyKey
 
 TTL_HOURS = 24
 

@@ -25,10 +25,10 @@ from flask import current_app
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.config import Settings
-from app.db.models import Batch, File, Tenant
-from app.domain import DomainError, InvalidRequest
+from app.errors import DomainError, InvalidRequest
 from app.jobs.dispatch import redis_client
+from app.platform.settings import Settings
+from app.platform.tables import Batch, File, Tenant
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from marshmallow import Schema, fields
 
-from app.db.models import JOB_STATUSES, Job
-from app.inference.tensors import to_json, unpack
+from app.platform.tables import JOB_STATUSES, Job
+from app.runtime.tensors import to_json, unpack
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.config import Settings
+from app.platform.settings import Settings
 
 logger = logging.getLogger(__name__)
 

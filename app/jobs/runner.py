@@ -3,7 +3,7 @@ beat later) reaches `run_claimed`; a door only decides how the answer returns.
 
 `drain` serves a wake-up for one model: it claims that model's queued jobs
 from PostgreSQL in batches (one UPDATE ... SKIP LOCKED each), runs each batch
-through the one inference function (`app.inference.engine.infer`, one ONNX
+through the one inference function (`app.runtime.engine.infer`, one ONNX
 Runtime call for many jobs where the model allows), and writes every outcome
 in one UPDATE. A bad row fails only its own job. While jobs run, a background
 thread renews their leases, so only a worker that died loses them.
@@ -26,22 +26,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.config import Settings
-from app.inference.engine import NonFiniteOutput, infer
-from app.inference.engine import rows as engine_rows
-from app.inference.repository import ModelCard, ModelRepository, UnknownModel
-from app.inference.sessions import SessionPool
-from app.inference.tensors import from_json, pack, parse_inputs, tensor_bytes, unpack
 from app.jobs import telemetry
 from app.jobs.chunks import read_range, settle
-from app.jobs.transitions import (
-    ClaimedJob,
-    Outcome,
-    claim,
-    claim_next,
-    finish_rows,
-    renew_leases,
-)
+from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
+from app.models.registry import ModelCard, ModelRepository, UnknownModel
+from app.platform.settings import Settings
+from app.runtime.engine import NonFiniteOutput, infer
+from app.runtime.engine import rows as engine_rows
+from app.runtime.sessions import SessionPool
+from app.runtime.tensors import from_json, pack, parse_inputs, tensor_bytes, unpack
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import current_app
 
-from app.inference.sessions import SessionPool
 from app.jobs.runner import Runtime
+from app.runtime.sessions import SessionPool
 
 
 def current_runtime() -> Runtime:

@@ -16,15 +16,15 @@ import numpy as np
 from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session, defer, undefer
 
-from app import metrics
-from app.db.models import TERMINAL_STATUSES, Job
-from app.db.tenancy import owned
-from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
-from app.inference.repository import ModelCard, ModelRepository
-from app.inference.tensors import InvalidInputs, pack, parse_inputs
+from app.errors import Conflict, InputsDoNotFit, InvalidRequest, NotFound
 from app.jobs import admission, dispatch, idempotency, quotas, transitions
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOB, JobInserter
+from app.models.registry import ModelCard, ModelRepository
+from app.observability import metrics
+from app.platform.tables import TERMINAL_STATUSES, Job
+from app.runtime.tensors import InvalidInputs, pack, parse_inputs
+from app.tenancy.owned import owned
 from app.webhooks.ssrf import UnsafeUrl, check_url, networks
 
 

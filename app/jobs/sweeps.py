@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.config import Settings
 from app.jobs import dispatch, idempotency, retention, transitions
+from app.platform.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -20,15 +20,15 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.db.models import Job
-from app.domain import DomainError
-from app.inference import engine
-from app.inference.repository import ModelCard, ModelRepository
-from app.inference.sessions import SessionPool
-from app.inference.tensors import from_json, unpack
+from app.errors import DomainError
 from app.jobs import quotas, service
 from app.jobs.events import EventBus
 from app.jobs.inserts import JobInserter
+from app.models.registry import ModelCard, ModelRepository
+from app.platform.tables import Job
+from app.runtime import engine
+from app.runtime.sessions import SessionPool
+from app.runtime.tensors import from_json, unpack
 
 INLINE = "inline"
 # Failures the request's own inputs caused: the client's to fix (422).

@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app import metrics
 from app.jobs.transitions import ClaimedJob
+from app.observability import metrics
 
 logger = logging.getLogger("app.jobs")
 

@@ -44,7 +44,7 @@ class Outcome:
     job_id: uuid.UUID
     attempt: int
     status: str  # "succeeded", "failed" or "retry"
-    output_data: bytes | None = None  # outputs, packed (app.inference.tensors.pack)
+    output_data: bytes | None = None  # outputs, packed (app.runtime.tensors.pack)
     batch_share: float | None = None  # its rows over its micro-batch's
     compute_seconds: float | None = None  # that share of the ONNX Runtime call
     error_code: str | None = None

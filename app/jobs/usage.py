@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.domain import InvalidRequest
+from app.errors import InvalidRequest
 
 # A report reads every job of the period (through ix_jobs_tenant_created): bounded.
 MAX_PERIOD = timedelta(days=31)

@@ -19,7 +19,7 @@ import numpy as np
 
 from app.batches.files import PART_BYTES
 from app.batches.readers import npy_header
-from app.domain import InvalidRequest
+from app.errors import InvalidRequest
 
 INPUT_FORMATS = ("npy", "jsonl")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")

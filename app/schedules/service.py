@@ -27,12 +27,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, results
 from app.batches import service as batches
-from app.config import Settings
-from app.db.models import BATCH_TERMINAL_STATUSES, Batch, Schedule, Tenant
-from app.db.tenancy import owned
-from app.domain import DomainError, InvalidRequest
-from app.inference.repository import ModelRepository, UnknownModel
+from app.errors import DomainError, InvalidRequest
+from app.models.registry import ModelRepository, UnknownModel
+from app.platform.settings import Settings
+from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, Schedule, Tenant
 from app.schedules import paths
+from app.tenancy.owned import owned
 
 logger = logging.getLogger(__name__)
 

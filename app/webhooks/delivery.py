@@ -24,9 +24,10 @@ from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from app import logs, metrics
-from app.config import Settings
-from app.db.models import (
+from app.jobs.representation import JobSchema
+from app.observability import logs, metrics
+from app.platform.settings import Settings
+from app.platform.tables import (
     Batch,
     DeadLetter,
     DisabledWebhookUrl,
@@ -35,7 +36,6 @@ from app.db.models import (
     WebhookAttempt,
     WebhookDelivery,
 )
-from app.jobs.representation import JobSchema
 from app.webhooks import retry_after, signing, transport
 from app.webhooks.ssrf import Resolver, UnsafeUrl, check_url, networks
 

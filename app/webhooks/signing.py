@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from standardwebhooks import Webhook
 
-from app.db.models import Tenant
+from app.platform.tables import Tenant
 
 
 def headers(

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.config import ROOT
+from app.platform.settings import ROOT
 from bench import procs
 from bench.completion import BentoResults
 from bench.contenders.base import Context, HttpContender

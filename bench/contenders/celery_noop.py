@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from app.config import ROOT
+from app.platform.settings import ROOT
 from bench import procs
 from bench.contenders.base import Context
 from bench.cpu import RoleMeter, per_job_ms

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from app.config import ROOT
+from app.platform.settings import ROOT
 from bench import procs
 from bench.completion import PostgresJobs
 from bench.contenders.base import Context, HttpContender

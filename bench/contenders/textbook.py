@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from app.config import ROOT
+from app.platform.settings import ROOT
 from bench import procs
 from bench.completion import PostgresJobs
 from bench.contenders.base import Context, HttpContender

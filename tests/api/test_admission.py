@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from flask import Flask
 
 from app import create_app
-from app.config import Settings
-from app.db.models import Job
-from app.db.session import Database
+from app.platform.database import Database
+from app.platform.settings import Settings
+from app.platform.tables import Job
 from tests.conftest import TenantAuth
 
 ROW = [[1.0] * 64]

@@ -13,10 +13,10 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy import event
 
-from app.config import ROOT, Settings
-from app.db.models import ApiKey, Tenant
-from app.db.session import Database
-from app.tenants import KeyCache
+from app.platform.database import Database
+from app.platform.settings import ROOT, Settings
+from app.platform.tables import ApiKey, Tenant
+from app.tenancy.keys import KeyCache
 from tests.conftest import TenantAuth, make_tenant, service_env
 
 

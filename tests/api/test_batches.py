@@ -21,12 +21,12 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.batches import service as batches
-from app.config import Settings
-from app.db.models import Job, WebhookDelivery
-from app.db.session import Database
-from app.inference.repository import ModelCard
-from app.inference.sessions import SessionPool
 from app.jobs import sweeps
+from app.models.registry import ModelCard
+from app.platform.database import Database
+from app.platform.settings import Settings
+from app.platform.tables import Job, WebhookDelivery
+from app.runtime.sessions import SessionPool
 from app.webhooks.delivery import _payload
 from tests.conftest import TenantAuth, WorkerProcess
 from tests.models import build_flaky_digits, build_slow_rows
@@ -410,7 +410,7 @@ def test_results_of_an_unfinished_batch_are_a_409(
 
 
 def make_tenant_id(auth: dict[str, str], database: Database) -> int:
-    from app.tenants import KeyCache
+    from app.tenancy.keys import KeyCache
 
     with database.sessionmaker() as session:
         tenant = KeyCache(0).lookup(session, auth["Authorization"].split()[1])

@@ -14,12 +14,12 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from app.config import Settings
-from app.db.models import AuditEvent, Job
-from app.db.session import Database, current_session
 from app.jobs import runner, sweeps
 from app.jobs.runtime import current_runtime
-from app.tenants import create_operator_key
+from app.platform.database import Database, current_session
+from app.platform.settings import Settings
+from app.platform.tables import AuditEvent, Job
+from app.tenancy.keys import create_operator_key
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 from tests.models import HUGE, build_memhog
 

@@ -23,13 +23,13 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from app.db.models import Job
-from app.db.session import Database
-from app.inference.engine import infer
-from app.inference.repository import ModelRepository
-from app.inference.sessions import SessionPool
-from app.inference.tensors import pack, parse_inputs
 from app.jobs import dispatch
+from app.models.registry import ModelRepository
+from app.platform.database import Database
+from app.platform.tables import Job
+from app.runtime.engine import infer
+from app.runtime.sessions import SessionPool
+from app.runtime.tensors import pack, parse_inputs
 from tests.conftest import TenantAuth, free_port, outputs_of, wait_for_job
 
 DATA = Path(__file__).parent.parent / "data"

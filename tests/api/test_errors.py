@@ -12,8 +12,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
-from app.db.models import Job
-from app.db.session import Database
+from app.platform.database import Database
+from app.platform.tables import Job
 
 PIXELS = [[0.0] * 64]
 

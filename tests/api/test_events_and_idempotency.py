@@ -16,9 +16,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.db.models import Job
-from app.db.session import Database
+from app.platform.database import Database
+from app.platform.settings import Settings
+from app.platform.tables import Job
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 
 BODY = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}

@@ -19,8 +19,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from app import create_app
-from app.config import Settings
-from app.db.session import Database
+from app.platform.database import Database
+from app.platform.settings import Settings
 from tests.conftest import TenantAuth, make_tenant, wait_for_job
 
 ROW = [[1.0] * 64]

@@ -22,11 +22,11 @@ from tritonclient.utils import InferenceServerException
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from app import create_app
-from app.config import Settings
-from app.db.models import Job
-from app.db.session import Database
-from app.inference.repository import ModelCard
-from app.inference.sessions import SessionPool
+from app.models.registry import ModelCard
+from app.platform.database import Database
+from app.platform.settings import Settings
+from app.platform.tables import Job
+from app.runtime.sessions import SessionPool
 from tests.conftest import TenantAuth, free_port, wait_for_job
 
 RNG = np.random.default_rng(7)

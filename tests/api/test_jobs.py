@@ -16,8 +16,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sklearn.datasets import load_digits
 
-from app.config import Settings
-from app.inference.repository import ModelRepository
+from app.models.registry import ModelRepository
+from app.platform.settings import Settings
 from tests.conftest import WorkerProcess, make_tenant, wait_for_job
 
 pytestmark = pytest.mark.usefixtures("worker")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.config import Settings
+from app.platform.settings import Settings
 
 
 def test_models_listing_describes_the_digits_model(client: FlaskClient) -> None:

@@ -21,12 +21,12 @@ from click.testing import CliRunner
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.config import ROOT, Settings
-from app.db.models import Tenant
-from app.db.session import Database
 from app.jobs import runner
 from app.jobs.runtime import current_runtime
-from app.tenants import create_operator_key
+from app.platform.database import Database
+from app.platform.settings import ROOT, Settings
+from app.platform.tables import Tenant
+from app.tenancy.keys import create_operator_key
 from manage import cli
 from tests.conftest import (
     TenantAuth,

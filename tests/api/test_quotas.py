@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.config import ROOT, Settings
-from app.db.models import Job, Tenant
-from app.db.session import Database
-from app.tenants import set_quotas
+from app.platform.database import Database
+from app.platform.settings import ROOT, Settings
+from app.platform.tables import Job, Tenant
+from app.tenancy.keys import set_quotas
 from tests.conftest import STAGED, TenantAuth, make_tenant, service_env, wait_for_job
 
 ONE = {"pixels": [[0.0] * 64]}

@@ -22,9 +22,9 @@ from flask import Flask
 from werkzeug.serving import make_server
 
 from app import create_app
-from app.config import ROOT, Settings
-from app.db.session import Database
-from app.tenants import create_operator_key
+from app.platform.database import Database
+from app.platform.settings import ROOT, Settings
+from app.tenancy.keys import create_operator_key
 from tests.browser.chromium import Browser
 from tests.conftest import STAGED, WorkerProcess, free_port, insert_queued_job, make_tenant
 from tests.models import HUGE

@@ -15,7 +15,7 @@ from flask import Flask
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from app import create_app
-from app.config import Settings
+from app.platform.settings import Settings
 from inference_client import Client
 from tests.conftest import TenantAuth, free_port
 

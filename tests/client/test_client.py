@@ -24,12 +24,12 @@ import requests
 import sqlalchemy as sa
 
 from app import create_app
-from app.config import ROOT, Settings
-from app.db.models import Tenant
-from app.db.session import Database
-from app.inference.repository import ModelCard
-from app.inference.sessions import SessionPool
-from app.tenants import rotate_webhook_secret
+from app.models.registry import ModelCard
+from app.platform.database import Database
+from app.platform.settings import ROOT, Settings
+from app.platform.tables import Tenant
+from app.runtime.sessions import SessionPool
+from app.tenancy.keys import rotate_webhook_secret
 from app.webhooks import signing
 from inference_client import (
     ApiError,

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config import ROOT, Settings
-from app.inference.repository import ModelCard
-from app.inference.sessions import SessionPool
+from app.models.registry import ModelCard
+from app.platform.settings import ROOT, Settings
+from app.runtime.sessions import SessionPool
 from tests.conftest import service_env
 
 

@@ -17,8 +17,8 @@ from hypothesis import settings as hypothesis_settings
 from schemathesis import checks
 
 from app import create_app
-from app.config import Settings
-from app.db.session import Database
+from app.platform.database import Database
+from app.platform.settings import Settings
 from tests.conftest import make_tenant
 
 EXAMPLES = 40

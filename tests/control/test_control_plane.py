@@ -17,9 +17,9 @@ import redis
 import sqlalchemy as sa
 
 from app import create_app
-from app.config import Settings
-from app.db.session import Database
 from app.jobs.dispatch import SWEEP_TASK
+from app.platform.database import Database
+from app.platform.settings import Settings
 from app.schedules.service import TICK_TASK
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 from tests.conftest import (

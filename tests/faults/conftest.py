@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.config import ROOT
+from app.platform.settings import ROOT
 from tests.faults import report
 
 

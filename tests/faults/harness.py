@@ -27,12 +27,12 @@ import psutil
 import requests
 import sqlalchemy as sa
 
-from app import embedded
-from app.config import ROOT
-from app.db.migrate import upgrade
-from app.db.models import Job, Tenant
-from app.db.session import engine_url
-from app.launcher import api_command, beat_command, control_worker_command, worker_command
+from app.cli.launcher import api_command, beat_command, control_worker_command, worker_command
+from app.platform import embedded
+from app.platform.database import engine_url
+from app.platform.migrate import upgrade
+from app.platform.settings import ROOT
+from app.platform.tables import Job, Tenant
 from tests.conftest import QUIET_WORKER, free_port
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -185,7 +185,7 @@ class FaultStack:
         self.api_key = self._api_key()
 
     def _api_key(self) -> str:
-        from app.tenants import create_api_key
+        from app.tenancy.keys import create_api_key
 
         with sa.orm.Session(self.engine) as session:
             return create_api_key(session, "faults").api_key

@@ -23,9 +23,9 @@ import requests
 import sqlalchemy as sa
 from sklearn.datasets import load_digits
 
-from app.config import ROOT
-from app.db.models import Tenant
 from app.jobs import transitions
+from app.platform.settings import ROOT
+from app.platform.tables import Tenant
 from tests.faults.harness import FaultStack, Tally
 from tests.faults.report import record
 from tests.models import HUGE, build_memhog

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from app.inference.engine import Arrays, NonFiniteOutput, infer
-from app.inference.repository import ModelCard, ModelRepository
-from app.inference.sessions import SessionPool
+from app.models.registry import ModelCard, ModelRepository
+from app.runtime.engine import Arrays, NonFiniteOutput, infer
+from app.runtime.sessions import SessionPool
 
 
 class CountingPool(SessionPool):

@@ -10,9 +10,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from app.inference.repository import ModelRepository, UnknownModel
-from app.inference.sessions import ModelMismatch, SessionPool, device_for
-from app.inference.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack
+from app.models.registry import ModelRepository, UnknownModel
+from app.runtime.sessions import ModelMismatch, SessionPool, device_for
+from app.runtime.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from app.domain import InvalidRequest
-from app.inference import kserve
-from app.inference.engine import Arrays, infer
-from app.inference.repository import ModelCard, ModelRepository, TensorSpec
-from app.inference.sessions import ModelMismatch, SessionPool
-from app.inference.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack
+from app.errors import InvalidRequest
+from app.models.registry import ModelCard, ModelRepository, TensorSpec
+from app.runtime.engine import Arrays, infer
+from app.runtime.sessions import ModelMismatch, SessionPool
+from app.runtime.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack
+from app.web import kserve
 
 DATA = Path(__file__).parent.parent / "data"
 REFERENCE = json.loads((DATA / "minilm_reference.json").read_text(encoding="utf-8"))

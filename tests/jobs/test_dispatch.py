@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from flask import Flask
 from sklearn.datasets import load_digits
 
-from app.config import Settings
-from app.db.models import Job
-from app.db.session import Database, current_session
-from app.inference.sessions import SessionPool
 from app.jobs import dispatch, sweeps, transitions
+from app.platform.database import Database, current_session
+from app.platform.settings import Settings
+from app.platform.tables import Job
+from app.runtime.sessions import SessionPool
 from tests.conftest import STAGED, TenantAuth, insert_queued_job, outputs_of, wait_for_job
 
 PIXELS = load_digits().data.astype(np.float32)

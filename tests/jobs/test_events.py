@@ -9,8 +9,8 @@ import uuid
 
 import sqlalchemy as sa
 
-from app.db.session import Database
 from app.jobs.events import EventBus
+from app.platform.database import Database
 from tests.conftest import TenantAuth, insert_queued_job
 
 LISTENER = (

@@ -15,10 +15,10 @@ import pytest
 from flask import Flask
 from sqlalchemy import event
 
-from app.db.session import Database
 from app.jobs import runner, service, telemetry
 from app.jobs.runtime import current_runtime
 from app.jobs.transitions import Outcome, claim, finish
+from app.platform.database import Database
 from tests.conftest import TenantAuth, insert_queued_job, load_job, outputs_of, packed
 
 PIXELS = {"pixels": [[0.0] * 64]}

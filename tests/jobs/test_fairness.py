@@ -11,10 +11,10 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from app.db.session import Database
-from app.inference.tensors import pack
 from app.jobs import transitions
 from app.jobs.inserts import INSERT_JOBS
+from app.platform.database import Database
+from app.runtime.tensors import pack
 from tests.conftest import STAGED, TenantAuth, make_tenant, wait_for_job
 
 SLOW_STEPS = 500  # about 1 ms of ONNX Runtime a job, one job a call

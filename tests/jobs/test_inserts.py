@@ -10,10 +10,10 @@ from typing import Any
 import sqlalchemy as sa
 from flask import Flask
 
-from app.config import Settings
-from app.db.models import Job
-from app.db.session import Database
 from app.jobs.inserts import JobInserter
+from app.platform.database import Database
+from app.platform.settings import Settings
+from app.platform.tables import Job
 from tests.conftest import TenantAuth
 
 PIXELS = {"pixels": [[0.0] * 64]}

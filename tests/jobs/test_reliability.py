@@ -16,11 +16,11 @@ import pytest
 from flask import Flask
 from sqlalchemy import select, text
 
-from app.db.models import DeadLetter
-from app.db.session import Database
 from app.jobs import runner, sweeps, transitions
 from app.jobs.runner import Runtime
 from app.jobs.runtime import current_runtime
+from app.platform.database import Database
+from app.platform.tables import DeadLetter
 from tests.conftest import STAGED, TenantAuth, insert_queued_job, load_job, outputs_of, packed
 from tests.models import HUGE
 

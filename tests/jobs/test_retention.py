@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from app.config import Settings
-from app.db.session import Database
 from app.jobs import retention, sweeps
+from app.platform.database import Database
+from app.platform.settings import Settings
 from tests.conftest import TenantAuth, insert_queued_job
 
 DAY = 24 * 3600.0
@@ -131,8 +131,8 @@ def test_pruning_goes_in_bounded_batches(
 def test_a_rotated_out_webhook_secret_is_erased_when_its_overlap_ends(
     database: Database, tenant: TenantAuth
 ) -> None:
-    from app.db.models import Tenant
-    from app.tenants import rotate_webhook_secret
+    from app.platform.tables import Tenant
+    from app.tenancy.keys import rotate_webhook_secret
 
     with database.sessionmaker() as session:
         name = session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant.id))

@@ -14,11 +14,11 @@ import redis
 from flask import Flask
 
 from app import create_app
-from app.config import Settings
-from app.db.session import Database, current_session
-from app.inference.repository import ModelRepository
+from app.cli.launcher import Launcher, inference_queues
 from app.jobs import dispatch, sweeps
-from app.launcher import Launcher, inference_queues
+from app.models.registry import ModelRepository
+from app.platform.database import Database, current_session
+from app.platform.settings import Settings
 from tests.conftest import RUN_ID, TenantAuth, insert_queued_job
 
 GPU, CPU = f"routing-gpu-{RUN_ID}", f"routing-cpu-{RUN_ID}"

@@ -8,10 +8,10 @@ import uuid
 import pytest
 from flask import Flask
 
-from app.db.session import Database
-from app.domain import Conflict, InputsDoNotFit, InvalidRequest, NotFound
-from app.inference.repository import UnknownModel
+from app.errors import Conflict, InputsDoNotFit, InvalidRequest, NotFound
 from app.jobs import service
+from app.models.registry import UnknownModel
+from app.platform.database import Database
 from tests.conftest import TenantAuth, insert_queued_job
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from flask import Flask
 from sqlalchemy import select
 
-from app.config import Settings
-from app.db.models import DeadLetter
-from app.db.session import current_session
 from app.jobs import sweeps
+from app.platform.database import current_session
+from app.platform.settings import Settings
+from app.platform.tables import DeadLetter
 from tests.conftest import WorkerProcess, wait_for_job
 
 

@@ -18,8 +18,8 @@ import requests
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.config import ROOT, Settings
-from app.db.session import engine_url
+from app.platform.database import engine_url
+from app.platform.settings import ROOT, Settings
 from tests.conftest import fresh_database, service_env
 
 

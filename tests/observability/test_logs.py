@@ -15,9 +15,9 @@ import pytest
 import requests
 import sqlalchemy as sa
 
-from app.config import Settings
-from app.db.session import Database
-from app.launcher import api_command, beat_command, control_worker_command, worker_command
+from app.cli.launcher import api_command, beat_command, control_worker_command, worker_command
+from app.platform.database import Database
+from app.platform.settings import Settings
 from tests.conftest import QUIET_WORKER, RUN_ID, free_port, insert_queued_job, make_tenant
 from tests.observability.conftest import Service, scrape, value, wait_until
 

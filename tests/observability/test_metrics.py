@@ -17,9 +17,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
-from app.config import Settings
-from app.db.session import Database
-from app.launcher import worker_command
+from app.cli.launcher import worker_command
+from app.platform.database import Database
+from app.platform.settings import Settings
 from app.webhooks import delivery
 from tests.conftest import (
     QUIET_WORKER,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from app.batches import readers
-from app.domain import InvalidRequest
+from app.errors import InvalidRequest
 from app.schedules import paths
 from tests.batches.test_readers import CARD
 

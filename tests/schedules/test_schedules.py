@@ -21,11 +21,11 @@ from click.testing import CliRunner
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.config import Settings
-from app.db.models import Batch, Schedule, Tenant
-from app.db.session import Database
-from app.inference.repository import ModelCard
-from app.inference.sessions import SessionPool
+from app.models.registry import ModelCard
+from app.platform.database import Database
+from app.platform.settings import Settings
+from app.platform.tables import Batch, Schedule, Tenant
+from app.runtime.sessions import SessionPool
 from app.schedules import paths, service
 from tests.conftest import BeatProcess, TenantAuth, WorkerProcess, make_tenant
 
@@ -233,7 +233,7 @@ def test_bad_schedules_are_clear_problems(
 def test_the_cli_manages_the_same_schedules(
     client: FlaskClient, tenant: TenantAuth, database: Database, settings: Settings
 ) -> None:
-    from app.schedules.cli import schedules
+    from app.cli.schedules import schedules
 
     with database.sessionmaker() as session:
         name = session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant.id))

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from app.db.session import Database
+from app.platform.database import Database
 
 METRICS = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
 CARDS = ("queued", "running", "succeeded", "failed")  # the totals the page shows

@@ -20,11 +20,11 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
-from app.config import ROOT, Settings
-from app.db.session import Database
+from app.platform.database import Database
+from app.platform.settings import ROOT, Settings
 from app.status.service import DEAD_LETTER_CAP
 from app.status.workers import WorkerCensus
-from app.tenants import create_operator_key, hash_key, revoke_api_keys
+from app.tenancy.keys import create_operator_key, hash_key, revoke_api_keys
 from tests.conftest import (
     STAGED,
     TenantAuth,
@@ -221,7 +221,7 @@ def test_api_processes_without_secret_key_share_the_one_kept_in_var_dir(
 def test_processes_starting_at_once_keep_one_secret(tmp_path: Path) -> None:
     path = tmp_path / "var" / "secret-key"
     code = (
-        "from pathlib import Path; from app.kept_secrets import kept_secret; "
+        "from pathlib import Path; from app.platform.kept_secrets import kept_secret; "
         f"print(kept_secret(Path({str(path)!r})))"
     )
     procs = [

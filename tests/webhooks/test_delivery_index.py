@@ -9,8 +9,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from app.config import Settings
-from app.db.session import Database
+from app.platform.database import Database
+from app.platform.settings import Settings
 from app.webhooks import delivery
 
 

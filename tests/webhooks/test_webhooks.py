@@ -21,10 +21,10 @@ from sqlalchemy import text
 from standardwebhooks import Webhook
 
 from app import create_app
-from app.config import Settings
-from app.db.models import Tenant
-from app.db.session import Database, current_session
-from app.tenants import rotate_webhook_secret
+from app.platform.database import Database, current_session
+from app.platform.settings import Settings
+from app.platform.tables import Tenant
+from app.tenancy.keys import rotate_webhook_secret
 from app.webhooks import delivery, retry_after
 from app.webhooks.receiver import DuplicateDelivery, Receiver, WebhookVerificationError
 from tests.conftest import TenantAuth, WorkerProcess, make_tenant, wait_for_job

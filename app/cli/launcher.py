@@ -1,0 +1,356 @@
+"""`manage.py up`: set everything up, run API, workers, beat and Flower, supervise them.
+
+The children run in their own process sessions, so Ctrl-C reaches only this
+launcher, which then stops them in order (API first, so no new jobs arrive;
+worker last, so it finishes what it holds), then the embedded Redis and
+PostgreSQL. A child that dies on its own is started again.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import requests
+
+from app.models.registry import ModelRepository
+from app.observability import metrics_dir
+from app.platform import embedded
+from app.platform.kept_secrets import kept_secret
+from app.platform.settings import ROOT, Settings
+
+logger = logging.getLogger("launcher")
+
+RESTART_DELAY_S = 2.0
+# A child that exits this soon after starting, this many times in a row, is not
+# going to recover by itself (a port in use, a bad setting): stop and say so.
+FAST_EXIT_S = 10.0
+FAST_EXIT_LIMIT = 3
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+CELERY = [sys.executable, "-m", "celery", "-A", "workers.worker"]
+# The Celery workers `make run` starts, in the order their metrics ports are given.
+WORKERS = ("worker", "webhooks", "control")
+
+
+def api_command(bind: str) -> list[str]:
+    """gunicorn serving the API: threads, so slow clients and open event streams do
+    not hold a process. Its config (app.web.gunicorn_conf) sets up multi-process metrics,
+    and JSON logs with LOG_FORMAT=json (where the API logs requests itself)."""
+    return [
+        sys.executable, "-m", "gunicorn", "--config", "python:app.web.gunicorn_conf",
+        "--bind", bind, "--workers", "2",
+        "--worker-class", "gthread", "--threads", "32", "--graceful-timeout", "10",
+        "--access-logfile", "-", "--no-control-socket", "app:create_app()",
+    ]  # fmt: skip
+
+
+def worker_command(queue: str, concurrency: int, hostname: str, *extra: str) -> list[str]:
+    return [
+        *CELERY, "worker", "--queues", queue, "--concurrency", str(concurrency),
+        "--loglevel", "INFO", "--hostname", hostname, *extra,
+    ]  # fmt: skip
+
+
+def inference_queues(settings: Settings, named: set[str]) -> str:
+    """The queues `make run`'s one worker serves, comma-separated: WORKER_QUEUES when
+    set; else the default ones and every queue a model in the repository names
+    (`named`), so a fresh `make run` runs every model. A queue first named by a
+    model added later is served after a restart."""
+    if settings.worker_queues:
+        return ",".join(settings.worker_queues)
+    return ",".join(dict.fromkeys([*settings.inference_queues, *sorted(named)]))
+
+
+def control_worker_command(queue: str, hostname: str, *extra: str) -> list[str]:
+    """The control worker: beat's sweeps on their own queue, never behind jobs. Threads:
+    sweeps wait on the database, and no model is loaded (no prefork child starts)."""
+    return worker_command(queue, 4, hostname, "--pool", "threads", *extra)
+
+
+def beat_command(schedule: Path, *extra: str) -> list[str]:
+    return [*CELERY, "beat", "--schedule", str(schedule), "--loglevel", "INFO", *extra]
+
+
+def flower_command(host: str, port: int, *extra: str) -> list[str]:
+    """Flower on `host` only (loopback by default). Its login comes from the
+    FLOWER_BASIC_AUTH environment variable (never the command line, which `ps`
+    shows to every user); with a login set, its API needs the same one."""
+    return [*CELERY, "flower", f"--address={host}", f"--port={port}", *extra]
+
+
+FLOWER_USER = "admin"
+
+
+def flower_login(settings: Settings) -> tuple[str, bool]:
+    """Flower's `user:password`, and whether it was made here: FLOWER_BASIC_AUTH,
+    else user `admin` with a random password kept in VAR_DIR/flower-password, so a
+    browser's saved login goes on working across restarts."""
+    if settings.flower_basic_auth:
+        return settings.flower_basic_auth, False
+    password = kept_secret(settings.var_dir / "flower-password", nbytes=18)
+    return f"{FLOWER_USER}:{password}", True
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the service's
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    fast_exits: int = field(default=0)
+
+
+class Launcher:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        flower_port: int = 5555,
+        worker_concurrency: int = 2,
+    ) -> None:
+        self.settings = settings
+        self.host, self.port, self.flower_port = host, port, flower_port
+        self.worker_concurrency = worker_concurrency
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.children: list[Child] = []
+        self.stopping = False
+        self.flower_auth, self.flower_auth_made = "", False
+
+    def run(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            self._check_ports()
+            self._prepare()
+            self._start_children()
+            self._announce(self._wait_ready())
+            while not self.stopping:
+                self._supervise_once()
+                time.sleep(0.5)
+        except LaunchError as exc:
+            logger.error("%s", exc)
+            raise SystemExit(1) from None
+        finally:
+            self._stop()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if not self.stopping:
+            logger.info("received %s, stopping", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _worker_metrics_ports(self) -> dict[str, int]:
+        """WORKER_METRICS_PORT for the inference worker, the next two for the webhook
+        and control workers (none when it is unset)."""
+        base = self.settings.worker_metrics_port
+        return {name: base + i for i, name in enumerate(WORKERS)} if base else {}
+
+    def _check_ports(self) -> None:
+        metrics_ports = [
+            (f"{name} worker's metrics", port, "WORKER_METRICS_PORT")
+            for name, port in self._worker_metrics_ports().items()
+        ]
+        for name, port, variable in (
+            ("API", self.port, "PORT"),
+            ("Flower", self.flower_port, "FLOWER_PORT"),
+            *metrics_ports,
+        ):
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((self.host, port))
+                except OSError as exc:
+                    raise LaunchError(
+                        f"the {name} port {self.host}:{port} is not free ({exc.strerror}); "
+                        f"stop what uses it or choose another with {variable}=..."
+                    ) from None
+
+    def _prepare(self) -> None:
+        from app.models.builders import ensure_models
+        from app.platform.migrate import upgrade
+
+        self.settings.var_dir.mkdir(parents=True, exist_ok=True)
+        if not self.settings.redis_url:
+            self.redis = embedded.start_redis(self.settings.var_dir)
+        self.settings = embedded.resolve_urls(self.settings)
+        logger.info("database: %s", _redact(self.settings.database_url))
+        logger.info("redis:    %s", _redact(self.settings.redis_url))
+        for path in ensure_models(self.settings.model_repository):
+            logger.info("built model in %s", path)
+        upgrade(self.settings.database_url)
+        self.first_key, self.first_secret = self._first_key()
+
+    def _first_key(self) -> tuple[str | None, str | None]:
+        from app.platform.database import Database
+        from app.tenancy.keys import create_api_key, has_tenants
+
+        database = Database(self.settings.database_url)
+        try:
+            with database.sessionmaker() as session:
+                if has_tenants(session):
+                    return None, None
+                creds = create_api_key(session, "default")
+                return creds.api_key, creds.webhook_secret
+        finally:
+            database.engine.dispose()
+
+    def _start_children(self) -> None:
+        named = ModelRepository(self.settings.model_repository).queues()
+        queue, concurrency = inference_queues(self.settings, named), self.worker_concurrency
+        logger.info("the worker serves the queues %s", queue)
+        self.flower_auth, self.flower_auth_made = flower_login(self.settings)
+        # The status page links to this Flower, unless FLOWER_URL names another.
+        api_env = {} if self.settings.flower_url else {"FLOWER_URL": self._flower_url()}
+        json_logs = self.settings.log_format == "json"
+        self.children = [
+            Child("api", api_command(f"{self.host}:{self.port}"), api_env),
+            Child("worker", worker_command(queue, concurrency, "worker@%h", "--task-events")),
+            # Webhook delivery waits on the network: threads, apart from inference.
+            Child("webhooks", worker_command(self.settings.webhooks_queue, 8, "webhooks@%h",
+                                             "--pool", "threads", "--task-events")),
+            # Sweeps (leases, deadlines, due webhooks, schedules, purges): never behind jobs.
+            Child("control", control_worker_command(self.settings.control_queue,
+                                                    "control@%h", "--task-events")),
+            Child("beat", beat_command(self.settings.var_dir / "celerybeat-schedule")),
+            Child("flower", flower_command(self.host, self.flower_port),
+                  {"FLOWER_BASIC_AUTH": self.flower_auth}),
+        ]  # fmt: skip
+        ports = self._worker_metrics_ports()
+        for child in self.children:
+            if child.name in ("api", *WORKERS):  # each its own multi-process metrics
+                child.env[metrics_dir.ENV] = str(self.settings.var_dir / "metrics" / child.name)
+            if child.name in ports:
+                child.env["WORKER_METRICS_PORT"] = str(ports[child.name])
+                child.env["WORKER_METRICS_HOST"] = self.host
+            if json_logs and child.args[: len(CELERY)] == CELERY:
+                child.args[len(CELERY) : len(CELERY)] = ["--quiet"]  # no banners on stdout
+        for child in self.children:
+            self._spawn(child)
+
+    def _spawn(self, child: Child) -> None:
+        env = {**embedded.environment(self.settings), **child.env}
+        if metrics_dir.ENV in child.env:  # a new process tree: its counters start at 0
+            metrics_dir.clear(Path(child.env[metrics_dir.ENV]))
+        child.proc = subprocess.Popen(
+            child.args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        child.started_at = time.monotonic()
+        logger.info("started %s (pid %s)", child.name, child.proc.pid)
+
+    def _wait_ready(self, timeout: float = 90) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.stopping and time.monotonic() < deadline:
+            try:
+                url = f"http://{self.host}:{self.port}/v2/health/ready"
+                if requests.get(url, timeout=2).status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+            self._supervise_once()
+            time.sleep(0.2)
+        return False
+
+    def _announce(self, ready: bool) -> None:
+        base = f"http://{self.host}:{self.port}"
+        key = self.first_key or "<your API key>"
+        status = "ready" if ready else f"started, but {base}/v2/health/ready does not say ready"
+        if self.flower_auth_made:
+            user, _, password = self.flower_auth.partition(":")
+            login = (
+                f"user {user}, password {password}, kept in "
+                f"{self.settings.var_dir / 'flower-password'}; FLOWER_BASIC_AUTH=user:pw to choose"
+            )
+        else:
+            login = "login from FLOWER_BASIC_AUTH"
+        lines = [
+            "",
+            f"Inference service {status}: API {base}  (docs {base}/docs, status page {base}/)",
+            f"Flower {self._flower_url()}  ({login})",
+        ]
+        if self.first_key:
+            lines.append(f"Your API key (tenant 'default', shown once): {self.first_key}")
+            lines.append(f"Its webhook signing secret (shown once): {self.first_secret}")
+        else:
+            lines.append("Create an API key: python manage.py create-api-key --tenant NAME")
+        lines += [
+            "Try it:",
+            f"  curl -s -X POST {base}/jobs -H 'Authorization: Bearer {key}' "
+            "-H 'Content-Type: application/json' "
+            '-d \'{"model": "digits", "inputs": {"pixels": [[0,0,5,13,9,1,0,0,0,0,13,15,'
+            "10,15,5,0,0,3,15,2,0,11,8,0,0,4,12,0,0,8,8,0,0,5,8,0,0,9,8,0,0,4,11,0,1,12,7,0,"
+            "0,2,14,5,10,12,0,0,0,0,6,13,10,0,0,0]]}}'",
+            f"  curl -s {base}/jobs/<id> -H 'Authorization: Bearer {key}'",
+            "Press Ctrl-C to stop.",
+            "",
+        ]
+        print("\n".join(lines), flush=True)
+
+    def _flower_url(self) -> str:
+        return f"http://{self.host}:{self.flower_port}"
+
+    def _supervise_once(self) -> None:
+        """Start again each child that exited; give up on one that cannot stay up."""
+        for child in self.children:
+            assert child.proc is not None
+            code = child.proc.poll()
+            if code is None or self.stopping:
+                continue
+            quick = time.monotonic() - child.started_at < FAST_EXIT_S
+            child.fast_exits = child.fast_exits + 1 if quick else 0
+            if child.fast_exits >= FAST_EXIT_LIMIT:
+                raise LaunchError(
+                    f"{child.name} exited {child.fast_exits} times within {FAST_EXIT_S:.0f}s "
+                    f"of starting (last exit code {code}); its output above says why"
+                )
+            child.restarts += 1
+            logger.warning(
+                "%s exited with %s; restarting (restart #%d)", child.name, code, child.restarts
+            )
+            time.sleep(RESTART_DELAY_S)
+            if not self.stopping:
+                self._spawn(child)
+
+    def _stop(self) -> None:
+        self.stopping = True
+        for child in self.children:  # API first, worker before beat and Flower
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+                _wait(child.name, child.proc, 30)
+        if self.redis is not None:
+            embedded.stop_redis(self.redis)
+            logger.info("stopped embedded Redis")
+        # The embedded PostgreSQL stops when this process, its last handle, exits.
+
+
+def _wait(name: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        logger.warning("%s did not stop in %ss; killing it", name, timeout)
+        proc.kill()
+        proc.wait()
+    logger.info("stopped %s", name)
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest.split("/")[0]:
+        creds, _, host = rest.partition("@")
+        user = creds.split(":")[0]
+        return f"{scheme}{sep}{user}:***@{host}"
+    return url

@@ -1,1 +1,0 @@
-"""Models: the repository on disk, input checks, ONNX Runtime sessions."""

@@ -1,0 +1,255 @@
+"""Bringing a model into the repository: check an ONNX file with ONNX Runtime,
+draft its card from the graph (as Triton's auto-complete config does), and
+place both under `<root>/<name>/<version>/` atomically.
+
+The files are written in a staging folder inside the repository (same file
+system), then renamed into place, so a scan never sees half a model. The
+staging folder is three levels deep (`.incoming/<id>/<version>`), below what
+the repository's `*/*/card.json` scan looks at.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from app.errors import Conflict, InvalidModel, InvalidRequest
+from app.models.registry import ModelCard, TensorSpec, version_key
+from app.runtime.datatypes import ORT_TO_V2
+from app.runtime.sessions import ModelMismatch, check_card
+
+logger = logging.getLogger(__name__)
+
+INCOMING = ".incoming"
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+MAX_NAME = 100  # the jobs table's model column
+MAX_VERSION = 50  # and its model_version column
+# The batch size a drafted card allows when every tensor has a free first dimension.
+DEFAULT_MAX_BATCH_SIZE = 64
+
+
+def check_ref(name: str, version: str) -> None:
+    check_name(name)
+    check_name(version, "version", MAX_VERSION)
+
+
+def check_name(value: str, what: str = "name", limit: int = MAX_NAME) -> str:
+    """A model name or version that is one safe path segment: [A-Za-z0-9_.-],
+    not starting with a dot (so never `..`), at most `limit` characters."""
+    if len(value) > limit or not _NAME.fullmatch(value):
+        raise InvalidRequest(
+            f"model {what} {value!r} must be 1 to {limit} characters of A-Z a-z 0-9 _ . - "
+            "and not start with a dot",
+            errors={what: ["invalid"]},
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Graph:
+    """What ONNX Runtime reports of a graph, in the card's terms."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    skipped_outputs: tuple[str, ...] = field(default=())  # of types a job cannot return
+
+
+def inspect(path: Path, shown: str | None = None) -> Graph:
+    """Load `path` with ONNX Runtime (CPU) and read its inputs and outputs.
+    InvalidModel when it is not ONNX, ORT cannot load it, or an input has a type
+    the service does not support. Outputs of such types (a scikit-learn ZipMap)
+    are left out of the card; at least one output must remain."""
+    shown = shown or path.name  # how errors name the file: as its sender knows it
+    session = _load(path, shown)
+    bad_inputs = [f"{i.name} ({i.type})" for i in session.get_inputs() if i.type not in ORT_TO_V2]
+    if bad_inputs:
+        raise InvalidModel(
+            f"{shown} has inputs of types the service does not support: "
+            f"{', '.join(bad_inputs)}; supported: {', '.join(sorted(ORT_TO_V2))}"
+        )
+    outputs = [o for o in session.get_outputs() if o.type in ORT_TO_V2]
+    skipped = tuple(
+        f"{o.name} ({o.type})" for o in session.get_outputs() if o.type not in ORT_TO_V2
+    )
+    if not outputs:
+        raise InvalidModel(f"{path.name} has no output of a supported type: {', '.join(skipped)}")
+    return Graph(
+        tuple(_spec(i) for i in session.get_inputs()), tuple(_spec(o) for o in outputs), skipped
+    )
+
+
+# What a new version takes over from the model's newest card: the model's own
+# settings (who may use it, which versions serve) and what a person wrote.
+INHERITED = ("description", "labels", "execution", "version_policy", "tenants")
+
+
+def draft_card(graph: Graph, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A card.json for the user to edit: every field the service reads, with
+    the graph's tensors and a batching guess (batch when every tensor has a
+    free first dimension, as Triton's auto-complete does). `base` (the newest
+    version's card) gives the INHERITED fields, so a new version keeps its
+    model's tenants and version policy."""
+    tensors = [*graph.inputs, *graph.outputs]
+    batches = all(spec.shape and spec.shape[0] == -1 for spec in tensors)
+    card: dict[str, Any] = {
+        "description": "",
+        "platform": "onnxruntime_onnx",
+        "inputs": [s.to_dict() for s in graph.inputs],
+        "outputs": [s.to_dict() for s in graph.outputs],
+        "labels": [],
+        "batching": {
+            "max_batch_size": DEFAULT_MAX_BATCH_SIZE if batches else 0,
+            "max_queue_delay_ms": 0,
+        },
+        "execution": "worker",
+        "version_policy": {"all": {}},
+    }
+    card.update({k: base[k] for k in INHERITED if base and k in base})
+    return card
+
+
+@dataclass(frozen=True)
+class Added:
+    card: ModelCard
+    replaced: bool
+    skipped_outputs: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.card.name,
+            "version": self.card.version,
+            "replaced": self.replaced,
+            "card": self.card.to_dict(),
+            "skipped_outputs": list(self.skipped_outputs),
+        }
+
+
+def add_model(
+    root: Path,
+    source: Path,
+    name: str,
+    version: str | None = None,
+    *,
+    force: bool = False,
+    move: bool = False,
+    description: str = "",
+    tenants: list[str] | None = None,
+) -> Added:
+    """Check `source`, draft its card, and place both as `name`/`version`
+    (default: one past the highest numbered version, or 1). Conflict when the
+    version exists and not `force`. `move` takes the file (a staged upload)
+    instead of copying it. `description` and `tenants` override those the
+    new card takes from the newest version's."""
+    check_name(name)
+    if version is None:
+        version = next_version(root, name)
+    check_name(version, "version", MAX_VERSION)
+    target = root / name / version
+    replaced = target.exists()
+    if replaced and not force:
+        raise Conflict(
+            f"model {name} version {version} already exists; add it as another version, "
+            "or replace it (--force, or ?force=true)"
+        )
+    staging = root / INCOMING / uuid.uuid4().hex
+    version_dir = staging / version
+    version_dir.mkdir(parents=True)
+    try:
+        onnx_path = version_dir / "model.onnx"
+        if move:
+            os.replace(source, onnx_path)
+        else:
+            shutil.copyfile(source, onnx_path)
+        graph = inspect(onnx_path, f"{name}:{version}" if move else str(source))
+        card_json = draft_card(graph, _newest_card(root, name))
+        if description:
+            card_json["description"] = description
+        if tenants is not None:
+            card_json["tenants"] = tenants
+        (version_dir / "card.json").write_text(json.dumps(card_json, indent=2) + "\n")
+        _place(version_dir, target, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("added model %s:%s at %s", name, version, target)
+    return Added(ModelCard.load(target), replaced, graph.skipped_outputs)
+
+
+def staging_file(root: Path) -> Path:
+    """Where an upload is streamed: inside the repository, so it moves in by rename."""
+    folder = root / INCOMING
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"upload-{uuid.uuid4().hex}.onnx"
+
+
+def _newest_card(root: Path, name: str) -> dict[str, Any] | None:
+    """The raw card of `name`'s highest readable version, if any."""
+    versions = sorted(
+        (p for p in (root / name).glob("*/card.json") if not p.parent.name.startswith(".")),
+        key=lambda p: version_key(p.parent.name),
+    )
+    for path in reversed(versions):
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(raw, dict):
+            return raw
+    return None
+
+
+def next_version(root: Path, name: str) -> str:
+    numbers = [int(p.name) for p in (root / name).glob("*") if p.is_dir() and p.name.isdigit()]
+    return str(max(numbers, default=0) + 1)
+
+
+def check_loadable(card: ModelCard) -> None:
+    """The card's model loads in ONNX Runtime (CPU) and agrees with the card;
+    InvalidModel naming what is wrong otherwise (an operator's load)."""
+    if not card.onnx_path.is_file():
+        raise InvalidModel(f"model {card.ref}: {card.onnx_path.name} is missing")
+    try:
+        check_card(card, _load(card.onnx_path))
+    except ModelMismatch as exc:
+        raise InvalidModel(f"the graph does not match card.json: {exc}") from None
+
+
+def _load(path: Path, shown: str | None = None) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own types (InvalidProtobuf, Fail, ...)
+        where = shown or f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
+        raise InvalidModel(
+            f"{where} is not an ONNX model ONNX Runtime can load: "
+            f"{type(exc).__name__}: {_short(exc, path)}"
+        ) from None
+
+
+def _place(version_dir: Path, target: Path, staging: Path) -> None:
+    """Rename the staged version into place; a replaced one is moved aside first
+    (there is a moment with no version there, never one with half a version)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        os.replace(target, staging / "replaced")
+    os.replace(version_dir, target)
+
+
+def _spec(node: Any) -> TensorSpec:
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (node.shape or []))
+    return TensorSpec(node.name, ORT_TO_V2[node.type], shape)
+
+
+def _short(exc: Exception, path: Path | None = None, limit: int = 300) -> str:
+    """The error's text on one line, without the server's own path to the file."""
+    text = str(exc).strip().replace("\n", " ")
+    if path is not None:
+        text = text.replace(f"Load model from {path} failed:", "").replace(str(path), path.name)
+    return text if len(text) <= limit else text[:limit] + "..."

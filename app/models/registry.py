@@ -1,0 +1,448 @@
+"""The model repository: `<root>/<name>/<version>/model.onnx` plus `card.json`.
+
+The card is the model's contract (inputs, outputs, labels, provenance, held-out
+accuracy, and the pre- and post-processing around the graph, if any). The API
+validates submissions against it without loading ONNX Runtime; workers check on
+load that the ONNX graph agrees with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.models.states import READY, UNAVAILABLE, SharedStates, State
+
+logger = logging.getLogger(__name__)
+
+
+class UnknownModel(LookupError):
+    """Not served to this caller: absent, not visible to its tenant, or a version
+    that is not serving (`why` says which, when the model itself exists)."""
+
+    def __init__(
+        self, name: str, version: str | None, known: list[str], why: str | None = None
+    ) -> None:
+        self.name, self.version, self.known = name, version, known
+        what = f"model '{name}'" + (f" version '{version}'" if version else "")
+        listed = ", ".join(known) or "none"
+        if why:
+            super().__init__(f"{what} is not serving ({why}); serving: {listed}")
+        else:
+            super().__init__(f"{what} is not in the repository; known models: {listed}")
+
+
+# A queue name a card may give: it becomes a Redis key and an item of WORKER_QUEUES.
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+# `tenant` for a caller with no tenant (an anonymous metadata request): it sees
+# only the models open to every tenant. `None` (internal callers) sees all.
+PUBLIC = ""
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions of a model serve, as Triton's `version_policy`:
+    `{"latest": N}`, `{"specific": ["1", "3"]}`, or `{"all": {}}` (the default)."""
+
+    latest: int | None = None
+    specific: tuple[str, ...] | None = None
+
+    def select(self, versions: list[str]) -> list[str]:
+        """The serving ones of `versions` (sorted oldest first)."""
+        if self.latest is not None:
+            return versions[-self.latest :]
+        if self.specific is not None:
+            return [v for v in versions if v in self.specific]
+        return versions
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.latest is not None:
+            return {"latest": self.latest}
+        if self.specific is not None:
+            return {"specific": list(self.specific)}
+        return {"all": {}}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> VersionPolicy:
+        if raw is None or raw == {"all": {}}:
+            return cls()
+        if isinstance(raw, dict) and set(raw) == {"latest"}:
+            latest = raw["latest"]
+            if isinstance(latest, int) and not isinstance(latest, bool) and latest >= 1:
+                return cls(latest=latest)
+        if isinstance(raw, dict) and set(raw) == {"specific"}:
+            specific = raw["specific"]
+            if isinstance(specific, list) and all(isinstance(v, str | int) for v in specific):
+                return cls(specific=tuple(str(v) for v in specific))
+        raise ValueError(
+            'version_policy: {"latest": N} with N >= 1, {"specific": ["1", ...]} or {"all": {}}'
+        )
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # KServe v2 datatype, e.g. FP32
+    shape: tuple[int, ...]  # -1 means any size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TensorSpec:
+        return cls(str(raw["name"]), str(raw["datatype"]), tuple(int(d) for d in raw["shape"]))
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a worker batches jobs of this model, like Triton's dynamic batcher.
+
+    With `max_batch_size` > 0 the first dimension of every input and output is
+    the batch: jobs are concatenated along it, up to that many rows per ONNX
+    Runtime call, after the worker waited up to `max_queue_delay_ms` for more.
+    0 runs each job in a call of its own (inputs without a batch dimension).
+    """
+
+    max_batch_size: int = 0
+    max_queue_delay_ms: float = 0.0
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Batching:
+        size, delay = int(raw.get("max_batch_size", 0)), float(raw.get("max_queue_delay_ms", 0))
+        if size < 0 or not 0 <= delay <= 1000:
+            raise ValueError("batching: max_batch_size >= 0 and 0 <= max_queue_delay_ms <= 1000")
+        return cls(size, delay)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Pre- and post-processing declared by the card, run around the graph by
+    `app.runtime.pipeline`: `pre` steps turn the card's inputs into the graph's
+    (`model_inputs`), `post` steps turn its outputs (`model_outputs`) into the
+    card's. Each step is `{"step": <name>, ...its parameters}`."""
+
+    pre: tuple[dict[str, Any], ...]
+    model_inputs: tuple[TensorSpec, ...]
+    model_outputs: tuple[TensorSpec, ...]
+    post: tuple[dict[str, Any], ...]
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **({"why": self.why} if self.why else {}),
+            "pre": list(self.pre),
+            "model": {
+                "inputs": [s.to_dict() for s in self.model_inputs],
+                "outputs": [s.to_dict() for s in self.model_outputs],
+            },
+            "post": list(self.post),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> PipelineSpec:
+        steps = [*raw.get("pre", []), *raw.get("post", [])]
+        if not all(isinstance(step, dict) and isinstance(step.get("step"), str) for step in steps):
+            raise ValueError('pipeline: every step is an object with a "step" name')
+        return cls(
+            pre=tuple(raw.get("pre", [])),
+            model_inputs=tuple(TensorSpec.from_dict(s) for s in raw["model"]["inputs"]),
+            model_outputs=tuple(TensorSpec.from_dict(s) for s in raw["model"]["outputs"]),
+            post=tuple(raw.get("post", [])),
+            why=str(raw.get("why", "")),
+        )
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    name: str
+    version: str
+    path: Path  # the version directory
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    platform: str = "onnxruntime_onnx"
+    description: str = ""
+    labels: tuple[str, ...] = ()
+    batching: Batching = field(default_factory=Batching)
+    pipeline: PipelineSpec | None = None  # None: clients' tensors go to the graph as they are
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    tenants: tuple[str, ...] | None = None  # None: every tenant may use it
+    # The Celery queue its jobs' wake-ups travel on ("gpu", "cpu"): only workers that
+    # serve it run the model. None: DEFAULT_MODEL_QUEUE. The newest card speaks for
+    # the model (jobs are claimed by model, whatever their version).
+    queue: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.path / "model.onnx"
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    def visible_to(self, tenant: str | None) -> bool:
+        return tenant is None or self.tenants is None or tenant in self.tenants
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "platform": self.platform,
+            "description": self.description,
+            "inputs": [s.to_dict() for s in self.inputs],
+            "outputs": [s.to_dict() for s in self.outputs],
+            "labels": list(self.labels),
+            "batching": {
+                "max_batch_size": self.batching.max_batch_size,
+                "max_queue_delay_ms": self.batching.max_queue_delay_ms,
+            },
+            **({"pipeline": self.pipeline.to_dict()} if self.pipeline else {}),
+            "version_policy": self.version_policy.to_dict(),
+            **({"queue": self.queue} if self.queue else {}),
+            **self.extra,
+        }
+
+    @classmethod
+    def load(cls, version_dir: Path) -> ModelCard:
+        raw = json.loads((version_dir / "card.json").read_text())
+        known = {"name", "version", "platform", "description", "inputs", "outputs", "labels",
+                 "batching", "pipeline", "version_policy", "tenants", "queue"}  # fmt: skip
+        tenants = raw.get("tenants")
+        if tenants is not None and not (
+            isinstance(tenants, list) and all(isinstance(t, str) for t in tenants)
+        ):
+            raise ValueError('tenants: a list of tenant names, e.g. ["acme"]')
+        queue = raw.get("queue")
+        if queue is not None and not (isinstance(queue, str) and QUEUE_NAME.fullmatch(queue)):
+            raise ValueError('queue: a queue name of [A-Za-z0-9_.-], at most 64, e.g. "gpu"')
+        return cls(
+            name=version_dir.parent.name,
+            version=version_dir.name,
+            path=version_dir,
+            inputs=tuple(TensorSpec.from_dict(s) for s in raw["inputs"]),
+            outputs=tuple(TensorSpec.from_dict(s) for s in raw["outputs"]),
+            platform=raw.get("platform", "onnxruntime_onnx"),
+            description=raw.get("description", ""),
+            labels=tuple(raw.get("labels", ())),
+            batching=Batching.from_dict(raw.get("batching", {})),
+            pipeline=PipelineSpec.from_dict(raw["pipeline"]) if "pipeline" in raw else None,
+            version_policy=VersionPolicy.from_dict(raw.get("version_policy")),
+            tenants=tuple(tenants) if tenants is not None else None,
+            queue=queue,
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+
+def version_key(version: str) -> tuple[int, int | str]:
+    return (0, int(version)) if version.isdigit() else (1, version)
+
+
+@dataclass(frozen=True)
+class VersionStatus:
+    """A version in the repository and whether it serves (Triton's index entry)."""
+
+    name: str
+    version: str
+    state: str  # READY or UNAVAILABLE
+    reason: str = ""
+
+
+_ABSENT = "not in the repository"
+
+
+class ModelRepository:
+    """Cards found under `root`, scanned once; `refresh()` rescans.
+
+    What serves: a version whose card and model.onnx are readable, that its
+    model's version policy selects (the newest card's policy speaks for the
+    model), and that `states` (shared through PostgreSQL; none in tools and
+    unit tests) does not mark UNAVAILABLE. When the shared states change, the
+    folder is rescanned too, so a model added on another machine is seen.
+    """
+
+    def __init__(self, root: Path, states: SharedStates | None = None, ttl_s: float = 2.0) -> None:
+        self.root, self.states, self.ttl_s = root, states, ttl_s
+        self._cards: dict[str, dict[str, ModelCard]] = {}
+        self._broken: dict[tuple[str, str], str] = {}
+        self._folder: tuple[tuple[str, int], ...] = ()
+        self._synced_at = time.monotonic()
+        if states is not None:
+            states.poll()
+        self.refresh()
+
+    def refresh(self) -> None:
+        self._folder = self._stamp()
+        cards: dict[str, dict[str, ModelCard]] = {}
+        broken: dict[tuple[str, str], str] = {}
+        if self.root.is_dir():
+            for card_path in sorted(self.root.glob("*/*/card.json")):
+                version_dir = card_path.parent
+                if version_dir.parent.name.startswith("."):
+                    continue  # `.incoming`: files on their way in
+                where = (version_dir.parent.name, version_dir.name)
+                if not (version_dir / "model.onnx").is_file():
+                    broken[where] = "model.onnx is missing"
+                    continue
+                try:
+                    card = ModelCard.load(version_dir)
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    logger.error("skipping model at %s: unreadable card (%s)", version_dir, exc)
+                    broken[where] = f"card.json is not valid: {type(exc).__name__}: {exc}"
+                    continue
+                cards.setdefault(card.name, {})[card.version] = card
+        self._cards, self._broken = cards, broken
+
+    def sync(self, force: bool = False) -> None:
+        """Pick up changes, at most once per `ttl_s` unless `force`: shared states
+        (a load or unload anywhere) and the folder (a model added by hand, or by
+        a PUT on another machine) rescan it."""
+        now = time.monotonic()
+        if not force and now - self._synced_at < self.ttl_s:
+            return
+        self._synced_at = now
+        states_changed = self.states is not None and self.states.poll()
+        if states_changed or self._stamp() != self._folder:
+            self.refresh()
+
+    def _stamp(self) -> tuple[tuple[str, int], ...]:
+        """The folder's shape: its model and version folders and cards, with
+        their modification times (a few stats per model)."""
+        if not self.root.is_dir():
+            return ()
+        paths = [self.root, *self.root.glob("*"), *self.root.glob("*/*"),
+                 *self.root.glob("*/*/card.json")]  # fmt: skip
+        stamp = []
+        for path in paths:
+            try:
+                stamp.append((str(path), path.stat().st_mtime_ns))
+            except OSError:  # removed while we looked: the next sync sees it
+                continue
+        return tuple(sorted(stamp))
+
+    def names(self, tenant: str | None = None) -> list[str]:
+        """Models with a serving version that `tenant` may use."""
+        self.sync()
+        return sorted(
+            n for n in self._cards if self._serving(n) and self._newest(n).visible_to(tenant)
+        )
+
+    def versions(self, name: str) -> list[str]:
+        """`name`'s serving versions, oldest first."""
+        self.sync()
+        return self._serving(name)
+
+    def all(self, tenant: str | None = None) -> list[ModelCard]:
+        """Every serving version's card."""
+        return [self._cards[n][v] for n in self.names(tenant) for v in self._serving(n)]
+
+    def card(self, name: str, version: str) -> ModelCard:
+        """`name` at `version` whether it serves or not (reading a finished
+        batch's results of a version since unloaded)."""
+        try:
+            return self._cards[name][version]
+        except KeyError:
+            raise UnknownModel(name, version, self.names()) from None
+
+    def on_disk(self, name: str) -> list[ModelCard]:
+        """Every readable version of `name`, serving or not, oldest first."""
+        versions = self._cards.get(name, {})
+        return [versions[v] for v in sorted(versions, key=version_key)]
+
+    def queue_of(self, name: str) -> str | None:
+        """The queue `name`'s jobs run on, as its newest card on disk names it
+        (serving or not: a wake-up must reach a worker even to fail jobs of an
+        unloaded version). None: the card names none, or no card is found, after
+        one rescan (a model added since this process last looked)."""
+        self.sync()
+        if name not in self._cards:
+            self.sync(force=True)
+        versions = self._cards.get(name)  # one read: a rescan swaps the whole dict
+        return versions[max(versions, key=version_key)].queue if versions else None
+
+    def queues(self) -> set[str]:
+        """Every queue a card in the folder names."""
+        self.sync()
+        return {c.queue for versions in self._cards.values() for c in versions.values() if c.queue}
+
+    def index(self) -> list[VersionStatus]:
+        """Every version in the folder and whether it serves, and why not."""
+        self.sync()
+        found = {(n, v) for n, versions in self._cards.items() for v in versions} | set(
+            self._broken
+        )
+        return [
+            self._status(n, v) for n, v in sorted(found, key=lambda nv: (nv[0], version_key(nv[1])))
+        ]
+
+    def resolve_rescanning(
+        self, name: str, version: str | None = None, tenant: str | None = None
+    ) -> ModelCard:
+        """`resolve`, rescanning once when not found: added since this process started?"""
+        try:
+            return self.resolve(name, version, tenant)
+        except UnknownModel:
+            self.sync(force=True)
+        return self.resolve(name, version, tenant)
+
+    def resolve(
+        self, name: str, version: str | None = None, tenant: str | None = None
+    ) -> ModelCard:
+        """The card for `name` at `version`, or at its newest serving version when
+        None; UnknownModel when `tenant` may not use it or it does not serve."""
+        self.sync()
+        if name not in self._cards or not self._newest(name).visible_to(tenant):
+            raise UnknownModel(name, version, self.names(tenant))
+        serving = self._serving(name)
+        if version is None and serving:
+            return self._cards[name][serving[-1]]
+        if version in serving:
+            return self._cards[name][version]
+        known = [f"{name}:{v}" for v in serving]
+        if version is None:
+            versions = sorted(self._cards[name], key=version_key)
+            why = "; ".join(f"version {v}: {self._status(name, v).reason}" for v in versions)
+            raise UnknownModel(name, version, known, f"no version is serving: {why}")
+        status = self._status(name, version)
+        if status.reason == _ABSENT:
+            raise UnknownModel(name, version, known)
+        raise UnknownModel(name, version, known, status.reason)
+
+    def _newest(self, name: str) -> ModelCard:
+        versions = self._cards[name]
+        return versions[max(versions, key=version_key)]
+
+    def _serving(self, name: str) -> list[str]:
+        return [v for v in self._selected(name) if self._shared(name, v) is None]
+
+    def _selected(self, name: str) -> list[str]:
+        if name not in self._cards:
+            return []
+        versions = sorted(self._cards[name], key=version_key)
+        return self._newest(name).version_policy.select(versions)
+
+    def _shared(self, name: str, version: str) -> State | None:
+        """The shared state that keeps this version from serving, if any."""
+        state = self.states.get(name, version) if self.states else None
+        return state if state is not None and state.state == UNAVAILABLE else None
+
+    def _status(self, name: str, version: str) -> VersionStatus:
+        if (name, version) in self._broken:
+            return VersionStatus(name, version, UNAVAILABLE, self._broken[(name, version)])
+        if version not in self._cards.get(name, {}):
+            return VersionStatus(name, version, UNAVAILABLE, _ABSENT)
+        if version not in self._selected(name):
+            policy = json.dumps(self._newest(name).version_policy.to_dict())
+            return VersionStatus(name, version, UNAVAILABLE, f"not in version_policy {policy}")
+        state = self._shared(name, version)
+        if state is not None:
+            return VersionStatus(name, version, UNAVAILABLE, state.reason or "unloaded")
+        return VersionStatus(name, version, READY)

@@ -1,0 +1,240 @@
+"""Logging for every process: readable text (the default), or one JSON object a
+line with LOG_FORMAT=json, for a log collector to index.
+
+A JSON line has `ts`, `level`, `logger`, `message`, and when known `job_id`,
+`tenant`, `model`, `request_id` (plus `exc` for a traceback, and the fields a
+call passes in `extra`). The known fields come from a context variable, so
+whatever code runs for a request or a job carries them without passing them
+along: the API binds the request id (and the job id once there is one), a
+worker task binds the model it drains and the job it delivers. `scope()`
+opens a fresh context for each request and task, so one never inherits the
+last one's fields on a reused thread.
+
+A formatter of our own, not python-json-logger: the fields are few, the
+context merging is ours either way, and it is about twenty lines.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any
+
+from flask import g, has_request_context
+
+FIELDS = ("job_id", "tenant", "model", "request_id")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_NONE: Mapping[str, str] = MappingProxyType({})
+_context: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "log_context", default=_NONE
+)
+# The attributes every LogRecord has: anything else on a record came from `extra`.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+def bind(**fields: object) -> None:
+    """Add fields to every line logged from here on in this context (see `scope`)."""
+    _context.set({**_context.get(), **{k: str(v) for k, v in fields.items() if v is not None}})
+
+
+def current() -> Mapping[str, str]:
+    return _context.get()
+
+
+@contextmanager
+def scope(**fields: object) -> Iterator[None]:
+    """A fresh context for one request or task: what it binds ends with it."""
+    token = _context.set({k: str(v) for k, v in fields.items() if v is not None})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class ContextFilter(logging.Filter):
+    """Puts the bound fields on each record (a call's own `extra` wins), and in an
+    API request the tenant its key named."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _context.get().items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        if not hasattr(record, "tenant") and has_request_context():
+            tenant = g.get("tenant")
+            if tenant is not None:
+                record.tenant = tenant.name
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key in _STANDARD or key.startswith("_") or key in line or value is None:
+                continue
+            line[key] = value if isinstance(value, int | float | bool) else str(value)
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+class _TaskChatter(logging.Filter):
+    """Celery's "Task ... succeeded in ..." line (celery.app.trace, INFO) for every
+    task, demoted to DEBUG: an idle service runs sweeps every second, and a job's
+    own line says more. Failures and retries keep their levels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from celery.app.trace import LOG_SUCCESS
+
+        self.success = LOG_SUCCESS
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and record.msg == self.success:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
+def handler(fmt: str) -> logging.Handler:
+    """A stderr handler in `fmt` ("json" or "text"), with the bound fields."""
+    out = logging.StreamHandler(sys.stderr)
+    out.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    out.addFilter(ContextFilter())
+    out._inference = True  # type: ignore[attr-defined]
+    return out
+
+
+def setup(level: str | int, fmt: str, *, force: bool = False) -> None:
+    """Configure the root logger once per process. Without `force` it is left
+    alone when something else configured it already (as basicConfig does: pytest's
+    capture, gunicorn's dictConfig in JSON mode); with it, it is replaced (Celery)."""
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if getattr(h, "_inference", False)]
+    if force or not root.handlers or ours:
+        for old in ours if not force else list(root.handlers):
+            root.removeHandler(old)
+        root.addHandler(handler(fmt))
+    root.setLevel(level)
+    quiet_celery(root.getEffectiveLevel())
+    if fmt == "json":
+        logging.captureWarnings(True)  # warnings become lines like any other
+
+
+def quiet_celery(level: int) -> None:
+    """Per-message chatter of Celery at DEBUG, so an idle service logs nothing:
+    "Received task" (celery.worker.strategy) and "Task ... succeeded"."""
+    chatty = level <= logging.DEBUG
+    logging.getLogger("celery.worker.strategy").setLevel(
+        logging.DEBUG if chatty else logging.WARNING
+    )
+    trace = logging.getLogger("celery.app.trace")
+    if not any(isinstance(f, _TaskChatter) for f in trace.filters):
+        trace.addFilter(_TaskChatter())
+
+
+def level_number(level: str | int) -> int:
+    if isinstance(level, int):
+        return level
+    number = logging.getLevelName(level.upper())
+    return number if isinstance(number, int) else logging.INFO
+
+
+def gunicorn_config(level: str, fmt: str) -> dict[str, Any] | None:
+    """gunicorn's logconfig_dict for JSON lines (None for text: gunicorn's own).
+    Its access log is silenced: the API logs each request itself (`request_line`)
+    with the request id, tenant and job id gunicorn cannot know."""
+    if fmt != "json":
+        return None
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "root": {"level": level, "handlers": ["console"]},
+        "loggers": {
+            "gunicorn.error": {"level": "INFO", "handlers": [], "propagate": True},
+            "gunicorn.access": {"level": "WARNING", "handlers": [], "propagate": True},
+        },
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "json",
+                "filters": ["context"],
+            },
+        },
+        "formatters": {"json": {"()": "app.observability.logs.JsonFormatter"}},
+        "filters": {"context": {"()": "app.observability.logs.ContextFilter"}},
+    }
+
+
+# X-Request-ID: what a proxy or client sent, if it is a sane token; else our own.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+_JOB_LOCATION = re.compile(r"/jobs/([0-9a-f-]{36})")
+requests_logger = logging.getLogger("app.requests")
+_ROUTINE = frozenset({"/metrics", "/v2/health/live", "/v2/health/ready"})
+
+
+def request_id(header: str | None) -> str:
+    """The client's request id when it is 1-128 characters of a token's alphabet
+    (no spaces, quotes or control characters to forge log lines with), else a new one."""
+    if header and _REQUEST_ID.fullmatch(header):
+        return header
+    return uuid.uuid4().hex
+
+
+def install(app: Any, fmt: str) -> None:
+    """Per request: a log scope with its request id (echoed in X-Request-ID), and in
+    JSON mode one `request` line with method, path, status, duration, tenant and job."""
+    from flask import request
+
+    @app.before_request
+    def _open() -> None:
+        rid = request_id(request.headers.get("X-Request-ID"))
+        job_id = (request.view_args or {}).get("job_id")
+        fields = {"request_id": rid, **({"job_id": str(job_id)} if job_id else {})}
+        g.log_token = _context.set(fields)
+        g.request_id, g.request_started = rid, time.monotonic()
+
+    @app.after_request
+    def _close(response: Any) -> Any:
+        rid = g.get("request_id")
+        if rid is None:
+            return response
+        response.headers["X-Request-ID"] = rid
+        if fmt == "json":
+            tenant = g.get("tenant")
+            found = _JOB_LOCATION.search(response.headers.get("Location", ""))
+            # Probes and scrapes come every few seconds: DEBUG unless they fail.
+            routine = request.path in _ROUTINE and response.status_code < 400
+            requests_logger.log(
+                logging.DEBUG if routine else logging.INFO,
+                "%s %s %s", request.method, request.path, response.status_code,
+                extra={"method": request.method, "path": request.path,
+                       "status": response.status_code,
+                       "duration_ms": round((time.monotonic() - g.request_started) * 1000, 2),
+                       "tenant": tenant.name if tenant is not None else None,
+                       **({"job_id": found.group(1)} if found else {})},
+            )  # fmt: skip
+        return response
+
+    @app.teardown_request
+    def _teardown(_exc: BaseException | None) -> None:
+        token = g.pop("log_token", None)
+        if token is not None:
+            with suppress(ValueError):  # set in another context (cannot happen; never fail)
+                _context.reset(token)

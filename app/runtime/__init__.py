@@ -1,0 +1,1 @@
+"""The ONNX Runtime side: sessions, pipelines, the inference call, tensors."""

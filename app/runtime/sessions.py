@@ -1,0 +1,138 @@
+"""ONNX Runtime sessions: one per model version per process, made on first use.
+
+Sessions are created lazily, so a forked worker child builds its own after the
+fork (ORT sessions and CUDA contexts must not cross a fork). The provider is
+chosen by trying it: `onnxruntime-gpu` lists CUDA as available even on a
+machine without a GPU, so the session's own provider list is what counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from app.models.registry import ModelCard
+from app.runtime.datatypes import ORT_TO_V2
+from app.runtime.pipeline import unknown_steps
+
+logger = logging.getLogger(__name__)
+
+_PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+class ModelMismatch(RuntimeError):
+    """The ONNX graph does not have the inputs or outputs its card declares."""
+
+
+def device_for(process_index: int, devices: tuple[int, ...]) -> int | None:
+    """The GPU a worker process owns: one process per GPU, round robin beyond."""
+    return devices[process_index % len(devices)] if devices else None
+
+
+class SessionPool:
+    def __init__(
+        self, provider: str = "auto", intra_op_threads: int = 1, device_id: int | None = None
+    ) -> None:
+        if provider not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"ORT_PROVIDER must be auto, cpu or cuda, not {provider!r}")
+        self.provider = provider
+        self.intra_op_threads = intra_op_threads
+        # The GPU this process's CUDA sessions run on (None: ORT's default, 0).
+        self.device_id = device_id
+        # ref -> (model file's mtime, session): a replaced file is loaded again.
+        self._sessions: dict[str, tuple[int, ort.InferenceSession]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, card: ModelCard) -> ort.InferenceSession:
+        mtime = card.onnx_path.stat().st_mtime_ns
+        cached = self._sessions.get(card.ref)
+        if cached is None or cached[0] != mtime:
+            with self._lock:
+                cached = self._sessions.get(card.ref)
+                if cached is None or cached[0] != mtime:
+                    cached = (mtime, self._create(card))
+                    self._sessions[card.ref] = cached
+        return cached[1]
+
+    def run(
+        self, card: ModelCard, inputs: dict[str, np.ndarray], names: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The graph's outputs `names` (default: the card's outputs) for `inputs`."""
+        session = self.get(card)
+        names = names if names is not None else [spec.name for spec in card.outputs]
+        values = session.run(names, inputs)
+        return dict(zip(names, values, strict=True))
+
+    def _create(self, card: ModelCard) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        if self.intra_op_threads > 0:
+            options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = 1
+        wanted = self.wanted_providers()
+        if self.provider == "auto":
+            # Without a usable GPU, ORT prints an error and falls back to CPU. In auto
+            # mode that is expected, so silence it; the provider used is logged below.
+            ort.set_default_logger_severity(4)
+        try:
+            session = ort.InferenceSession(
+                str(card.onnx_path), sess_options=options, providers=wanted
+            )
+        finally:
+            ort.set_default_logger_severity(2)
+        used = session.get_providers()
+        if self.provider == "cuda" and used[0] != "CUDAExecutionProvider":
+            raise RuntimeError(f"ORT_PROVIDER=cuda but CUDA could not start for {card.ref}")
+        check_card(card, session)
+        device = (
+            f" on GPU {self.device_id}" if used[0].startswith("CUDA") and self.device_id else ""
+        )
+        logger.info(
+            "loaded model %s with %s%s (threads=%s)",
+            card.ref, used[0], device, self.intra_op_threads,
+        )  # fmt: skip
+        return session
+
+    def wanted_providers(self) -> list[Any]:
+        """What sessions are asked for, CUDA (on this process's device) first where
+        it may work; ORT falls back to the next entry if it does not start."""
+        if self.provider == "cpu" or (
+            self.provider == "auto" and "CUDAExecutionProvider" not in ort.get_available_providers()
+        ):
+            return list(_PROVIDERS["cpu"])
+        cuda: Any = "CUDAExecutionProvider"
+        if self.device_id is not None:
+            cuda = ("CUDAExecutionProvider", {"device_id": str(self.device_id)})
+        return [cuda, "CPUExecutionProvider"]
+
+    def providers(self) -> dict[str, str]:
+        return {ref: s.get_providers()[0] for ref, (_, s) in self._sessions.items()}
+
+
+def check_card(card: ModelCard, session: ort.InferenceSession) -> None:
+    """The graph takes and gives what the card says: the card's own tensors, or
+    with a pipeline, the model-side tensors the pipeline declares."""
+
+    def signature(nodes: Any) -> dict[str, str]:
+        return {n.name: ORT_TO_V2.get(n.type, n.type) for n in nodes}
+
+    graph_in, graph_out = card.inputs, card.outputs
+    if card.pipeline is not None:
+        graph_in, graph_out = card.pipeline.model_inputs, card.pipeline.model_outputs
+        unknown = unknown_steps(card)
+        if unknown:
+            raise ModelMismatch(f"{card.ref}: the card's pipeline has unknown steps {unknown}")
+    declared_in = {s.name: s.datatype for s in graph_in}
+    declared_out = {s.name: s.datatype for s in graph_out}
+    actual_in, actual_out = signature(session.get_inputs()), signature(session.get_outputs())
+    if declared_in != actual_in or not declared_out.items() <= actual_out.items():
+        raise ModelMismatch(
+            f"{card.ref}: card declares graph inputs {declared_in} outputs {declared_out}, "
+            f"graph has inputs {actual_in} outputs {actual_out}"
+        )

@@ -1,0 +1,264 @@
+"""Checking a job's inputs against the model card, at submit time.
+
+Two request forms are accepted and reduced to one: `{"<input>": <nested list>}`
+and the KServe v2 tensor list `[{"name", "shape", "datatype", "data"}]`. Every
+problem is reported per input with the expected name, shape and datatype, so a
+bad job is refused with 422 instead of failing later in a worker.
+
+BYTES inputs are lists of strings (UTF-8 text; in binary, bytes that must
+decode as UTF-8) and become object arrays of `str`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from app.models.registry import ModelCard, TensorSpec
+from app.runtime.datatypes import (
+    NUMPY_TO_V2,
+    V2_TO_NUMPY,
+    decode_bytes,
+    encode_bytes,
+    is_bytes,
+    is_float,
+)
+
+_ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
+
+
+class InvalidInputs(ValueError):
+    """`errors` maps an input name (or `inputs`) to what was wrong with it."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+
+
+def describe(spec: TensorSpec) -> str:
+    dims = ", ".join("any" if d < 0 else str(d) for d in spec.shape)
+    return f"{spec.datatype} tensor of shape [{dims}]"
+
+
+def parse_inputs(card: ModelCard, raw: Any) -> dict[str, np.ndarray]:
+    """Arrays of the card's datatypes, keyed by input name; raises InvalidInputs."""
+    if isinstance(raw, dict):
+        named = raw
+        shapes: dict[str, Any] = {}
+    elif isinstance(raw, list):
+        named, shapes = _from_v2_tensors(card, raw)
+    else:
+        raise InvalidInputs(
+            {
+                "inputs": "expected an object mapping input names to nested lists, "
+                "or a list of KServe v2 tensors {name, shape, datatype, data}"
+            }
+        )
+    errors: dict[str, str] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for name in named:
+        if card.input(name) is None:
+            expected = ", ".join(f"'{s.name}' ({describe(s)})" for s in card.inputs)
+            errors[name] = f"model {card.ref} has no input '{name}'; its inputs are {expected}"
+    for spec in card.inputs:
+        if spec.name not in named:
+            errors.setdefault(spec.name, f"missing; expected a {describe(spec)}")
+            continue
+        try:
+            arrays[spec.name] = _to_array(spec, named[spec.name], shapes.get(spec.name))
+        except ValueError as exc:
+            errors[spec.name] = str(exc)
+    if errors:
+        raise InvalidInputs(errors)
+    return arrays
+
+
+def to_json(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Nested lists, as stored in the job row and returned to clients."""
+    return {name: array.tolist() for name, array in arrays.items()}
+
+
+def pack(arrays: dict[str, np.ndarray]) -> bytes:
+    """Tensors as stored with a job: a length-prefixed JSON header naming each
+    tensor's datatype and shape, then their raw little-endian bytes in order
+    (a BYTES tensor's elements each as a 4-byte length and their UTF-8 bytes).
+    About the raw size (float32 stays 4 bytes a value); `unpack` reads it
+    without parsing a number."""
+    header = pack_header(
+        [(name, NUMPY_TO_V2[array.dtype], array.shape) for name, array in arrays.items()]
+    )
+    parts = [header]
+    parts += [
+        encode_bytes(a)
+        if a.dtype == object
+        else np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes()
+        for a in arrays.values()
+    ]
+    return b"".join(parts)
+
+
+def pack_header(tensors: list[tuple[str, str, tuple[int, ...]]]) -> bytes:
+    """The packed form's header alone, for (name, datatype, shape) of each tensor:
+    followed by the tensors' bytes it is `pack`'s output."""
+    header = [{"name": n, "datatype": d, "shape": list(s)} for n, d, s in tensors]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<I", len(head)) + head
+
+
+def tensor_bytes(header: bytes) -> int:
+    """How many bytes of data follow a packed header of fixed-size datatypes."""
+    (length,) = struct.unpack_from("<I", header)
+    tensors = json.loads(header[4 : 4 + length])
+    return sum(math.prod(t["shape"]) * V2_TO_NUMPY[t["datatype"]].itemsize for t in tensors)
+
+
+def unpack(data: bytes | memoryview) -> dict[str, np.ndarray]:
+    (length,) = struct.unpack_from("<I", data)
+    offset = 4 + length
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in json.loads(bytes(data[4:offset])):
+        count = math.prod(tensor["shape"])
+        if is_bytes(tensor["datatype"]):
+            items, offset = decode_bytes(data, count, offset)
+            texts = np.array([item.decode() for item in items], dtype=object)
+            arrays[tensor["name"]] = texts.reshape(tensor["shape"])
+            continue
+        dtype = V2_TO_NUMPY[tensor["datatype"]].newbyteorder("<")
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+        arrays[tensor["name"]] = array.reshape(tensor["shape"])
+        offset += count * dtype.itemsize
+    if offset != len(data):
+        raise ValueError(f"packed tensors: {len(data) - offset} bytes left over")
+    return arrays
+
+
+def from_json(specs: Sequence[TensorSpec], stored: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Arrays of the specs' datatypes from nested lists stored with a job (inputs
+    checked at submit time, or outputs): exact, as float32 survives the round trip."""
+    return {
+        spec.name: _texts(stored[spec.name])
+        if is_bytes(spec.datatype)
+        else np.asarray(stored[spec.name], dtype=V2_TO_NUMPY[spec.datatype])
+        for spec in specs
+    }
+
+
+def _texts(value: Any) -> np.ndarray:
+    """An object array of the strings in (nested) `value`, never split further."""
+    array = np.empty(np.shape(value), dtype=object)
+    array[...] = value
+    return array
+
+
+def _from_v2_tensors(card: ModelCard, tensors: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    named: dict[str, Any] = {}
+    shapes: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for index, tensor in enumerate(tensors):
+        where = f"inputs[{index}]"
+        if not isinstance(tensor, dict) or not {"name", "shape", "datatype", "data"} <= set(tensor):
+            errors[where] = "expected a tensor object with name, shape, datatype and data"
+            continue
+        name = str(tensor["name"])
+        spec = card.input(name)
+        if spec is not None and tensor["datatype"] != spec.datatype:
+            errors[name] = (
+                f"datatype {tensor['datatype']!r} does not match the model; "
+                f"expected {spec.datatype}"
+            )
+            continue
+        named[name] = tensor["data"]
+        shapes[name] = tensor["shape"]
+    if errors:
+        raise InvalidInputs(errors)
+    return named, shapes
+
+
+def _to_array(spec: TensorSpec, value: Any, declared_shape: Any) -> np.ndarray:
+    expected = describe(spec)
+    try:
+        array = _text_array(value, expected) if is_bytes(spec.datatype) else np.asarray(value)
+    except _NotText as exc:
+        raise ValueError(str(exc)) from None
+    except ValueError:
+        raise ValueError(f"is a ragged nested list; expected a {expected}") from None
+    dtype = V2_TO_NUMPY[spec.datatype]
+    if array.dtype.kind not in _ACCEPTED_KINDS.get(dtype.kind, dtype.kind):
+        kind = "numbers" if is_float(spec.datatype) else f"{spec.datatype} values"
+        raise ValueError(f"must contain only {kind}; expected a {expected}")
+    if declared_shape is not None:
+        array = _reshape(array, declared_shape, expected)
+    if array.ndim != len(spec.shape) or any(
+        want >= 0 and got != want for got, want in zip(array.shape, spec.shape, strict=False)
+    ):
+        raise ValueError(f"has shape {list(array.shape)}; expected a {expected}")
+    if array.size == 0:
+        raise ValueError(f"is empty; expected a {expected} with at least one element")
+    if dtype.kind in "iu" and array.dtype.kind in "iu":
+        limits = np.iinfo(dtype)
+        if array.min() < limits.min or array.max() > limits.max:
+            raise ValueError(
+                f"has values outside {spec.datatype}'s range ({limits.min} to {limits.max}); "
+                f"expected a {expected}"
+            )
+    converted = array if array.dtype == object else array.astype(dtype)
+    if dtype.kind == "f" and not np.isfinite(converted).all():
+        raise ValueError(f"contains NaN, infinity or a value too large for {spec.datatype}")
+    return converted
+
+
+class _NotText(ValueError):
+    pass
+
+
+def _text_array(value: Any, expected: str) -> np.ndarray:
+    """Strings (bytes must be UTF-8) as an object array of `str`; anything else,
+    numbers included, is refused rather than turned into text."""
+    if isinstance(value, np.ndarray):  # binary tensor data (bytes), or read from a file
+        if value.dtype.kind not in "OUS":
+            raise _NotText(f"must contain only strings, not {value.dtype}; expected a {expected}")
+        array = value.astype(object)
+    elif isinstance(value, list):
+        array = np.array(value, dtype=object)
+    else:
+        raise _NotText(f"must be a list of strings; expected a {expected}")
+    for index, item in np.ndenumerate(array):
+        where = list(index) if len(index) > 1 else index[0]
+        if isinstance(item, bytes):
+            try:
+                array[index] = item.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _NotText(f"element {where} is not UTF-8; expected a {expected}") from None
+        elif not isinstance(item, str):
+            raise _NotText(
+                f"must contain only strings; element {where} is {_kind(item)}, "
+                f"expected a {expected}"
+            )
+    return array
+
+
+def _kind(item: Any) -> str:
+    if isinstance(item, list | dict):
+        return "a list" if isinstance(item, list) else "an object"
+    if item is None:
+        return "null"
+    if isinstance(item, bool):
+        return "a boolean"
+    return "a number" if isinstance(item, int | float) else type(item).__name__
+
+
+def _reshape(array: np.ndarray, shape: Any, expected: str) -> np.ndarray:
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ValueError(f"shape must be a list of non-negative integers; expected a {expected}")
+    if array.size != math.prod(shape):
+        raise ValueError(
+            f"data has {array.size} elements but shape {shape} needs {math.prod(shape)}"
+        )
+    return array.reshape(shape)

@@ -1,0 +1,112 @@
+"""Bearer-key authentication: tenant keys for the job routes, operator keys for
+the model repository routes."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from flask import current_app, g, request
+from flask_smorest import Blueprint
+
+from app.errors import Forbidden
+from app.models.registry import PUBLIC
+from app.platform.database import current_session
+from app.tenancy.keys import OPERATOR, Caller, KeyCache, TenantRef
+from app.web.problems import Problem
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SECURITY_SCHEME = {"type": "http", "scheme": "bearer", "description": "API key"}
+
+# Only lends its documentation decorators to `authenticated`; never registered.
+_docs = Blueprint("auth", __name__)
+
+
+def current_tenant() -> TenantRef:
+    tenant: TenantRef = g.tenant
+    return tenant
+
+
+def current_actor() -> str:
+    """Who made this request, for the audit log: tenant and key prefix."""
+    actor: str = g.actor
+    return actor
+
+
+def _caller() -> Caller:
+    """The caller named by `Authorization: Bearer <key>`; 401 without a valid key."""
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Problem(
+            "unauthorized",
+            "send the header `Authorization: Bearer <api key>`",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    keys: KeyCache = current_app.extensions["api_keys"]
+    caller = keys.caller(current_session(), key.strip())
+    if caller is None:
+        raise Problem(
+            "unauthorized",
+            "the API key is not valid, was revoked or has expired",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
+    who = caller.tenant.name if caller.tenant else caller.kind
+    g.actor = f"{who} (key {key.strip()[:10]}...)"
+    return caller
+
+
+def optional_tenant() -> str | None:
+    """For routes open without a key (model metadata): the tenant's name, or
+    `PUBLIC` (only models open to every tenant) without a key; a key that is
+    sent must be valid."""
+    if "Authorization" not in request.headers:
+        return PUBLIC
+    caller = _caller()
+    return caller.tenant.name if caller.tenant else None  # an operator sees every model
+
+
+def optional_operator() -> bool:
+    """For pages open without a key that show operators more (the status page):
+    False without an `Authorization` header, True for an operator's key; a bad
+    key is refused (401), a tenant's too (403): it never unlocks the operator view."""
+    if "Authorization" not in request.headers:
+        return False
+    if _caller().kind != OPERATOR:
+        raise Forbidden("a tenant's key does not open the operator view; send an operator key")
+    return True
+
+
+def authenticated(view: F) -> F:
+    """Require a tenant's key, expose the tenant as `current_tenant()`. An
+    operator key is refused (403): it belongs to no tenant."""
+
+    @functools.wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        caller = _caller()
+        if caller.tenant is None:
+            raise Forbidden("this route needs a tenant's API key; an operator key has no jobs")
+        g.tenant = caller.tenant
+        return view(*args, **kwargs)
+
+    documented = _docs.doc(security=[{"bearerAuth": []}])(wrapper)
+    with_401: F = _docs.alt_response(401, response="UNAUTHORIZED")(documented)
+    with_403: F = _docs.alt_response(403, response="FORBIDDEN")(with_401)
+    return with_403
+
+
+def operator_only(view: F) -> F:
+    """Require an operator's key (`manage.py create-api-key --operator`); a
+    tenant's key is refused (403)."""
+
+    @functools.wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _caller().kind != OPERATOR:
+            raise Forbidden("this route needs an operator key (create-api-key --operator)")
+        return view(*args, **kwargs)
+
+    documented = _docs.doc(security=[{"bearerAuth": []}])(wrapper)
+    with_401: F = _docs.alt_response(401, response="UNAUTHORIZED")(documented)
+    with_403: F = _docs.alt_response(403, response="FORBIDDEN")(with_401)
+    return with_403

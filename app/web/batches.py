@@ -1,0 +1,142 @@
+"""/batches: many rows for one model, run as chunk jobs; progress, results, cancel.
+Handlers only translate HTTP; `app.batches` does the work."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import Response, current_app, request, stream_with_context
+from marshmallow import Schema, fields, validate
+
+from app.batches import results, service
+from app.batches.representation import BatchSchema, describe
+from app.batches.service import BATCH_EVENTS
+from app.jobs import dispatch
+from app.platform.database import current_session
+from app.web.auth import authenticated, current_tenant
+from app.web.blueprint import Blueprint
+from app.web.schemas import WebhookSchema
+
+blp = Blueprint("batches", __name__, url_prefix="/batches", description="Batch inference")
+
+
+class BatchWebhookSchema(WebhookSchema):
+    events = fields.List(
+        fields.String(validate=validate.OneOf(BATCH_EVENTS)),
+        load_default=list(BATCH_EVENTS),
+        validate=validate.Length(min=1),
+        metadata={"description": f"Any of {', '.join(BATCH_EVENTS)}; default: all"},
+    )
+
+
+class SubmitBatchSchema(Schema):
+    model = fields.String(required=True, metadata={"example": "digits"})
+    version = fields.String(load_default=None)
+    inputs = fields.Raw(
+        load_default=None,
+        metadata={"description": "Rows as in a job's inputs (along the first axis); or file_id"},
+    )
+    file_id = fields.UUID(
+        load_default=None, metadata={"description": "An uploaded file (POST /files); or inputs"}
+    )
+    webhook = fields.Nested(BatchWebhookSchema, load_default=None)
+
+
+class BatchListArgsSchema(Schema):
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
+
+
+class BatchListSchema(Schema):
+    items = fields.List(fields.Nested(BatchSchema))
+
+
+class ResultsArgsSchema(Schema):
+    output = fields.String(
+        load_default=None,
+        metadata={"description": ".npy only: one output as a plain array (default: all, "
+                  "as a structured array with a field per output)"},
+    )  # fmt: skip
+
+
+@blp.post("")
+@blp.response(202, BatchSchema, description="Accepted; follow the Location URL")
+@blp.alt_response(404, response="NOT_FOUND", description="Unknown model or file")
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Rows do not fit the model")
+@authenticated
+@blp.arguments(SubmitBatchSchema())
+def submit(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
+    session = current_session()
+    batch = service.create(
+        session, current_app.extensions["models"], current_app.extensions["settings"],
+        current_tenant().id, body["model"], body["version"], inputs=body["inputs"],
+        file_id=body["file_id"], webhook=body["webhook"], start_split=service.start_split,
+        wake=dispatch.current().wake, tenant=current_tenant().name,
+    )  # fmt: skip
+    return describe(session, batch), 202, {"Location": f"/batches/{batch.id}"}
+
+
+@blp.get("")
+@blp.response(200, BatchListSchema)
+@authenticated
+@blp.arguments(BatchListArgsSchema(), location="query")
+def list_batches(args: dict[str, Any]) -> dict[str, Any]:
+    session = current_session()
+    batches = service.list_batches(session, current_tenant().id, args["limit"])
+    return {"items": [describe(session, batch) for batch in batches]}
+
+
+@blp.get("/<uuid:batch_id>")
+@blp.response(200, BatchSchema)
+@blp.alt_response(404, response="NOT_FOUND", description="No such batch for this tenant")
+@authenticated
+def get_batch(batch_id: uuid.UUID) -> dict[str, Any]:
+    session = current_session()
+    return describe(session, service.get(session, current_tenant().id, batch_id))
+
+
+@blp.post("/<uuid:batch_id>/cancel")
+@blp.response(200, BatchSchema, description="Queued chunks stopped; running ones stop next")
+@blp.alt_response(404, response="NOT_FOUND", description="No such batch for this tenant")
+@blp.alt_response(409, response="CONFLICT", description="The batch has already finished")
+@authenticated
+def cancel_batch(batch_id: uuid.UUID) -> dict[str, Any]:
+    session = current_session()
+    return describe(session, service.cancel(session, current_tenant().id, batch_id))
+
+
+@blp.get("/<uuid:batch_id>/results")
+@blp.doc(
+    responses={
+        "200": {
+            "description": "The outputs in input order: JSONL (a line per row, with its "
+            "error where its chunk failed), or with `Accept: application/x-npy` one .npy "
+            "array (every row must have succeeded)",
+            "content": {results.JSONL: {}, results.NPY: {}},
+        }
+    }
+)
+@blp.alt_response(404, response="NOT_FOUND", description="No such batch for this tenant")
+@blp.alt_response(409, response="CONFLICT", description="Not finished, or rows missing (.npy)")
+@authenticated
+@blp.arguments(ResultsArgsSchema(), location="query")
+def batch_results(args: dict[str, Any], batch_id: uuid.UUID) -> Response:
+    session = current_session()
+    batch = service.get(session, current_tenant().id, batch_id)
+    card = current_app.extensions["models"].card(batch.model, batch.model_version)
+    fmt = request.accept_mimetypes.best_match([results.JSONL, results.NPY], results.JSONL)
+    counted = service.progress(session, batch)
+    results.check_ready(batch, counted.rows_failed, fmt)
+    chunks = results.chunks(current_app.extensions["database"].sessionmaker, batch.id)
+    name = f"batch-{batch.id}"
+    if fmt == results.NPY:
+        names = results.npy_outputs(card, args["output"])
+        body = results.npy(names, counted.rows_done, chunks)
+        name += ".npy"
+    else:
+        body, name = results.jsonl(card, chunks), name + ".jsonl"
+    session.close()  # the stream reads in sessions of its own
+    return Response(
+        stream_with_context(body), mimetype=fmt,
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )  # fmt: skip

@@ -1,0 +1,88 @@
+"""/files: upload an input file for batches, streamed into PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import current_app, request
+from marshmallow import Schema, fields
+
+from app.batches import files
+from app.platform.database import current_session
+from app.platform.tables import File
+from app.web.auth import authenticated, current_tenant
+from app.web.blueprint import Blueprint
+
+blp = Blueprint("files", __name__, url_prefix="/files", description="Input files for batches")
+
+
+class FileSchema(Schema):
+    id = fields.UUID()
+    filename = fields.String()
+    format = fields.String(metadata={"enum": ["npy", "jsonl", "csv"]})
+    size_bytes = fields.Integer()
+    sha256 = fields.String()
+    created_at = fields.DateTime()
+
+
+class FileListSchema(Schema):
+    items = fields.List(fields.Nested(FileSchema))
+
+
+class UploadArgsSchema(Schema):
+    filename = fields.String(
+        load_default="upload", metadata={"description": "Its name; the extension gives the format"}
+    )
+    format = fields.String(
+        load_default=None, metadata={"description": "npy, jsonl or csv, if the name does not say"}
+    )
+
+
+_UPLOAD = {
+    "description": "The file's bytes (Content-Type: application/octet-stream), up to "
+    "MAX_UPLOAD_BYTES (2 GiB by default)",
+    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+}
+
+
+@blp.post("")
+@blp.doc(requestBody=_UPLOAD)
+@blp.response(201, FileSchema)
+@blp.alt_response(413, response="REQUEST_ENTITY_TOO_LARGE", description="Over MAX_UPLOAD_BYTES")
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Unknown format or empty")
+@authenticated
+@blp.arguments(UploadArgsSchema(), location="query")
+def upload(args: dict[str, Any]) -> tuple[File, int, dict[str, str]]:
+    settings = current_app.extensions["settings"]
+    fmt = files.format_of(args["filename"], args["format"])
+    request.max_content_length = settings.max_upload_bytes  # this route only
+    file = files.store(
+        current_session(), current_tenant().id, args["filename"], fmt, request.stream,
+        settings.max_upload_bytes,
+    )  # fmt: skip
+    return file, 201, {"Location": f"/files/{file.id}"}
+
+
+@blp.get("")
+@blp.response(200, FileListSchema)
+@authenticated
+def list_files() -> dict[str, Any]:
+    return {"items": files.list_files(current_session(), current_tenant().id)}
+
+
+@blp.get("/<uuid:file_id>")
+@blp.response(200, FileSchema)
+@blp.alt_response(404, response="NOT_FOUND", description="No such file for this tenant")
+@authenticated
+def get_file(file_id: uuid.UUID) -> File:
+    return files.get(current_session(), current_tenant().id, file_id)
+
+
+@blp.delete("/<uuid:file_id>")
+@blp.response(204)
+@blp.alt_response(404, response="NOT_FOUND", description="No such file for this tenant")
+@blp.alt_response(409, response="CONFLICT", description="A batch is still reading it")
+@authenticated
+def delete_file(file_id: uuid.UUID) -> None:
+    files.remove(current_session(), current_tenant().id, file_id)

@@ -1,0 +1,160 @@
+"""/jobs: submit a job, read it, wait for it, stream its events, cancel it.
+Handlers only translate HTTP."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import Response, current_app, request, stream_with_context
+
+from app.errors import InvalidRequest
+from app.jobs import service
+from app.platform.database import current_session
+from app.platform.settings import Settings
+from app.platform.tables import TERMINAL_STATUSES, Job
+from app.web import holds
+from app.web.auth import authenticated, current_tenant
+from app.web.blueprint import Blueprint
+from app.web.event_stream import job_event_stream
+from app.web.schemas import (
+    EventStreamArgsSchema,
+    GetJobArgsSchema,
+    JobPageSchema,
+    JobSchema,
+    ListJobsArgsSchema,
+    SubmitHeadersSchema,
+    SubmitJobSchema,
+)
+
+blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous inference jobs")
+
+
+@blp.post("")
+@authenticated
+@blp.arguments(SubmitJobSchema())
+@blp.arguments(SubmitHeadersSchema(), location="headers")
+@blp.response(202, JobSchema, description="Accepted; poll the Location URL")
+@blp.alt_response(200, schema=JobSchema, description="Finished within `Prefer: wait=N`")
+@blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
+@blp.alt_response(409, response="CONFLICT", description="Same Idempotency-Key still in flight")
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
+@blp.alt_response(429, response="TOO_MANY_REQUESTS", description="A queue or quota is full")
+def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
+    job = service.submit(
+        current_session(),
+        current_app.extensions["models"],
+        current_tenant().id,
+        body["model"],
+        body["version"],
+        body["inputs"],
+        max_attempts=current_app.extensions["settings"].job_max_attempts,
+        deadline=service.deadline(body["deadline"], headers_in.get("cancel_after")),
+        idempotency_key=headers_in.get("idempotency_key"),
+        webhook=body["webhook"],
+        allow_private_webhooks=current_app.extensions["settings"].webhook_allow_private_networks,
+        allowed_webhook_networks=current_app.extensions["settings"].webhook_allowed_networks,
+        inserter=current_app.extensions["inserts"],
+        tenant=current_tenant().name,
+        priority=body["priority"],
+    )
+    headers = {"Location": f"/jobs/{job.id}"}
+    wait = preferred_wait(headers_in.get("prefer"), current_app.extensions["settings"])
+    if wait is None:
+        return job, 202, headers
+    try:
+        release = holds.current().acquire(current_tenant().id)
+    except holds.TooManyWaits:
+        return job, 202, headers  # the job is accepted all the same: no wait, as RFC 7240 allows
+    try:
+        bus = current_app.extensions["events"]
+        job = service.wait_until_finished(current_session(), bus, current_tenant().id, job.id, wait)
+    finally:
+        release()
+    headers["Preference-Applied"] = f"wait={wait:g}"
+    return job, 200 if job.status in TERMINAL_STATUSES else 202, headers
+
+
+def preferred_wait(prefer: str | None, settings: Settings) -> float | None:
+    """Seconds from `Prefer: wait=N` (RFC 7240), capped; None when absent or not
+    an integer, which the RFC says to ignore (no Preference-Applied then)."""
+    for preference in (prefer or "").split(","):
+        name, _, value = preference.split(";")[0].strip().partition("=")
+        if name.strip().lower() == "wait" and value.strip().isascii() and value.strip().isdigit():
+            return min(float(value.strip()), settings.max_wait_seconds)
+    return None
+
+
+@blp.get("")
+@authenticated
+@blp.arguments(ListJobsArgsSchema(), location="query")
+@blp.response(200, JobPageSchema)
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad filter or cursor")
+def list_jobs(args: dict[str, Any]) -> service.Page:
+    outputs = args.pop("include", None) == "outputs"
+    return service.list_jobs(current_session(), current_tenant().id, **args, outputs=outputs)
+
+
+@blp.post("/<uuid:job_id>/cancel")
+@blp.response(200, JobSchema, description="Cancelled, or (still running) cancel requested")
+@blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
+@blp.alt_response(409, response="CONFLICT", description="The job has already finished")
+@authenticated
+def cancel_job(job_id: uuid.UUID) -> Job:
+    return service.cancel(current_session(), current_tenant().id, job_id)
+
+
+@blp.get("/<uuid:job_id>")
+@authenticated
+@blp.arguments(GetJobArgsSchema(), location="query")
+@blp.response(200, JobSchema)
+@blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
+def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
+    bus = current_app.extensions["events"]
+    if args["wait"] <= 0:
+        return service.get(current_session(), current_tenant().id, job_id)
+    with holds.current().holding(current_tenant().id):
+        return service.wait_for_change(
+            current_session(), bus, current_tenant().id, job_id, args["wait"]
+        )
+
+
+@blp.get("/<uuid:job_id>/events")
+@authenticated
+@blp.arguments(EventStreamArgsSchema(), location="query")
+@blp.doc(
+    responses={
+        "200": {
+            "description": "Server-Sent Events, one per state change; the "
+            "stream ends after the terminal event",
+            "content": {"text/event-stream": {}},
+        }
+    }
+)
+@blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
+def job_events(args: dict[str, Any], job_id: uuid.UUID) -> Response:
+    service.get(current_session(), current_tenant().id, job_id)  # 404 before streaming
+    current_session().commit()
+    header = request.headers.get("Last-Event-ID", "").strip()
+    if header and not (header.isascii() and header.isdigit()):
+        raise InvalidRequest(
+            f"Last-Event-ID {header[:40]!r} is not an event id; send the id of the last "
+            "event received (digits), or no header to start from the first event",
+            errors={"Last-Event-ID": ["a non-negative integer"]},
+            status=400,
+        )
+    after = int(header) if header else args.get("last_event_id", 0)
+    if not service.events_due(current_session(), job_id, after):
+        current_session().commit()
+        return Response(status=204)  # all was sent: EventSource stops reconnecting on a 204
+    current_session().commit()
+    release = holds.current().acquire(current_tenant().id)
+    stream = job_event_stream(
+        current_app.extensions["database"], current_app.extensions["events"], job_id, after,
+        release,
+    )  # fmt: skip
+    return Response(
+        stream_with_context(stream),
+        mimetype="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,35 @@
+"""GET /metrics: Prometheus text of the API processes, and the queue gauges read
+from PostgreSQL (see app.observability.metrics for which metric comes from where)."""
+
+from __future__ import annotations
+
+from flask import Response, current_app, request
+
+from app.observability import metrics
+from app.web.blueprint import Blueprint
+from app.web.problems import Problem
+
+blp = Blueprint("metrics", __name__, description="Prometheus metrics")
+
+
+@blp.get("/metrics")
+@blp.doc(
+    responses={
+        "200": {
+            "description": "Prometheus text format: the API processes' counters and the "
+            "queue gauges. With METRICS_TOKEN set, needs `Authorization: Bearer <token>`.",
+            "content": {"text/plain": {}},
+        }
+    }
+)
+@blp.alt_response(401, response="UNAUTHORIZED", description="METRICS_TOKEN is set; not sent")
+def scrape() -> Response:
+    settings = current_app.extensions["settings"]
+    if not metrics.authorized(request.headers.get("Authorization"), settings.metrics_token):
+        raise Problem(
+            "unauthorized",
+            "this service's metrics need `Authorization: Bearer <METRICS_TOKEN>`",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    body = metrics.exposition(current_app.extensions["queue_metrics"])
+    return Response(body, content_type=metrics.CONTENT_TYPE)

@@ -1,0 +1,77 @@
+"""Model metadata: our /models listing and KServe v2 (Open Inference Protocol)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import current_app
+
+from app.models.registry import ModelCard, ModelRepository
+from app.web.auth import optional_tenant
+from app.web.blueprint import Blueprint
+from app.web.problems import Problem
+from app.web.schemas import ModelListSchema, ModelMetadataSchema
+
+blp = Blueprint("models", __name__, description="Models served")
+
+
+def _repository() -> ModelRepository:
+    repository: ModelRepository = current_app.extensions["models"]
+    return repository
+
+
+def _resolve(name: str, version: str | None = None) -> ModelCard:
+    """What the caller may see: models its tenant is granted (open ones without
+    a key); others answer 404 like absent ones. UnknownModel: 404 via app.web.problems."""
+    return _repository().resolve(name, version, optional_tenant())
+
+
+@blp.get("/models")
+@blp.response(200, ModelListSchema)
+@blp.alt_response(401, response="UNAUTHORIZED", description="A key was sent and is not valid")
+def list_models() -> dict[str, Any]:
+    """The serving models; with a tenant's key, also those granted to it."""
+    repository = _repository()
+    cards = [repository.resolve(name) for name in repository.names(optional_tenant())]
+    return {
+        "models": [{**card.to_dict(), "versions": repository.versions(card.name)} for card in cards]
+    }
+
+
+@blp.get("/v2/models/<name>")
+@blp.response(200, ModelMetadataSchema)
+def model_metadata(name: str) -> dict[str, Any]:
+    return _v2_metadata(_resolve(name))
+
+
+@blp.get("/v2/models/<name>/versions/<version>")
+@blp.response(200, ModelMetadataSchema)
+def model_version_metadata(name: str, version: str) -> dict[str, Any]:
+    return _v2_metadata(_resolve(name, version))
+
+
+@blp.get("/v2/models/<name>/ready")
+@blp.get("/v2/models/<name>/versions/<version>/ready")
+@blp.response(200, description="The model's files are present and its card is readable")
+@blp.alt_response(404, response="NOT_FOUND", description="Unknown model or version")
+@blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="Known, but its file is gone")
+def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
+    """Answers by status, as KServe clients read it: 200 only when ready."""
+    card = _resolve(name, version)
+    if not card.onnx_path.is_file():
+        raise Problem(
+            "service-unavailable",
+            f"model {card.ref} is not ready: {card.onnx_path.name} is missing",
+            headers={"Retry-After": "5"},
+        )
+    return {"name": card.name, "version": card.version, "ready": True}
+
+
+def _v2_metadata(card: ModelCard) -> dict[str, Any]:
+    return {
+        "name": card.name,
+        "versions": [card.version],
+        "platform": card.platform,
+        "inputs": [s.to_dict() for s in card.inputs],
+        "outputs": [s.to_dict() for s in card.outputs],
+    }

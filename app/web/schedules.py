@@ -1,0 +1,131 @@
+"""/schedules: cron schedules whose runs are batches. Handlers only translate HTTP."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import current_app
+from marshmallow import Schema, fields, validate
+
+from app.batches.representation import describe
+from app.platform.database import current_session
+from app.platform.tables import Schedule
+from app.schedules import service
+from app.schedules.representation import ScheduleSchema
+from app.web.auth import authenticated, current_tenant
+from app.web.batches import BatchListSchema
+from app.web.blueprint import Blueprint
+
+blp = Blueprint("schedules", __name__, url_prefix="/schedules", description="Batch schedules")
+
+
+class InputSchema(Schema):
+    file_id = fields.UUID(metadata={"description": "An uploaded file (POST /files)"})
+    path = fields.String(
+        validate=validate.Length(min=1, max=1000),
+        metadata={"description": "A .npy/.jsonl file, or a folder of them (read in name "
+                  "order), relative to your data area"},
+    )  # fmt: skip
+
+
+class ScheduleFieldsSchema(Schema):
+    name = fields.String(validate=validate.Length(min=1, max=100))
+    cron = fields.String(
+        validate=validate.Length(min=1, max=120),
+        metadata={"description": "Five fields (minute hour day month weekday), or six with "
+                  "seconds last", "example": "0 3 * * *"},
+    )  # fmt: skip
+    timezone = fields.String(
+        validate=validate.Length(min=1, max=64),
+        metadata={"description": "IANA time zone the cron is read in", "example": "UTC"},
+    )
+    model = fields.String(metadata={"example": "digits"})
+    version = fields.String(allow_none=True, metadata={"description": "None: the newest"})
+    input = fields.Nested(InputSchema)
+    output = fields.String(
+        allow_none=True, validate=validate.Length(min=1, max=1000),
+        metadata={"description": "A folder of your data area each run's results are written "
+                  "to (<name>-<tick>.npy, or .jsonl when some rows failed); none: read them "
+                  "from the run's batch"},
+    )  # fmt: skip
+    paused = fields.Boolean(metadata={"description": "A paused schedule does not fire"})
+
+
+class CreateScheduleSchema(ScheduleFieldsSchema):
+    class Meta:
+        fields_required = ("name", "cron", "model", "input")
+
+    def on_bind_field(self, field_name: str, field_obj: fields.Field) -> None:
+        field_obj.required = field_name in self.Meta.fields_required
+
+
+class ScheduleListSchema(Schema):
+    items = fields.List(fields.Nested(ScheduleSchema))
+
+
+class RunsArgsSchema(Schema):
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
+
+
+def _deps() -> tuple[Any, Any]:
+    return current_app.extensions["models"], current_app.extensions["settings"]
+
+
+@blp.post("")
+@blp.response(201, ScheduleSchema)
+@blp.alt_response(404, response="NOT_FOUND", description="Unknown model or file")
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad cron, zone or path")
+@authenticated
+@blp.arguments(CreateScheduleSchema())
+def create_schedule(body: dict[str, Any]) -> tuple[Schedule, int, dict[str, str]]:
+    models, settings = _deps()
+    schedule = service.create(current_session(), models, settings, current_tenant().id, body)
+    return schedule, 201, {"Location": f"/schedules/{schedule.id}"}
+
+
+@blp.get("")
+@blp.response(200, ScheduleListSchema)
+@authenticated
+def list_schedules() -> dict[str, Any]:
+    return {"items": service.list_schedules(current_session(), current_tenant().id)}
+
+
+@blp.get("/<uuid:schedule_id>")
+@blp.response(200, ScheduleSchema)
+@blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
+@authenticated
+def get_schedule(schedule_id: uuid.UUID) -> Schedule:
+    return service.get(current_session(), current_tenant().id, schedule_id)
+
+
+@blp.patch("/<uuid:schedule_id>")
+@blp.response(200, ScheduleSchema)
+@blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad cron, zone or path")
+@authenticated
+@blp.arguments(ScheduleFieldsSchema())
+def update_schedule(changes: dict[str, Any], schedule_id: uuid.UUID) -> Schedule:
+    models, settings = _deps()
+    return service.update_schedule(
+        current_session(), models, settings, current_tenant().id, schedule_id, changes
+    )
+
+
+@blp.delete("/<uuid:schedule_id>")
+@blp.response(204)
+@blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
+@authenticated
+def delete_schedule(schedule_id: uuid.UUID) -> None:
+    service.delete(current_session(), current_tenant().id, schedule_id)
+
+
+@blp.get("/<uuid:schedule_id>/runs")
+@blp.response(200, BatchListSchema, description="Its runs, newest tick first: each a batch")
+@blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
+@authenticated
+@blp.arguments(RunsArgsSchema(), location="query")
+def schedule_runs(args: dict[str, Any], schedule_id: uuid.UUID) -> dict[str, Any]:
+    session = current_session()
+    runs = service.runs(session, current_tenant().id, schedule_id, args["limit"])
+    return {"items": [describe(session, batch) for batch in runs]}

@@ -1,0 +1,331 @@
+"""Request and response schemas: the API's contract, also its OpenAPI description."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, validate
+
+from app.jobs.representation import JobSchema
+from app.platform.tables import JOB_STATUSES
+from app.webhooks.ssrf import DEFAULT_EVENTS, EVENTS
+
+MAX_CANCEL_AFTER_S = 366 * 24 * 3600
+
+
+def _real_offset(value: datetime) -> None:
+    """Offsets real time zones use: PostgreSQL refuses beyond about ±16 h (a 500)."""
+    offset = value.utcoffset()
+    if offset is not None and abs(offset) > timedelta(hours=14):
+        raise ValidationError("the UTC offset must be between -14:00 and +14:00")
+
+
+def instant(**kwargs: Any) -> fields.AwareDateTime:
+    """An ISO 8601 date and time with a real UTC offset."""
+    return fields.AwareDateTime(validate=_real_offset, **kwargs)
+
+
+class ProblemSchema(Schema):
+    """RFC 9457 problem details, the body of every error. Problems carry extension
+    members of their own (`errors`, `expected`, `job_id`, `limit`, ...)."""
+
+    class Meta:
+        unknown = INCLUDE
+
+    type = fields.String(metadata={"example": "/problems/invalid-input"})
+    title = fields.String()
+    status = fields.Integer()
+    detail = fields.String(metadata={"description": "What was wrong, for a person"})
+    instance = fields.String(metadata={"description": "The request path"})
+    errors = fields.Raw(metadata={"description": "Field or input name -> what was wrong"})
+
+
+class WebhookSchema(Schema):
+    url = fields.String(
+        required=True,
+        validate=validate.Length(max=2000),
+        metadata={"description": "http(s) URL on a public address; checked again at each delivery"},
+    )
+    events = fields.List(
+        fields.String(validate=validate.OneOf(EVENTS)),
+        load_default=list(DEFAULT_EVENTS),
+        validate=validate.Length(min=1),
+        metadata={"description": f"Any of {', '.join(EVENTS)}; default: the terminal ones"},
+    )
+
+
+class SubmitJobSchema(Schema):
+    model = fields.String(
+        required=True, metadata={"description": "Model name, see GET /models", "example": "digits"}
+    )
+    version = fields.String(
+        load_default=None, metadata={"description": "Model version; the highest when omitted"}
+    )
+    inputs = fields.Raw(
+        required=True,
+        metadata={
+            "description": 'Either {"<input name>": <nested list>} or a list of KServe v2 '
+            'tensors [{"name", "shape", "datatype", "data"}]. Checked against the model '
+            "at submit time: a wrong name, shape or datatype is a 422. BYTES inputs "
+            '(text) are lists of strings, e.g. {"text": ["A man is eating food."]}.',
+            "example": {"pixels": [[0.0] * 64]},
+        },
+    )
+    webhook = fields.Nested(
+        WebhookSchema,
+        load_default=None,
+        metadata={"description": "Push this job's events, signed per Standard Webhooks"},
+    )
+    deadline = instant(
+        load_default=None,
+        metadata={
+            "description": "The job expires (status expired) if not finished by then. "
+            "The Cancel-After header (seconds) is the relative form."
+        },
+    )
+    priority = fields.Integer(
+        load_default=0,
+        strict=True,
+        validate=validate.Range(min=0, max=9),
+        metadata={
+            "description": "0-9, higher first among the model's queued jobs, up to your "
+            "tenant's allowance (default 5; more is a 422). Tenants take turns within a "
+            "priority; sync calls (/v2/models/<m>/infer) run ahead of every job."
+        },
+    )
+
+
+class SubmitHeadersSchema(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+    cancel_after = fields.Float(
+        data_key="Cancel-After",
+        validate=validate.Range(min=0, min_inclusive=False, max=MAX_CANCEL_AFTER_S),
+        metadata={
+            "description": "Seconds (at most a year): the job expires if not finished by then"
+        },
+    )
+    prefer = fields.String(
+        data_key="Prefer",
+        metadata={
+            "description": "RFC 7240. `wait=N`: wait up to N seconds (capped by "
+            "MAX_WAIT_SECONDS) for the job to finish; 200 with the finished job, or 202 "
+            "with the job as it stands when the time is up. Preference-Applied says so."
+        },
+    )
+    idempotency_key = fields.String(
+        data_key="Idempotency-Key",
+        validate=validate.Length(min=1, max=255),
+        metadata={
+            "description": "Makes a retried POST safe. Scoped to your tenant and kept 24 "
+            "hours: the same key with the same model, version and inputs returns the job "
+            "the first request created (202 again); with a different request it is a 422; "
+            "while the first request is still being processed, a repeat is a 409 with "
+            "Retry-After."
+        },
+    )
+
+
+class GetJobArgsSchema(Schema):
+    wait = fields.Float(
+        load_default=0,
+        validate=validate.Range(min=0),
+        metadata={
+            "description": "Seconds (at most 30) to wait for the job's next change "
+            "while it is unfinished, instead of polling"
+        },
+    )
+
+
+class EventStreamArgsSchema(Schema):
+    last_event_id = fields.Integer(
+        validate=validate.Range(min=0),
+        metadata={"description": "Resume after this event (the Last-Event-ID header wins)"},
+    )
+
+
+class JobErrorSchema(Schema):
+    code = fields.String()
+    message = fields.String()
+
+
+class JobListItemSchema(JobSchema):
+    """A job in a list: its outputs only when the list was asked for them
+    (`include=outputs`); otherwise they are never read from the database."""
+
+    outputs = fields.Method(
+        "get_outputs",
+        allow_none=True,
+        metadata={"description": "With ?include=outputs; else null (GET /jobs/<id> has them)"},
+    )
+
+    def get_outputs(self, job: Any) -> Any:
+        if "output_data" not in job.__dict__:  # a deferred column not loaded is not in __dict__
+            return None
+        return super().get_outputs(job)
+
+
+class JobPageSchema(Schema):
+    items = fields.List(fields.Nested(JobListItemSchema))
+    next_cursor = fields.String(
+        allow_none=True, metadata={"description": "Pass as ?cursor= for the next page"}
+    )
+
+
+class ListJobsArgsSchema(Schema):
+    status = fields.String(validate=validate.OneOf(JOB_STATUSES))
+    model = fields.String()
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
+    cursor = fields.String()
+    include = fields.String(
+        validate=validate.OneOf(["outputs"]),
+        metadata={"description": "`outputs` to have each job's outputs in the list"},
+    )
+
+
+class TensorMetadataSchema(Schema):
+    name = fields.String()
+    datatype = fields.String()
+    shape = fields.List(fields.Integer())
+
+
+class ModelMetadataSchema(Schema):
+    """KServe v2 model metadata."""
+
+    name = fields.String()
+    versions = fields.List(fields.String())
+    platform = fields.String()
+    inputs = fields.List(fields.Nested(TensorMetadataSchema))
+    outputs = fields.List(fields.Nested(TensorMetadataSchema))
+
+
+class ModelSummarySchema(Schema):
+    name = fields.String()
+    version = fields.String()
+    versions = fields.List(fields.String())
+    platform = fields.String()
+    description = fields.String()
+    inputs = fields.List(fields.Nested(TensorMetadataSchema))
+    outputs = fields.List(fields.Nested(TensorMetadataSchema))
+    labels = fields.List(fields.String())
+    metrics = fields.Dict()
+
+
+class ModelListSchema(Schema):
+    models = fields.List(fields.Nested(ModelSummarySchema))
+
+
+class DeadLetterSchema(Schema):
+    id = fields.Integer()
+    job_id = fields.UUID()
+    model = fields.String()
+    model_version = fields.String()
+    error_code = fields.String()
+    error_class = fields.String()
+    message = fields.String()
+    traceback = fields.Constant(
+        None, metadata={"description": "Shown to operators only: GET /dead-letters/<id>/traceback"}
+    )
+    attempts = fields.Integer()
+    first_failed_at = fields.DateTime()
+    last_failed_at = fields.DateTime()
+    created_at = fields.DateTime()
+    replayed_at = fields.DateTime(allow_none=True)
+
+
+class TracebackSchema(Schema):
+    id = fields.Integer()
+    tenant_id = fields.Integer()
+    traceback = fields.String(allow_none=True)
+
+
+class DeadLetterFiltersSchema(Schema):
+    model = fields.String()
+    error_code = fields.String()
+    since = instant(metadata={"description": "Created at or after"})
+    until = instant(metadata={"description": "Created before"})
+    replayed = fields.Boolean()
+
+
+class DeadLetterListArgsSchema(DeadLetterFiltersSchema):
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
+    cursor = fields.Integer(metadata={"description": "next_cursor of the previous page"})
+
+
+class DeadLetterPageSchema(Schema):
+    items = fields.List(fields.Nested(DeadLetterSchema))
+    next_cursor = fields.Integer(allow_none=True)
+
+
+class BulkReplaySchema(DeadLetterFiltersSchema):
+    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
+
+
+class ReplayResultSchema(Schema):
+    replayed = fields.Integer()
+    job_ids = fields.List(fields.UUID())
+
+
+class WebhookAttemptSchema(Schema):
+    at = fields.DateTime()
+    url = fields.String()
+    status_code = fields.Integer(allow_none=True)
+    error = fields.String(allow_none=True)
+    latency_ms = fields.Float(allow_none=True)
+
+
+class WebhookDeliverySchema(Schema):
+    id = fields.Integer()
+    event_type = fields.String()
+    message_id = fields.String(metadata={"description": "The webhook-id header"})
+    url = fields.String()
+    status = fields.String(
+        metadata={"enum": ["pending", "sending", "in_flight", "delivered", "failed", "disabled"]}
+    )
+    attempts = fields.Integer()
+    next_attempt_at = fields.DateTime()
+    delivered_at = fields.DateTime(allow_none=True)
+    log = fields.List(fields.Nested(WebhookAttemptSchema))
+
+
+class WebhookDeliveryListSchema(Schema):
+    items = fields.List(fields.Nested(WebhookDeliverySchema))
+
+
+class UsageArgsSchema(Schema):
+    start = instant(data_key="from", metadata={"description": "Default: `to` less 24 hours"})
+    end = instant(data_key="to", metadata={"description": "Default: now"})
+
+
+class ModelUsageSchema(Schema):
+    model = fields.String()
+    jobs = fields.Integer(metadata={"description": "Jobs created in the period (with chunks)"})
+    batch_chunks = fields.Integer(metadata={"description": "Of which chunks of batches"})
+    succeeded = fields.Integer()
+    failed = fields.Integer(metadata={"description": "Failed or expired"})
+    cancelled = fields.Integer()
+    unfinished = fields.Integer(metadata={"description": "Still queued or running"})
+    rows = fields.Integer(metadata={"description": "Rows along the model's batch axis"})
+    queued_seconds = fields.Float(metadata={"description": "Sum of time from submit to start"})
+    running_seconds = fields.Float(metadata={"description": "Sum of time from start to finish"})
+    compute_seconds = fields.Float(
+        metadata={"description": "Sum of each job's share of its micro-batch's ONNX Runtime time"}
+    )
+
+
+class UsageTotalSchema(Schema):
+    jobs = fields.Integer()
+    rows = fields.Integer()
+    queued_seconds = fields.Float()
+    running_seconds = fields.Float()
+    compute_seconds = fields.Float()
+
+
+class UsageReportSchema(Schema):
+    tenant = fields.String()
+    start = fields.DateTime(data_key="from")
+    end = fields.DateTime(data_key="to")
+    models = fields.List(fields.Nested(ModelUsageSchema))
+    total = fields.Nested(UsageTotalSchema)

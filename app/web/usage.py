@@ -1,0 +1,33 @@
+"""/usage: what the tenant's jobs cost over a period."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from app.jobs import usage
+from app.platform.database import current_session
+from app.web.auth import authenticated, current_tenant
+from app.web.blueprint import Blueprint
+from app.web.schemas import UsageArgsSchema, UsageReportSchema
+
+blp = Blueprint("usage", __name__, url_prefix="/usage", description="What your jobs cost")
+
+
+@blp.get("")
+@authenticated
+@blp.arguments(UsageArgsSchema(), location="query")
+@blp.response(200, UsageReportSchema)
+def get_usage(args: dict[str, Any]) -> dict[str, Any]:
+    """Per model: jobs, rows, time queued, time running and ONNX Runtime time (each
+    job's share of its micro-batch) of your jobs created in [from, to). Default:
+    the last 24 hours; at most 31 days."""
+    end = args.get("end") or datetime.now(UTC)
+    start = args.get("start") or end - timedelta(days=1)
+    models = usage.report(current_session(), current_tenant().id, start, end)
+    total = {
+        name: sum(getattr(m, name) for m in models)
+        for name in ("jobs", "rows", "queued_seconds", "running_seconds", "compute_seconds")
+    }
+    return {"tenant": current_tenant().name, "start": start, "end": end, "models": models,
+            "total": total}  # fmt: skip
