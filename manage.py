@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -11,14 +12,20 @@ from pathlib import Path
 import click
 
 from app.cli.schedules import schedules as schedules_command
+from app.container import Container
 from app.observability import logs
-from app.platform.embedded import resolve_urls
 from app.platform.settings import Settings
 from bench.cli import bench as bench_command
 
 
+@functools.cache
+def _container() -> Container:
+    """The command's services, built once (see app.container)."""
+    return Container.from_env()
+
+
 def _settings() -> Settings:
-    return resolve_urls(Settings.from_env())
+    return _container().settings
 
 
 @click.group()
@@ -117,7 +124,6 @@ def create_api_key(
     and stored hashed."""
     from datetime import UTC, datetime, timedelta
 
-    from app.platform.database import Database
     from app.tenancy.keys import create_api_key as create
     from app.tenancy.keys import create_operator_key
 
@@ -126,7 +132,7 @@ def create_api_key(
     expires_at = None
     if expires_in_days is not None:
         expires_at = datetime.now(UTC) + timedelta(days=expires_in_days)
-    database = Database(_settings().database_url)
+    database = _container().database
     with database.sessionmaker() as session:
         if operator:
             key = create_operator_key(session, expires_at=expires_at)
@@ -156,10 +162,9 @@ def create_api_key(
 @click.option("--tenant", help="Revoke every key of this tenant")
 def revoke_api_key(prefix: str | None, tenant: str | None) -> None:
     """Revoke a key, or all of a tenant's; running APIs refuse it within seconds."""
-    from app.platform.database import Database
     from app.tenancy.keys import revoke_api_keys
 
-    database = Database(_settings().database_url)
+    database = _container().database
     try:
         with database.sessionmaker() as session:
             revoked = revoke_api_keys(session, prefix=prefix, tenant=tenant)
@@ -176,10 +181,9 @@ def revoke_api_key(prefix: str | None, tenant: str | None) -> None:
 @click.option("--tenant", help="Only this tenant's keys")
 def list_api_keys(tenant: str | None) -> None:
     """Every key's prefix, kind, tenant, creation, expiry and revocation (JSON lines)."""
-    from app.platform.database import Database
     from app.tenancy.keys import list_api_keys as listed
 
-    database = Database(_settings().database_url)
+    database = _container().database
     with database.sessionmaker() as session:
         rows = listed(session, tenant)
     database.engine.dispose()
@@ -218,10 +222,9 @@ def tenants() -> None:
 @click.argument("name", required=False)
 def tenants_list(name: str | None) -> None:
     """Every tenant (or NAME) with its own quotas; null: the TENANT_* default."""
-    from app.platform.database import Database
     from app.tenancy.keys import describe_tenants
 
-    database = Database(_settings().database_url)
+    database = _container().database
     with database.sessionmaker() as session:
         rows = describe_tenants(session, name)
     database.engine.dispose()
@@ -245,7 +248,6 @@ def _quota(value: str) -> float | None:
 def tenants_set(name: str, **quotas: str | None) -> None:
     """Set quotas of tenant NAME: a number, or `default` for the TENANT_* setting.
     Running API processes apply them within a few seconds."""
-    from app.platform.database import Database
     from app.tenancy.keys import set_quotas
 
     changes = {}
@@ -255,7 +257,7 @@ def tenants_set(name: str, **quotas: str | None) -> None:
         raise click.UsageError(f"a quota is a number or `default`: {exc}") from None
     if not changes:
         raise click.UsageError("give at least one quota to set")
-    database = Database(_settings().database_url)
+    database = _container().database
     try:
         with database.sessionmaker() as session:
             row = set_quotas(session, name, changes)
@@ -276,10 +278,9 @@ def tenants_set(name: str, **quotas: str | None) -> None:
 )
 def rotate_webhook_secret(tenant: str, overlap_hours: float) -> None:
     """Give TENANT a new webhook secret; both sign deliveries during the overlap."""
-    from app.platform.database import Database
     from app.tenancy.keys import rotate_webhook_secret as rotate
 
-    database = Database(_settings().database_url)
+    database = _container().database
     with database.sessionmaker() as session:
         secret = rotate(session, tenant, overlap_hours)
     database.engine.dispose()
@@ -316,14 +317,10 @@ def models_build(force: bool) -> None:
 @models.command("list")
 def models_list() -> None:
     """List every version in the repository: READY, or UNAVAILABLE and why."""
-    from app.models.registry import ModelRepository
-    from app.models.states import SharedStates
-    from app.platform.database import Database
-
     settings = _settings()
-    database = Database(settings.database_url)
+    database = _container().database
     root = settings.model_repository
-    statuses = ModelRepository(root, SharedStates(database.engine)).index()
+    statuses = _container().models.index()
     database.engine.dispose()
     for status in statuses:
         where = root / status.name / status.version
@@ -351,10 +348,9 @@ def models_add(
     from app.errors import DomainError
     from app.models import control
     from app.models.registry import ModelRepository
-    from app.platform.database import Database
 
     settings = _settings()
-    database = Database(settings.database_url)
+    database = _container().database
     try:
         added = control.add(
             database.engine, ModelRepository(settings.model_repository), path, name, version,

@@ -1,9 +1,11 @@
-"""What callers of the services can get wrong, as plain exceptions.
+"""What can go wrong for a caller of the data plane, as plain exceptions.
 
-Services (submit, cancel, replay, ...) raise these without knowing about HTTP,
-so beat schedules, the CLI and batch code can call them too; `app.web.problems` maps
-each kind to its problem+json type once, at the HTTP edge. Errors of other
-layers are mapped there as well: `UnknownModel` (the model repository).
+Each error says what went wrong, and nothing about a protocol: a `code` (a
+short stable name such as `queue-full`), a `detail` for a person, machine-
+readable `extra` members (`errors`, `expected`, `limit`, `job_id`, ...) and,
+where a retry helps, `retry_after` seconds. Every door maps them once, at its
+edge: the HTTP door to problem+json statuses and headers (`app.web.problems`),
+the gRPC door to status codes; beat, the CLI and batch code just let them rise.
 """
 
 from __future__ import annotations
@@ -13,63 +15,127 @@ from typing import Any, ClassVar
 
 class DomainError(Exception):
     """`detail` says what was wrong for a person; `extra` adds machine-readable
-    members (`errors`, `expected`, ...); `retry_after` invites a retry. `status`
-    overrides the problem type's own where one type spans several (a failed
-    inference: the inputs' fault or the service's); `headers` point elsewhere
-    (`Location` of a job that goes on)."""
+    members; `retry_after` (seconds) invites a retry."""
 
-    problem_type: ClassVar[str] = "validation-error"
+    code: ClassVar[str] = "validation-error"
 
-    def __init__(
-        self,
-        detail: str,
-        *,
-        retry_after: int | None = None,
-        status: int | None = None,
-        headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
+    def __init__(self, detail: str, *, retry_after: int | None = None, **extra: Any) -> None:
         super().__init__(detail)
         self.detail, self.retry_after, self.extra = detail, retry_after, extra
-        self.status, self.headers = status, headers or {}
 
 
 class InvalidRequest(DomainError):
-    """A field has a value the service cannot accept (422)."""
+    """A field has a value the service cannot accept."""
+
+
+class MalformedRequest(DomainError):
+    """The request cannot be read at all (a header that is not what it must be)."""
+
+    code = "malformed-request"
 
 
 class InputsDoNotFit(DomainError):
-    """The inputs do not match the model's card (422 invalid-input)."""
+    """The inputs do not match the model's card."""
 
-    problem_type = "invalid-input"
+    code = "invalid-input"
 
 
 class NotFound(DomainError):
-    """No such thing for this tenant: another tenant's looks the same (404)."""
+    """No such thing for this tenant: another tenant's looks the same."""
 
-    problem_type = "not-found"
+    code = "not-found"
+
+
+class UnknownModel(DomainError, LookupError):
+    """Not served to this caller: absent, not visible to its tenant, or a version
+    that is not serving (`why` says which, when the model itself exists)."""
+
+    code = "unknown-model"
+
+    def __init__(
+        self, name: str, version: str | None, known: list[str], why: str | None = None
+    ) -> None:
+        self.name, self.version, self.known = name, version, known
+        what = f"model '{name}'" + (f" version '{version}'" if version else "")
+        listed = ", ".join(known) or "none"
+        if why:
+            detail = f"{what} is not serving ({why}); serving: {listed}"
+        else:
+            detail = f"{what} is not in the repository; known models: {listed}"
+        super().__init__(detail, known_models=known)
 
 
 class Conflict(DomainError):
-    """The thing is not in a state that allows this (409)."""
+    """The thing is not in a state that allows this."""
 
-    problem_type = "conflict"
+    code = "conflict"
 
 
 class TooLarge(DomainError):
-    """More bytes than a limit allows (413)."""
+    """More bytes than a limit allows."""
 
-    problem_type = "payload-too-large"
+    code = "payload-too-large"
 
 
 class InvalidModel(DomainError):
     """A model file or its definition cannot serve: not ONNX, not loadable by ONNX
-    Runtime, of unsupported types, or not matching its card (422 invalid-model)."""
+    Runtime, of unsupported types, or not matching its card."""
 
-    problem_type = "invalid-model"
+    code = "invalid-model"
 
 
 class Forbidden(DomainError):
-    """The key is valid but of the wrong kind for this route (403)."""
+    """The key is valid but of the wrong kind for this operation."""
 
-    problem_type = "forbidden"
+    code = "forbidden"
+
+
+class QueueFull(DomainError):
+    """The model's queue is at its bound; nothing of the request was kept."""
+
+    code = "queue-full"
+
+
+class QuotaExceeded(DomainError):
+    """A quota of the tenant is used up; `limit` names it. Nothing was kept."""
+
+    code = "quota-exceeded"
+
+
+class TenantGone(QuotaExceeded):
+    """The tenant of a still-cached key was deleted: nothing is admitted for it."""
+
+
+class TooManyWaits(DomainError):
+    """This tenant, or this process, already holds its share of waiting requests."""
+
+    code = "too-many-waits"
+
+
+class DeadlinePassed(DomainError):
+    """A sync call's job did not finish in time; it goes on, and `job_id` names it."""
+
+    code = "sync-timeout"
+
+
+class InferenceFailed(DomainError):
+    """The job ended without outputs; `error_code` says why and `fault` whose it
+    is: `input` (the request's own), `limits` (its cancel or deadline) or
+    `service`."""
+
+    code = "inference-failed"
+
+    # Failures the request's own inputs caused, and those of the job's own limits.
+    INPUT_FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {"invalid_input", "inference_error", "non_finite_output"}
+    )
+    LIMIT_FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {"cancelled", "expired", "deadline_exceeded"}
+    )
+
+    @property
+    def fault(self) -> str:
+        error_code = self.extra.get("error_code")
+        if error_code in self.INPUT_FAULTS:
+            return "input"
+        return "limits" if error_code in self.LIMIT_FAULTS else "service"

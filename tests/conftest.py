@@ -37,7 +37,8 @@ from app.platform.migrate import upgrade
 from app.platform.settings import ROOT, Settings
 from app.platform.tables import Job, Tenant
 from app.runtime.tensors import pack
-from app.tenancy.keys import create_api_key
+from app.tenancy.keys import TenantRef, create_api_key
+from app.web.context import container_of
 from tests.models import build_memhog, build_slow
 
 TEST_VAR = ROOT / "var" / "test"
@@ -144,7 +145,7 @@ def make_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
 
     yield make
     for app in made:
-        app.extensions["database"].engine.dispose()
+        container_of(app).database.engine.dispose()
 
 
 @pytest.fixture
@@ -163,6 +164,12 @@ def database(settings: Settings) -> Iterator[Database]:
 class TenantAuth:
     id: int
     headers: dict[str, str]  # Authorization: Bearer <key>
+    name: str = ""
+
+    @property
+    def ref(self) -> TenantRef:
+        """The tenant as the data plane takes it."""
+        return TenantRef(self.id, self.name)
 
 
 def make_tenant(database: Database) -> TenantAuth:
@@ -170,7 +177,7 @@ def make_tenant(database: Database) -> TenantAuth:
         creds = create_api_key(session, f"tenant-{uuid.uuid4().hex[:8]}")
         tenant_id = session.scalar(sa.select(Tenant.id).where(Tenant.name == creds.tenant))
     assert tenant_id is not None
-    return TenantAuth(tenant_id, {"Authorization": f"Bearer {creds.api_key}"})
+    return TenantAuth(tenant_id, {"Authorization": f"Bearer {creds.api_key}"}, creds.tenant)
 
 
 @pytest.fixture(autouse=True)

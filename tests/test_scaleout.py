@@ -29,8 +29,9 @@ from flask import Flask
 
 from app import create_app
 from app.jobs import dispatch, sweeps
-from app.platform.database import Database, current_session
+from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
+from app.web.context import container_of, current_session
 from tests.conftest import QUIET_WORKER, RUN_ID, TenantAuth, service_env, stop_process
 
 GPU, CPU = f"gpu-{RUN_ID}", f"cpu-{RUN_ID}"
@@ -125,7 +126,7 @@ class TaskEvents:
 
 @pytest.fixture(scope="module")
 def task_events(routed_app: Flask) -> Iterator[TaskEvents]:
-    events = TaskEvents(routed_app.extensions["celery"])
+    events = TaskEvents(container_of(routed_app).celery)
     yield events
     events.stop()
 
@@ -288,7 +289,7 @@ def test_a_cpu_worker_never_takes_a_gpu_models_jobs_even_with_no_gpu_worker(
         assert sweeps.wake_waiting(current_session(), older_than_s=0) >= 20
     # A wake-up for the GPU model on the CPU queue (a waker with a stale card, or
     # none): the CPU worker passes it on to the GPU queue instead of running it.
-    celery = routed_app.extensions["celery"]
+    celery = container_of(routed_app).celery
     celery.send_task(dispatch.DRAIN_TASK, args=[ON_GPU], queue=CPU)
     on_cpu = submit(routed_app, tenant.headers, ON_CPU, 20)
     wait_finished(database, on_cpu)

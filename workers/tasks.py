@@ -1,4 +1,6 @@
-"""Thin tasks: each takes ids (or nothing) and calls the job layer. No app import here."""
+"""Thin tasks: each takes ids (or nothing) and calls the job layer with the
+services of its worker's container. Every task is a unit of work: its session
+is the container database's scoped one, closed when the task ends."""
 
 from __future__ import annotations
 
@@ -10,32 +12,36 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery import Task, shared_task
-from flask import current_app
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
 from app.batches import service as batches
-from app.jobs import dispatch, runner, sweeps
-from app.jobs import periodic as control
-from app.jobs.runtime import current_runtime
+from app.container import Container
+from app.jobs import dispatch, periodic, runner, sweeps
 from app.observability import logs, metrics
-from app.platform.database import current_session, database_unavailable
-from app.platform.settings import Settings
+from app.platform.database import database_unavailable
 from app.schedules import service as schedules
 from app.webhooks import delivery
 
 logger = logging.getLogger(__name__)
 
 
+def services(task: Task) -> Container:
+    """The container of the worker running `task` (see app.platform.broker)."""
+    container: Container = task.app.services
+    return container
+
+
 @contextmanager
-def _sweeping(task: str) -> Iterator[Settings]:
+def _sweeping(task: Task, name: str) -> Iterator[Container]:
     """Once the sweep is over, beat may send the next (see app.jobs.periodic)."""
-    settings: Settings = current_app.extensions["settings"]
+    container = services(task)
+    settings = container.settings
     try:
-        yield settings
+        yield container
     finally:
-        control.clear_pending(settings.redis_url, settings.control_queue, task)
-        metrics.SWEEPS.labels(task).inc()  # they log only when they did something
+        periodic.clear_pending(settings.redis_url, settings.control_queue, name)
+        metrics.SWEEPS.labels(name).inc()  # they log only when they did something
 
 
 @shared_task(name=dispatch.DRAIN_TASK, bind=True, max_retries=8)
@@ -45,24 +51,25 @@ def drain(self: Task, model: str) -> int:
     names (a waker that read a stale card, or none) is passed on to that queue,
     not run here: a CPU worker never runs a GPU model's jobs. Passing on counts
     as a retry, so two machines whose cards disagree give up after max_retries."""
-    dispatcher = dispatch.current()
+    container = services(self)
+    dispatcher, runtime = container.dispatcher, container.runtime
     came_on = (self.request.delivery_info or {}).get("routing_key")
     logs.bind(model=model)
     try:
         queue = dispatcher.queue_for(model)
-        if came_on and came_on != queue and current_runtime().repository.on_disk(model):
+        if came_on and came_on != queue and runtime.repository.on_disk(model):
             logger.warning("a wake-up for %s came on queue %s: passed on to its card's %s",
                            model, came_on, queue)  # fmt: skip
             dispatcher.taken(model, came_on)
             raise self.retry(queue=queue, countdown=0)
         dispatcher.taken(model, came_on)
         return runner.drain(
-            current_session(), current_runtime(), model, lambda: dispatcher.wake(model)
+            container.database.session(), runtime, model, lambda: dispatcher.wake(model)
         )
     except (DBAPIError, RedisError) as exc:
         # The database or Redis went away: take the wake-up again later, with backoff
         # and jitter. Jobs claimed meanwhile come back through their leases.
-        if "retry" in current_app.extensions["settings"].guards_off:
+        if "retry" in container.settings.guards_off:
             raise
         if isinstance(exc, DBAPIError) and not database_unavailable(exc):
             raise
@@ -70,44 +77,50 @@ def drain(self: Task, model: str) -> int:
         raise self.retry(exc=exc, countdown=countdown) from exc
 
 
-@shared_task(name=batches.SPLIT_TASK, ignore_result=True)
-def split_batch(batch_id: str) -> str:
+@shared_task(name=batches.SPLIT_TASK, bind=True, ignore_result=True)
+def split_batch(self: Task, batch_id: str) -> str:
     """Cut a file batch into chunk jobs (see app.batches.service.split)."""
-    dispatcher = dispatch.current()
+    container = services(self)
     return batches.split(
-        current_session(), current_runtime().repository, uuid.UUID(batch_id), dispatcher.wake
-    )
+        container.database.session(), container.models, uuid.UUID(batch_id),
+        container.dispatcher.wake,
+    )  # fmt: skip
 
 
-@shared_task(name=schedules.TICK_TASK, ignore_result=True)
-def fire_schedules() -> dict[str, int]:
+@shared_task(name=schedules.TICK_TASK, bind=True, ignore_result=True)
+def fire_schedules(self: Task) -> dict[str, int]:
     """Beat's tick: fire due schedules, then write finished runs' results."""
-    with _sweeping(schedules.TICK_TASK) as settings:
-        session, runtime = current_session(), current_runtime()
-        fired = schedules.fire_due(session, runtime.repository, settings, batches.start_split)
+    with _sweeping(self, schedules.TICK_TASK) as container:
+        session, settings, models = (
+            container.database.session(),
+            container.settings,
+            container.models,
+        )
+        fired = schedules.fire_due(session, models, settings, container.dataplane.start_split)
         written = schedules.export_finished(
-            session, runtime.repository, settings, current_app.extensions["database"].sessionmaker
+            session, models, settings, container.database.sessionmaker
         )
     return {"fired": len(fired), "written": written}
 
 
-@shared_task(name=dispatch.SWEEP_TASK, ignore_result=True)
-def sweep() -> dict[str, int]:
-    with _sweeping(dispatch.SWEEP_TASK) as settings:
-        counts = sweeps.sweep(current_session(), settings)  # logs what it moved
+@shared_task(name=dispatch.SWEEP_TASK, bind=True, ignore_result=True)
+def sweep(self: Task) -> dict[str, int]:
+    with _sweeping(self, dispatch.SWEEP_TASK) as container:
+        session, settings = container.database.session(), container.settings
+        counts = sweeps.sweep(session, settings, container.dispatcher)  # logs what it moved
         for action, jobs in counts.items():
             if jobs:
                 metrics.SWEEP_JOBS.labels(action).inc(jobs)
-        counts["batches"] = batches.sweep(current_session(), settings, batches.start_split)
+        counts["batches"] = batches.sweep(session, settings, container.dataplane.start_split)
     if counts["batches"]:
         logger.info("sweep: %d batch(es) finished or sent to split again", counts["batches"])
     return counts
 
 
-@shared_task(name=dispatch.PURGE_TASK, ignore_result=True)
-def purge() -> dict[str, Any]:
-    with _sweeping(dispatch.PURGE_TASK) as settings:
-        counts = sweeps.purge(current_session(), settings)  # retention logs its own
+@shared_task(name=dispatch.PURGE_TASK, bind=True, ignore_result=True)
+def purge(self: Task) -> dict[str, Any]:
+    with _sweeping(self, dispatch.PURGE_TASK) as container:
+        counts = sweeps.purge(container.database.session(), container.settings)  # logs its own
     if done := {k: v for k, v in counts.items() if k in _PURGE_OWN and v}:
         logger.info("purge: %s", done)
     return counts
@@ -116,19 +129,20 @@ def purge() -> dict[str, Any]:
 _PURGE_OWN = ("purged", "idempotency_keys", "previous_webhook_secrets")
 
 
-@shared_task(name=delivery.DELIVER_TASK, ignore_result=True)
-def deliver_webhook(delivery_id: int) -> str | None:
-    return delivery.deliver(current_session(), current_app.extensions["settings"], delivery_id)
+@shared_task(name=delivery.DELIVER_TASK, bind=True, ignore_result=True)
+def deliver_webhook(self: Task, delivery_id: int) -> str | None:
+    container = services(self)
+    return delivery.deliver(container.database.session(), container.settings, delivery_id)
 
 
-@shared_task(name=delivery.SWEEP_TASK, ignore_result=True)
-def sweep_webhooks() -> int:
+@shared_task(name=delivery.SWEEP_TASK, bind=True, ignore_result=True)
+def sweep_webhooks(self: Task) -> int:
     """Send due deliveries (and those whose worker died mid-send) to the webhooks queue."""
-    with _sweeping(delivery.SWEEP_TASK) as settings:
-        ids = delivery.take_due(current_session(), settings)
-        celery = current_app.extensions["celery"]
+    with _sweeping(self, delivery.SWEEP_TASK) as container:
+        settings = container.settings
+        ids = delivery.take_due(container.database.session(), settings)
         for delivery_id in ids:
-            celery.send_task(
+            container.celery.send_task(
                 delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
             )
     if ids:

@@ -8,7 +8,9 @@ from app.platform.settings import Settings
 if Settings.from_env().worker_metrics_port:
     metrics_dir.ensure("worker")
 
-from app import create_app
+from app.container import Container
+from workers.celery_app import install_worker_hooks
 
-flask_app = create_app()
-celery_app = flask_app.extensions["celery"]
+container = Container.from_env()
+celery_app = container.celery
+install_worker_hooks(celery_app, container)

@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches.readers import FORMATS
 from app.errors import Conflict, DomainError, InvalidRequest, TooLarge
-from app.jobs import quotas
 from app.jobs.chunks import PART_BYTES, read_range
+from app.jobs.quotas import Quotas
 from app.platform.tables import Batch, File, FilePart, Schedule
 from app.tenancy.owned import owned
 
@@ -37,11 +37,16 @@ def format_of(filename: str, declared: str | None) -> str:
 
 
 def store(
-    session: Session, tenant_id: int, filename: str, fmt: str, body: IO[bytes], max_bytes: int
+    session: Session,
+    tenant_id: int,
+    filename: str,
+    fmt: str,
+    body: IO[bytes],
+    max_bytes: int,
+    limits: Quotas | None = None,
 ) -> File:
     """Read `body` to its end into a new file (committed); TooLarge past `max_bytes`,
     QuotaExceeded past what the tenant may still store."""
-    limits = quotas.current()
     room = limits.admit_upload(session, tenant_id, 0) if limits else None
     limit = max_bytes if room is None else min(max_bytes, room)
     try:

@@ -27,11 +27,13 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, readers
-from app.errors import Conflict, InputsDoNotFit, InvalidRequest
-from app.jobs import admission, dispatch, quotas
+from app.errors import Conflict, InputsDoNotFit, InvalidRequest, UnknownModel
+from app.jobs.admission import Admission
 from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
+from app.jobs.dispatch import Dispatcher
+from app.jobs.quotas import Quotas
 from app.jobs.service import check_inputs
-from app.models.registry import ModelCard, ModelRepository, UnknownModel
+from app.models.registry import ModelCard, ModelRepository
 from app.platform.settings import Settings
 from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, File, Job
 from app.runtime.datatypes import V2_TO_NUMPY
@@ -59,6 +61,8 @@ def create(
     start_split: Callable[[uuid.UUID], bool],
     wake: Callable[[str], object],
     tenant: str | None = None,
+    quotas: Quotas | None = None,
+    admission: Admission | None = None,
 ) -> Batch:
     """A batch of inline `inputs` (cut into chunks now) or of an uploaded file
     (checked at its start now, cut by a worker). Rows that do not fit the
@@ -81,9 +85,10 @@ def create(
     batch = new_batch(card, settings, tenant_id, webhook)
     if file_id is not None:
         attach_file(session, batch, card, file_id)
-        if limits := quotas.current():  # its rows are counted once it is cut
-            limits.admit_batch(session, tenant_id, None, 1)
-        admission.admit(session, card.name)
+        if quotas is not None:  # its rows are counted once it is cut
+            quotas.admit_batch(session, tenant_id, None, 1)
+        if admission is not None:
+            admission.admit(session, card.name)
         session.add(batch)
         session.commit()
         if not start_split(batch.id):
@@ -91,9 +96,10 @@ def create(
         return batch
     arrays = check_inputs(card, inputs)
     total = len(next(iter(arrays.values())))
-    if limits := quotas.current():
-        limits.admit_batch(session, tenant_id, total, math.ceil(total / batch.chunk_rows))
-    admission.admit(session, card.name, math.ceil(total / batch.chunk_rows))
+    if quotas is not None:
+        quotas.admit_batch(session, tenant_id, total, math.ceil(total / batch.chunk_rows))
+    if admission is not None:
+        admission.admit(session, card.name, math.ceil(total / batch.chunk_rows))
     batch.status, batch.rows, batch.split_rows = "running", total, total
     batch.chunks, batch.started_at = math.ceil(total / batch.chunk_rows), datetime.now(UTC)
     session.add(batch)
@@ -131,9 +137,9 @@ def attach_file(session: Session, batch: Batch, card: ModelCard, file_id: uuid.U
     batch.input_file_id = file.id
 
 
-def start_split(batch_id: uuid.UUID) -> bool:
+def start_split(dispatcher: Dispatcher, batch_id: uuid.UUID) -> bool:
     """Ask a worker to cut the batch's file; False if the broker refused."""
-    return dispatch.current().send(SPLIT_TASK, str(batch_id))
+    return dispatcher.send(SPLIT_TASK, str(batch_id))
 
 
 def chunk_rows(card: ModelCard, settings: Settings) -> int:

@@ -12,8 +12,8 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import DomainError
-from app.models.registry import ModelRepository, UnknownModel
+from app.errors import DomainError, UnknownModel
+from app.models.registry import ModelRepository
 from app.platform.settings import Settings
 from app.platform.tables import Schedule, Tenant
 
@@ -25,13 +25,12 @@ def schedules() -> None:
 
 @contextmanager
 def _context(tenant: str) -> Iterator[tuple[Session, Settings, ModelRepository, int]]:
-    from app.platform.database import Database
-    from app.platform.embedded import resolve_urls
+    from app.container import Container
 
-    settings = resolve_urls(Settings.from_env())
-    database = Database(settings.database_url)
+    container = Container.from_env()
+    settings = container.settings
     try:
-        with database.sessionmaker() as session:
+        with container.unit_of_work() as session:
             found = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
             if found is None:
                 raise click.ClickException(f"no tenant named {tenant!r}")
@@ -39,7 +38,7 @@ def _context(tenant: str) -> Iterator[tuple[Session, Settings, ModelRepository, 
     except (DomainError, UnknownModel) as exc:
         raise click.ClickException(getattr(exc, "detail", str(exc))) from None
     finally:
-        database.engine.dispose()
+        container.close()
 
 
 def _show(schedule: Schedule) -> None:

@@ -15,11 +15,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from flask import current_app
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.errors import DomainError
+from app.errors import QueueFull
 
 RATE_WINDOW_S = 10
 _READ = text(
@@ -29,12 +28,6 @@ _READ = text(
               AND finished_at > now() - interval '{RATE_WINDOW_S} seconds') AS finished
     """
 )
-
-
-class QueueFull(DomainError):
-    """The model's queue is at its bound (429, with Retry-After)."""
-
-    problem_type = "queue-full"
 
 
 @dataclass
@@ -63,7 +56,7 @@ class Admission:
                     f"model {model!r} has {reading.queued} jobs queued and takes at most "
                     f"{self.limit} (MAX_QUEUED_PER_MODEL); at the rate its jobs finish, "
                     f"retry in about {wait} s",
-                    retry_after=wait, status=429, queued=reading.queued, limit=self.limit,
+                    retry_after=wait, queued=reading.queued, limit=self.limit,
                 )  # fmt: skip
             reading.queued += jobs
 
@@ -75,10 +68,3 @@ class Admission:
             reading = _Reading(row.queued, row.finished / RATE_WINDOW_S, now)
             self._readings[model] = reading
         return reading
-
-
-def admit(session: Session, model: str, jobs: int = 1) -> None:
-    """The current app's bound (none outside an app, as in the CLI)."""
-    admission: Admission | None = current_app.extensions.get("admission") if current_app else None
-    if admission is not None:
-        admission.admit(session, model, jobs)

@@ -10,6 +10,7 @@ and purges are written to the audit log.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,9 +19,11 @@ from sqlalchemy import Select, delete, select, text
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound
-from app.jobs import dispatch, transitions
+from app.jobs import transitions
 from app.platform.tables import AuditEvent, DeadLetter
 from app.webhooks.delivery import redeliver
+
+Wake = Callable[[str], bool]  # wake a model's workers; False: the sweep will
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,9 @@ _REPLAY_DELIVERIES = text(
 )
 
 
-def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str) -> list[uuid.UUID]:
+def _replay(
+    session: Session, tenant_id: int, letter_ids: list[int], actor: str, wake: Wake
+) -> list[uuid.UUID]:
     """Failed jobs go back to the queue; undeliverable webhooks are sent again."""
     params = {"ids": letter_ids, "tenant": tenant_id}
     jobs = session.execute(_REPLAY, params).all()
@@ -117,17 +122,17 @@ def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str)
     session.commit()
     job_ids = [row.job_id for row in jobs]
     for model in {row.model for row in jobs}:
-        if not dispatch.current().wake(model):
+        if not wake(model):
             transitions.mark_unsent(session, [row.job_id for row in jobs if row.model == model])
             session.commit()
     return job_ids + [row.job_id for row in webhooks]
 
 
-def replay(session: Session, tenant_id: int, letter_id: int, actor: str) -> uuid.UUID:
+def replay(session: Session, tenant_id: int, letter_id: int, actor: str, wake: Wake) -> uuid.UUID:
     """Put the letter's job back in the queue, same id; 409 if it cannot be."""
     letter = get(session, tenant_id, letter_id)
     session.commit()
-    replayed = _replay(session, tenant_id, [letter_id], actor)
+    replayed = _replay(session, tenant_id, [letter_id], actor, wake)
     if not replayed:
         session.refresh(letter)
         reason = (
@@ -140,7 +145,7 @@ def replay(session: Session, tenant_id: int, letter_id: int, actor: str) -> uuid
 
 
 def replay_matching(
-    session: Session, tenant_id: int, filters: Filters, limit: int, actor: str
+    session: Session, tenant_id: int, filters: Filters, limit: int, actor: str, wake: Wake
 ) -> list[uuid.UUID]:
     """Replay every unreplayed letter that matches, oldest first, up to `limit`."""
     query = filters.apply(
@@ -149,7 +154,7 @@ def replay_matching(
         )
     )
     ids = list(session.scalars(query.order_by(DeadLetter.id).limit(limit)))
-    return _replay(session, tenant_id, ids, actor) if ids else []
+    return _replay(session, tenant_id, ids, actor, wake) if ids else []
 
 
 def purge(session: Session, tenant_id: int, letter_id: int, actor: str) -> None:

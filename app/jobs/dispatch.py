@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 import redis
 from celery import Celery
-from flask import current_app
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +96,3 @@ class Dispatcher:
     def _forget(self, flag: str) -> None:
         with contextlib.suppress(redis.RedisError):  # else it expires by itself
             self._redis.delete(flag)
-
-
-def current() -> Dispatcher:
-    dispatcher: Dispatcher = current_app.extensions["dispatch"]
-    return dispatcher

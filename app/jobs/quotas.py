@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import redis
-from flask import current_app
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.errors import DomainError, InvalidRequest
+from app.errors import InvalidRequest, QuotaExceeded, TenantGone
 from app.jobs.dispatch import redis_client
 from app.platform.settings import Settings
 from app.platform.tables import Batch, File, Tenant
@@ -36,12 +35,6 @@ logger = logging.getLogger(__name__)
 SYNC_PRIORITY = 10
 MAX_PRIORITY = 9
 DAY = timedelta(days=1)
-
-
-class QuotaExceeded(DomainError):
-    """The tenant is at one of its quotas (429, with Retry-After)."""
-
-    problem_type = "quota-exceeded"
 
 
 @dataclass(frozen=True)
@@ -98,7 +91,7 @@ class Quotas:
             return cached[1]
         tenant = session.get(Tenant, tenant_id)
         if tenant is None:  # deleted meanwhile: nothing may be admitted
-            raise QuotaExceeded("the tenant no longer exists", status=403, limit="tenant")
+            raise TenantGone("the tenant no longer exists", limit="tenant")
         limits = Limits.of(tenant, self.settings)
         self._limits[tenant_id] = (now + self.ttl_s, limits)
         return limits
@@ -158,7 +151,7 @@ class Quotas:
             raise QuotaExceeded(
                 f"this tenant may make at most {allowed:g} submits a second "
                 f"(max_submits_per_second); this was number {used} in this second",
-                retry_after=1, status=429, limit="max_submits_per_second",
+                retry_after=1, limit="max_submits_per_second",
                 allowed=allowed, used=used,
             )  # fmt: skip
 
@@ -173,7 +166,7 @@ class Quotas:
                 raise QuotaExceeded(
                     f"this tenant has {count.value} jobs queued or running and may have at "
                     f"most {allowed} (max_in_flight); this request adds {jobs}",
-                    retry_after=2, status=429, limit="max_in_flight",
+                    retry_after=2, limit="max_in_flight",
                     allowed=allowed, used=count.value,
                 )  # fmt: skip
             count.value += jobs
@@ -201,7 +194,7 @@ class Quotas:
             f"this tenant ran {used} batch rows in the last 24 h and may run at most "
             f"{allowed} (max_batch_rows_per_day); this batch has "
             f"{rows if rows else 'an unknown number of'} rows",
-            retry_after=max(1, math.ceil(wait)), status=429, limit="max_batch_rows_per_day",
+            retry_after=max(1, math.ceil(wait)), limit="max_batch_rows_per_day",
             allowed=allowed, used=used,
         )  # fmt: skip
 
@@ -213,7 +206,7 @@ class Quotas:
             f"this tenant keeps {used} bytes of uploads and batch results and may keep at "
             f"most {allowed} (max_stored_bytes); this adds {size}. Delete files "
             "(DELETE /files/<id>) or wait for retention to remove old results",
-            retry_after=60, status=429, limit="max_stored_bytes", allowed=allowed, used=used,
+            retry_after=60, limit="max_stored_bytes", allowed=allowed, used=used,
         )  # fmt: skip
 
 
@@ -235,9 +228,3 @@ def stored_bytes(session: Session, tenant_id: int, retention_s: float) -> int:
         kept_since = datetime.now(UTC) - timedelta(seconds=retention_s)
         results = results.where(Batch.finished_at > kept_since)
     return int(files or 0) + int(session.scalar(results) or 0)
-
-
-def current() -> Quotas | None:
-    """The current app's quotas (none outside an app, as in the CLI)."""
-    quotas: Quotas | None = current_app.extensions.get("quotas") if current_app else None
-    return quotas

@@ -26,10 +26,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 from sqlalchemy.orm import Session
 
+from app.errors import UnknownModel
 from app.jobs import telemetry
 from app.jobs.chunks import read_range, settle
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
-from app.models.registry import ModelCard, ModelRepository, UnknownModel
+from app.models.registry import ModelCard, ModelRepository
 from app.platform.settings import Settings
 from app.runtime.engine import NonFiniteOutput, infer
 from app.runtime.engine import rows as engine_rows

@@ -1,4 +1,6 @@
-"""Submitting and reading jobs for a tenant. Services own their transactions."""
+"""Jobs for a tenant: the pieces the data plane composes (checks, the row, reads,
+waits). Nothing here commits, except a wait between its reads (it holds no
+connection while it waits); the data plane's operation owns the transaction."""
 
 from __future__ import annotations
 
@@ -16,67 +18,37 @@ import numpy as np
 from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session, defer, undefer
 
-from app.errors import Conflict, InputsDoNotFit, InvalidRequest, NotFound
-from app.jobs import admission, dispatch, idempotency, quotas, transitions
+from app.errors import InputsDoNotFit, InvalidRequest, MalformedRequest, NotFound
 from app.jobs.events import EventBus
-from app.jobs.inserts import INSERT_JOB, JobInserter
-from app.models.registry import ModelCard, ModelRepository
-from app.observability import metrics
+from app.jobs.inserts import INSERT_JOB
+from app.models.registry import ModelCard
+from app.platform.settings import Settings
 from app.platform.tables import TERMINAL_STATUSES, Job
 from app.runtime.tensors import InvalidInputs, pack, parse_inputs
 from app.tenancy.owned import owned
 from app.webhooks.ssrf import UnsafeUrl, check_url, networks
 
 
-def submit(
-    session: Session,
-    repository: ModelRepository,
-    tenant_id: int,
-    model: str,
-    version: str | None,
-    inputs: Any,
-    *,
-    max_attempts: int = 3,
-    deadline: datetime | None = None,
-    idempotency_key: str | None = None,
-    webhook: dict[str, Any] | None = None,
-    allow_private_webhooks: bool = False,
-    allowed_webhook_networks: tuple[str, ...] = (),
-    inserter: JobInserter | None = None,
-    tenant: str | None = None,
-    priority: int = 0,
-) -> Job:
-    """Check the inputs against the model, store the job, then wake its workers.
+def stage(session: Session, values: dict[str, Any]) -> Job:
+    """Insert the job row in the session's transaction; the caller commits.
 
-    The row is committed before its model's workers are woken, so a claim
-    always sees it; if the wake-up fails, the job stays queued and the sweep
-    wakes them. A card may set its own `max_attempts`.
-    With an idempotency key, a repeat of the same request returns the first job.
-    An `inserter` (the API's) writes the row together with concurrent submits.
-    `tenant` (the tenant's name) sees only the models its card grants it.
-    `priority` (0-9 within the tenant's allowance; SYNC_PRIORITY for sync calls)
-    orders the model's queue before age; tenants take turns within a priority.
-    """
-    card = repository.resolve(model, version, tenant)  # UnknownModel: a 404 at the edge
-    arrays = check_inputs(card, inputs)
-    if webhook is not None:
-        try:
-            check_url(
-                webhook["url"],
-                allow_private=allow_private_webhooks,
-                allowed=networks(allowed_webhook_networks),
-            )
-        except UnsafeUrl as exc:
-            raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
-    if idempotency_key is not None:
-        fingerprint = _fingerprint(model, version, inputs)
-        earlier = idempotency.claim(session, tenant_id, idempotency_key, fingerprint)
-        if earlier is not None:
-            return get(session, tenant_id, earlier)
-    if limits := quotas.current():  # QuotaExceeded: a 429 naming the limit, nothing kept
-        limits.admit_jobs(session, tenant_id, priority=priority)
-    admission.admit(session, card.name)  # QueueFull: a 429 at the edge, nothing kept
-    values = {
+    A Core INSERT: the ORM's unit of work cost a third of a submit."""
+    defaults = session.connection().execute(INSERT_JOB, values).one()._asdict()
+    return Job(**values, **defaults)
+
+
+def job_values(
+    card: ModelCard,
+    arrays: dict[str, np.ndarray],
+    tenant_id: int,
+    *,
+    priority: int,
+    deadline: datetime | None,
+    webhook: Webhook | None,
+    max_attempts: int,
+) -> dict[str, Any]:
+    """A new queued job's columns. A card may set its own `max_attempts`."""
+    return {
         "id": uuid.uuid4(),
         "tenant_id": tenant_id,
         "model": card.name,
@@ -88,25 +60,29 @@ def submit(
         "attempts": 0,
         "max_attempts": int(card.extra.get("max_attempts", max_attempts)),
         "deadline_at": deadline,
-        "webhook_url": webhook["url"] if webhook else None,
-        "webhook_events": list(webhook["events"]) if webhook else None,
+        "webhook_url": webhook.url if webhook else None,
+        "webhook_events": list(webhook.events) if webhook else None,
     }
-    if idempotency_key is None and inserter is not None:
-        job = Job(**values, **inserter.insert(values))  # committed, its model woken
-        metrics.JOBS_SUBMITTED.labels(card.name, tenant or "").inc()
-        return job
-    # A Core INSERT in the request's own transaction (with a key, under the advisory
-    # lock `idempotency.claim` took); the ORM's unit of work cost a third of a submit.
-    defaults = session.connection().execute(INSERT_JOB, values).one()._asdict()
-    job = Job(**values, **defaults)
-    if idempotency_key is not None:
-        idempotency.remember(session, tenant_id, idempotency_key, fingerprint, job.id)
-    session.commit()
-    metrics.JOBS_SUBMITTED.labels(card.name, tenant or "").inc()
-    if not dispatch.current().wake(job.model):
-        transitions.mark_unsent(session, [job.id])
-        session.commit()
-    return job
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where a job's events are POSTed, and which (`job.succeeded`, ...)."""
+
+    url: str
+    events: tuple[str, ...]
+
+
+def check_webhook(webhook: Webhook, settings: Settings) -> None:
+    """InvalidRequest for a URL the service must not call (see app.webhooks.ssrf)."""
+    try:
+        check_url(
+            webhook.url,
+            allow_private=settings.webhook_allow_private_networks,
+            allowed=networks(settings.webhook_allowed_networks),
+        )
+    except UnsafeUrl as exc:
+        raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
 
 
 def check_inputs(card: ModelCard, inputs: Any) -> dict[str, np.ndarray]:
@@ -128,7 +104,7 @@ def batch_rows(card: ModelCard, arrays: dict[str, Any]) -> int:
     return max(1, int(next(iter(arrays.values())).shape[0]))
 
 
-def _fingerprint(model: str, version: str | None, inputs: Any) -> str:
+def fingerprint(model: str, version: str | None, inputs: Any) -> str:
     """What makes two requests the same: the model as asked for, and the inputs.
     (Not the deadline: Cancel-After gives every retry a new one.)"""
     canonical = json.dumps([model, version, inputs], sort_keys=True)
@@ -200,11 +176,11 @@ def events_due(session: Session, job_id: uuid.UUID, after: int) -> bool:
     for it."""
     row = session.execute(_EVENTS_DUE, {"id": job_id}).one()
     if after > (row.newest or 0):
-        raise InvalidRequest(
+        raise MalformedRequest(
             f"Last-Event-ID {after} is past every event this service has sent; send the id "
             "of the last event received, or none to start from the first",
-            status=400, errors={"Last-Event-ID": ["the id of an event received"]},
-        )  # fmt: skip
+            errors={"Last-Event-ID": ["the id of an event received"]},
+        )
     return not (row.status in TERMINAL_STATUSES and after >= (row.own or 0))
 
 
@@ -221,22 +197,6 @@ def deadline(absolute: datetime | None, cancel_after_s: float | None) -> datetim
             errors={"deadline": ["must be in the future"]},
         )
     return earliest
-
-
-def cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
-    """Cancel a queued job at once; a running one stops at its next checkpoint
-    (before its result is written). A finished job cannot be cancelled: 409."""
-    status = transitions.request_cancel(session, tenant_id, job_id)
-    session.commit()
-    if status is None:
-        job = get(session, tenant_id, job_id)
-        raise Conflict(
-            f"job {job_id} is already {job.status}; only queued or running jobs can be cancelled",
-            job_status=job.status,
-        )
-    job = get(session, tenant_id, job_id)
-    session.refresh(job)
-    return job
 
 
 def get(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
@@ -275,7 +235,6 @@ def list_jobs(
         query = query.where(tuple_(Job.created_at, Job.id) < tuple_(created_at, job_id))
     query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
     jobs = list(session.scalars(query))
-    session.commit()
     more = len(jobs) > limit
     items = jobs[:limit]
     return Page(items, _encode_cursor(items[-1]) if more else None)

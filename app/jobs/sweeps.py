@@ -20,7 +20,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.jobs import dispatch, idempotency, retention, transitions
+from app.jobs import idempotency, retention, transitions
+from app.jobs.dispatch import Dispatcher
 from app.platform.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 BATCH = 500
 
 
-def sweep(session: Session, settings: Settings) -> dict[str, int]:
+def sweep(session: Session, settings: Settings, dispatcher: Dispatcher) -> dict[str, int]:
     """Each step commits on its own: one that fails leaves the others done."""
     counts: dict[str, int] = {}
     if "lease" not in settings.guards_off:
@@ -41,19 +42,19 @@ def sweep(session: Session, settings: Settings) -> dict[str, int]:
     counts["expired"] = transitions.expire_overdue(session, BATCH)
     session.commit()
     if "republish" not in settings.guards_off:
-        counts["woken_for"] = wake_waiting(session, settings.republish_after_seconds)
+        counts["woken_for"] = wake_waiting(session, dispatcher, settings.republish_after_seconds)
     if any(counts.values()):
         logger.info("sweep: %s", counts)
     return counts
 
 
-def wake_waiting(session: Session, older_than_s: float) -> int:
+def wake_waiting(session: Session, dispatcher: Dispatcher, older_than_s: float) -> int:
     """Wake every model whose due jobs no wake-up may be on its way for; returns
     how many jobs that concerned."""
     waiting = transitions.models_waiting(session, older_than_s)
     session.commit()  # marked sent before the wake-ups go out
     for model in waiting:
-        dispatch.current().wake(model, force=True)
+        dispatcher.wake(model, force=True)
     return sum(waiting.values())
 
 

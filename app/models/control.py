@@ -14,9 +14,9 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.errors import InvalidModel
+from app.errors import InvalidModel, UnknownModel
 from app.models.intake import Added, add_model, check_loadable
-from app.models.registry import ModelRepository, UnknownModel, VersionStatus
+from app.models.registry import ModelRepository, VersionStatus
 from app.models.states import READY, UNAVAILABLE, State, set_states
 
 logger = logging.getLogger(__name__)

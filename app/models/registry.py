@@ -16,25 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.errors import UnknownModel
 from app.models.states import READY, UNAVAILABLE, SharedStates, State
 
 logger = logging.getLogger(__name__)
-
-
-class UnknownModel(LookupError):
-    """Not served to this caller: absent, not visible to its tenant, or a version
-    that is not serving (`why` says which, when the model itself exists)."""
-
-    def __init__(
-        self, name: str, version: str | None, known: list[str], why: str | None = None
-    ) -> None:
-        self.name, self.version, self.known = name, version, known
-        what = f"model '{name}'" + (f" version '{version}'" if version else "")
-        listed = ", ".join(known) or "none"
-        if why:
-            super().__init__(f"{what} is not serving ({why}); serving: {listed}")
-        else:
-            super().__init__(f"{what} is not in the repository; known models: {listed}")
 
 
 # A queue name a card may give: it becomes a Redis key and an item of WORKER_QUEUES.

@@ -1,14 +1,19 @@
 """Engine and sessions.
 
 One engine per process. Forked children (Celery prefork, gunicorn) call
-`Database.after_fork()` so they never share the parent's sockets. A request or
-a task gets one session, bound to the Flask app context and closed when the
-context ends; services own their transactions (they commit), callers never do.
+`Database.after_fork()` so they never share the parent's sockets. A unit of
+work (an HTTP request, a Celery task, a CLI command) opens a `scope()`; inside
+it `session()` is one session, made on first use and closed when the scope
+ends, so the doors and the data plane share it without passing it around.
+The operation that opens the transaction commits it; helpers never do.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, exc, text
@@ -38,6 +43,35 @@ class Database:
         event.listen(self.engine, "checkout", _ping_if_idle)
         event.listen(self.engine, "checkin", _note_last_use)
         self.sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
+        self._scoped: ContextVar[Session | None] = ContextVar(f"session-{id(self)}", default=None)
+
+    def session(self) -> Session:
+        """The current unit of work's session, made on first use."""
+        session = self._scoped.get()
+        if session is None:
+            session = self.sessionmaker()
+            self._scoped.set(session)
+        return session
+
+    def end_scope(self) -> None:
+        """Close the current unit of work's session, if it made one (a request's
+        teardown; a task's end)."""
+        session = self._scoped.get()
+        if session is not None:
+            self._scoped.set(None)
+            session.close()
+
+    @contextmanager
+    def scope(self) -> Iterator[Session]:
+        """A unit of work for code outside a request (tasks, the CLI): its
+        session, closed when it ends (what was not committed is rolled back)."""
+        outer = self._scoped.get()
+        self._scoped.set(None)
+        try:
+            yield self.session()
+        finally:
+            self.end_scope()
+            self._scoped.set(outer)
 
     def after_fork(self) -> None:
         # Drop inherited connections without closing the parent's sockets.
@@ -70,23 +104,3 @@ def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
         dbapi_conn.rollback()  # leave no transaction open (now() would be the ping's)
     except Exception as error:  # any failure: the pool replaces the connection
         raise exc.DisconnectionError() from error
-
-
-def current_session() -> Session:
-    """The session of the current app context (request or task), created on first use."""
-    from flask import current_app, g
-
-    session: Session | None = g.get("_db_session")
-    if session is None:
-        database: Database = current_app.extensions["database"]
-        session = database.sessionmaker()
-        g._db_session = session
-    return session
-
-
-def close_session(_exc: BaseException | None = None) -> None:
-    from flask import g
-
-    session: Session | None = g.pop("_db_session", None)
-    if session is not None:
-        session.close()

@@ -27,8 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, results
 from app.batches import service as batches
-from app.errors import DomainError, InvalidRequest
-from app.models.registry import ModelRepository, UnknownModel
+from app.errors import DomainError, InvalidRequest, UnknownModel
+from app.models.registry import ModelRepository
 from app.platform.settings import Settings
 from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, Schedule, Tenant
 from app.schedules import paths

@@ -10,6 +10,7 @@ from swagger_ui_bundle import swagger_ui_path
 from werkzeug.exceptions import HTTPException
 
 from app.web.auth import SECURITY_SCHEME
+from app.web.context import container_of
 from app.web.problems import PROBLEM_JSON, problem_from_http_exception, problem_response
 from app.web.schemas import ProblemSchema
 
@@ -76,7 +77,7 @@ def register_api(app: Flask) -> None:
     app.extensions["api"] = api
     # The status page at / and its sign-in form: HTML for people, outside the
     # OpenAPI document (its JSON twin, /status.json, is in it).
-    status.init_sessions(app, app.extensions["settings"])
+    status.init_sessions(app, container_of(app).settings)
     app.register_blueprint(status.pages)
     # Swagger UI's JavaScript and CSS from the installed package, not a CDN.
     app.register_blueprint(

@@ -7,13 +7,13 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import current_app, g, request
+from flask import g, request
 from flask_smorest import Blueprint
 
 from app.errors import Forbidden
 from app.models.registry import PUBLIC
-from app.platform.database import current_session
 from app.tenancy.keys import OPERATOR, Caller, KeyCache, TenantRef
+from app.web.context import current_session, services
 from app.web.problems import Problem
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,7 +44,7 @@ def _caller() -> Caller:
             "send the header `Authorization: Bearer <api key>`",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    keys: KeyCache = current_app.extensions["api_keys"]
+    keys: KeyCache = services().api_keys
     caller = keys.caller(current_session(), key.strip())
     if caller is None:
         raise Problem(

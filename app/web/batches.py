@@ -6,16 +6,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from flask import Response, current_app, request, stream_with_context
+from flask import Response, request, stream_with_context
 from marshmallow import Schema, fields, validate
 
 from app.batches import results, service
 from app.batches.representation import BatchSchema, describe
 from app.batches.service import BATCH_EVENTS
-from app.jobs import dispatch
-from app.platform.database import current_session
+from app.dataplane import BatchRequest, Webhook
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
+from app.web.context import current_session, plane, services
 from app.web.schemas import WebhookSchema
 
 blp = Blueprint("batches", __name__, url_prefix="/batches", description="Batch inference")
@@ -67,12 +67,17 @@ class ResultsArgsSchema(Schema):
 @blp.arguments(SubmitBatchSchema())
 def submit(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
     session = current_session()
-    batch = service.create(
-        session, current_app.extensions["models"], current_app.extensions["settings"],
-        current_tenant().id, body["model"], body["version"], inputs=body["inputs"],
-        file_id=body["file_id"], webhook=body["webhook"], start_split=service.start_split,
-        wake=dispatch.current().wake, tenant=current_tenant().name,
-    )  # fmt: skip
+    webhook = body["webhook"]
+    batch = plane().create_batch(
+        current_tenant(),
+        BatchRequest(
+            body["model"],
+            body["version"],
+            inputs=body["inputs"],
+            file_id=body["file_id"],
+            webhook=Webhook(webhook["url"], tuple(webhook["events"])) if webhook else None,
+        ),
+    )
     return describe(session, batch), 202, {"Location": f"/batches/{batch.id}"}
 
 
@@ -123,11 +128,11 @@ def cancel_batch(batch_id: uuid.UUID) -> dict[str, Any]:
 def batch_results(args: dict[str, Any], batch_id: uuid.UUID) -> Response:
     session = current_session()
     batch = service.get(session, current_tenant().id, batch_id)
-    card = current_app.extensions["models"].card(batch.model, batch.model_version)
+    card = services().models.card(batch.model, batch.model_version)
     fmt = request.accept_mimetypes.best_match([results.JSONL, results.NPY], results.JSONL)
     counted = service.progress(session, batch)
     results.check_ready(batch, counted.rows_failed, fmt)
-    chunks = results.chunks(current_app.extensions["database"].sessionmaker, batch.id)
+    chunks = results.chunks(services().database.sessionmaker, batch.id)
     name = f"batch-{batch.id}"
     if fmt == results.NPY:
         names = results.npy_outputs(card, args["output"])

@@ -7,10 +7,10 @@ from typing import Any
 from app.errors import NotFound
 from app.jobs import dead_letters
 from app.jobs.dead_letters import Filters
-from app.platform.database import current_session
 from app.platform.tables import DeadLetter
 from app.web.auth import authenticated, current_actor, current_tenant, operator_only
 from app.web.blueprint import Blueprint
+from app.web.context import current_session, plane
 from app.web.schemas import (
     BulkReplaySchema,
     DeadLetterListArgsSchema,
@@ -69,7 +69,7 @@ def letter_traceback(letter_id: int) -> dict[str, Any]:
 @blp.alt_response(409, response="CONFLICT", description="Already replayed, or not replayable")
 @authenticated
 def replay_letter(letter_id: int) -> dict[str, Any]:
-    job_id = dead_letters.replay(current_session(), current_tenant().id, letter_id, current_actor())
+    job_id = plane().replay_dead_letter(current_tenant(), letter_id, current_actor())
     return {"replayed": 1, "job_ids": [job_id]}
 
 
@@ -78,8 +78,8 @@ def replay_letter(letter_id: int) -> dict[str, Any]:
 @blp.arguments(BulkReplaySchema())
 @blp.response(202, ReplayResultSchema, description="Every matching letter not yet replayed")
 def replay_matching(body: dict[str, Any]) -> dict[str, Any]:
-    job_ids = dead_letters.replay_matching(
-        current_session(), current_tenant().id, _filters(body), body["limit"], current_actor()
+    job_ids = plane().replay_dead_letters(
+        current_tenant(), _filters(body), body["limit"], current_actor()
     )
     return {"replayed": len(job_ids), "job_ids": job_ids}
 

@@ -8,10 +8,10 @@ from typing import Any
 from sqlalchemy import select
 
 from app.jobs import service
-from app.platform.database import current_session
 from app.platform.tables import WebhookAttempt, WebhookDelivery
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
+from app.web.context import current_session
 from app.web.problems import Problem
 from app.web.schemas import WebhookDeliveryListSchema, WebhookDeliverySchema
 from app.webhooks.delivery import redeliver

@@ -5,14 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from flask import current_app, request
+from flask import request
 from marshmallow import Schema, fields
 
 from app.batches import files
-from app.platform.database import current_session
 from app.platform.tables import File
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
+from app.web.context import current_session, plane, services
 
 blp = Blueprint("files", __name__, url_prefix="/files", description="Input files for batches")
 
@@ -54,13 +54,10 @@ _UPLOAD = {
 @authenticated
 @blp.arguments(UploadArgsSchema(), location="query")
 def upload(args: dict[str, Any]) -> tuple[File, int, dict[str, str]]:
-    settings = current_app.extensions["settings"]
+    settings = services().settings
     fmt = files.format_of(args["filename"], args["format"])
     request.max_content_length = settings.max_upload_bytes  # this route only
-    file = files.store(
-        current_session(), current_tenant().id, args["filename"], fmt, request.stream,
-        settings.max_upload_bytes,
-    )  # fmt: skip
+    file = plane().upload(current_tenant(), args["filename"], fmt, request.stream)
     return file, 201, {"Location": f"/files/{file.id}"}
 
 

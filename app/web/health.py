@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from flask import current_app
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.web.blueprint import Blueprint
+from app.web.context import services
 from app.web.problems import PROBLEM_TYPES, Problem
 
 blp = Blueprint("health", __name__, description="Health and server metadata")
@@ -56,14 +56,14 @@ def problem_type(code: str) -> dict[str, Any]:
 
 def _check_database() -> str:
     try:
-        current_app.extensions["database"].ping()
+        services().database.ping()
     except SQLAlchemyError as exc:
         return f"unreachable ({type(exc).__name__})"
     return "ok"
 
 
 def _check_redis() -> str:
-    url = current_app.extensions["settings"].redis_url
+    url = services().settings.redis_url
     try:
         redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2).ping()
     except (redis.RedisError, OSError) as exc:
@@ -72,7 +72,7 @@ def _check_redis() -> str:
 
 
 def _check_models() -> str:
-    repository = current_app.extensions["models"]
+    repository = services().models
     if not repository.all():
         repository.refresh()
     if not repository.all():

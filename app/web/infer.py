@@ -1,7 +1,7 @@
 """KServe v2 sync inference: POST /v2/models/<name>[/versions/<v>]/infer.
 
 JSON or the binary tensor extension in, the same form out; `tritonclient.http`
-works against it unchanged. Handlers only translate HTTP; `app.jobs.sync` runs
+works against it unchanged. Handlers only translate HTTP; the data plane runs
 the request.
 """
 
@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Response, current_app, request
+from flask import Response, request
 
-from app.jobs import sync
-from app.jobs.runtime import current_runtime
-from app.platform.database import current_session
-from app.web import holds, kserve
+from app.dataplane import InferRequest
+from app.web import kserve
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
+from app.web.context import plane
 
 blp = Blueprint("inference", __name__, description="Synchronous inference (KServe v2)")
 
@@ -45,33 +44,13 @@ _ANSWER = {
 @blp.alt_response(504, response="GATEWAY_TIMEOUT", description="Not done in time; names the job")
 @authenticated
 def infer(name: str, version: str | None = None) -> Response:
-    settings = current_app.extensions["settings"]
     call = kserve.decode_request(
         request.get_data(), request.headers.get(kserve.HEADER_LENGTH)
     )  # after authentication: an anonymous body is never parsed
-    timeout_s = min(call.timeout_s or settings.sync_timeout_seconds, settings.max_wait_seconds)
-    with holds.current().holding(current_tenant().id):
-        answer = _infer(name, version, call, timeout_s)
+    answer = plane().infer(
+        current_tenant(),
+        InferRequest(name, call.tensors, version=version, timeout_s=call.timeout_s),
+    )
     parameters: dict[str, Any] = {"job_id": str(answer.job_id)} if answer.job_id else {}
     body, headers = kserve.encode_response(answer.card, call, answer.outputs, parameters)
     return Response(body, status=200, headers=headers)
-
-
-def _infer(
-    name: str, version: str | None, call: kserve.InferRequest, timeout_s: float
-) -> sync.Answer:
-    settings = current_app.extensions["settings"]
-    return sync.infer(
-        current_session(),
-        current_app.extensions["models"],
-        current_tenant().id,
-        name,
-        version,
-        call.tensors,
-        timeout_s=timeout_s,
-        bus=current_app.extensions["events"],
-        inserter=current_app.extensions["inserts"],
-        sessions=lambda: current_runtime().sessions,
-        max_attempts=settings.job_max_attempts,
-        tenant=current_tenant().name,
-    )

@@ -1,21 +1,21 @@
 """/jobs: submit a job, read it, wait for it, stream its events, cancel it.
-Handlers only translate HTTP."""
+Handlers only translate HTTP to the data plane's requests and back."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from flask import Response, current_app, request, stream_with_context
+from flask import Response, request, stream_with_context
 
-from app.errors import InvalidRequest
+from app.dataplane import JobQuery, JobRequest, Wait, Webhook
+from app.errors import MalformedRequest, TooManyWaits
 from app.jobs import service
-from app.platform.database import current_session
 from app.platform.settings import Settings
 from app.platform.tables import TERMINAL_STATUSES, Job
-from app.web import holds
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
+from app.web.context import plane, services
 from app.web.event_stream import job_event_stream
 from app.web.schemas import (
     EventStreamArgsSchema,
@@ -41,36 +41,24 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
 @blp.alt_response(429, response="TOO_MANY_REQUESTS", description="A queue or quota is full")
 def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
-    job = service.submit(
-        current_session(),
-        current_app.extensions["models"],
-        current_tenant().id,
-        body["model"],
-        body["version"],
-        body["inputs"],
-        max_attempts=current_app.extensions["settings"].job_max_attempts,
-        deadline=service.deadline(body["deadline"], headers_in.get("cancel_after")),
-        idempotency_key=headers_in.get("idempotency_key"),
-        webhook=body["webhook"],
-        allow_private_webhooks=current_app.extensions["settings"].webhook_allow_private_networks,
-        allowed_webhook_networks=current_app.extensions["settings"].webhook_allowed_networks,
-        inserter=current_app.extensions["inserts"],
-        tenant=current_tenant().name,
-        priority=body["priority"],
-    )
+    webhook = body["webhook"]
+    job = plane().submit(
+        current_tenant(),
+        JobRequest(
+            body["model"], body["inputs"], version=body["version"], priority=body["priority"],
+            deadline=service.deadline(body["deadline"], headers_in.get("cancel_after")),
+            idempotency_key=headers_in.get("idempotency_key"),
+            webhook=Webhook(webhook["url"], tuple(webhook["events"])) if webhook else None,
+        ),
+    )  # fmt: skip
     headers = {"Location": f"/jobs/{job.id}"}
-    wait = preferred_wait(headers_in.get("prefer"), current_app.extensions["settings"])
+    wait = preferred_wait(headers_in.get("prefer"), services().settings)
     if wait is None:
         return job, 202, headers
     try:
-        release = holds.current().acquire(current_tenant().id)
-    except holds.TooManyWaits:
+        job = plane().wait(current_tenant(), job.id, Wait(wait, until="finished"))
+    except TooManyWaits:
         return job, 202, headers  # the job is accepted all the same: no wait, as RFC 7240 allows
-    try:
-        bus = current_app.extensions["events"]
-        job = service.wait_until_finished(current_session(), bus, current_tenant().id, job.id, wait)
-    finally:
-        release()
     headers["Preference-Applied"] = f"wait={wait:g}"
     return job, 200 if job.status in TERMINAL_STATUSES else 202, headers
 
@@ -92,7 +80,7 @@ def preferred_wait(prefer: str | None, settings: Settings) -> float | None:
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad filter or cursor")
 def list_jobs(args: dict[str, Any]) -> service.Page:
     outputs = args.pop("include", None) == "outputs"
-    return service.list_jobs(current_session(), current_tenant().id, **args, outputs=outputs)
+    return plane().list_jobs(current_tenant(), JobQuery(**args, outputs=outputs))
 
 
 @blp.post("/<uuid:job_id>/cancel")
@@ -101,7 +89,7 @@ def list_jobs(args: dict[str, Any]) -> service.Page:
 @blp.alt_response(409, response="CONFLICT", description="The job has already finished")
 @authenticated
 def cancel_job(job_id: uuid.UUID) -> Job:
-    return service.cancel(current_session(), current_tenant().id, job_id)
+    return plane().cancel(current_tenant(), job_id)
 
 
 @blp.get("/<uuid:job_id>")
@@ -110,13 +98,7 @@ def cancel_job(job_id: uuid.UUID) -> Job:
 @blp.response(200, JobSchema)
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
-    bus = current_app.extensions["events"]
-    if args["wait"] <= 0:
-        return service.get(current_session(), current_tenant().id, job_id)
-    with holds.current().holding(current_tenant().id):
-        return service.wait_for_change(
-            current_session(), bus, current_tenant().id, job_id, args["wait"]
-        )
+    return plane().wait(current_tenant(), job_id, Wait(args["wait"], until="change"))
 
 
 @blp.get("/<uuid:job_id>/events")
@@ -133,26 +115,20 @@ def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
 )
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 def job_events(args: dict[str, Any], job_id: uuid.UUID) -> Response:
-    service.get(current_session(), current_tenant().id, job_id)  # 404 before streaming
-    current_session().commit()
     header = request.headers.get("Last-Event-ID", "").strip()
     if header and not (header.isascii() and header.isdigit()):
-        raise InvalidRequest(
+        plane().get(current_tenant(), job_id)  # 404 before anything else
+        raise MalformedRequest(
             f"Last-Event-ID {header[:40]!r} is not an event id; send the id of the last "
             "event received (digits), or no header to start from the first event",
             errors={"Last-Event-ID": ["a non-negative integer"]},
-            status=400,
         )
     after = int(header) if header else args.get("last_event_id", 0)
-    if not service.events_due(current_session(), job_id, after):
-        current_session().commit()
+    release = plane().follow(current_tenant(), job_id, after)
+    if release is None:
         return Response(status=204)  # all was sent: EventSource stops reconnecting on a 204
-    current_session().commit()
-    release = holds.current().acquire(current_tenant().id)
-    stream = job_event_stream(
-        current_app.extensions["database"], current_app.extensions["events"], job_id, after,
-        release,
-    )  # fmt: skip
+    container = services()
+    stream = job_event_stream(container.database, container.events, job_id, after, release)
     return Response(
         stream_with_context(stream),
         mimetype="text/event-stream",

@@ -3,10 +3,11 @@ from PostgreSQL (see app.observability.metrics for which metric comes from where
 
 from __future__ import annotations
 
-from flask import Response, current_app, request
+from flask import Response, request
 
 from app.observability import metrics
 from app.web.blueprint import Blueprint
+from app.web.context import services
 from app.web.problems import Problem
 
 blp = Blueprint("metrics", __name__, description="Prometheus metrics")
@@ -24,12 +25,12 @@ blp = Blueprint("metrics", __name__, description="Prometheus metrics")
 )
 @blp.alt_response(401, response="UNAUTHORIZED", description="METRICS_TOKEN is set; not sent")
 def scrape() -> Response:
-    settings = current_app.extensions["settings"]
+    settings = services().settings
     if not metrics.authorized(request.headers.get("Authorization"), settings.metrics_token):
         raise Problem(
             "unauthorized",
             "this service's metrics need `Authorization: Bearer <METRICS_TOKEN>`",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    body = metrics.exposition(current_app.extensions["queue_metrics"])
+    body = metrics.exposition(services().queue_metrics)
     return Response(body, content_type=metrics.CONTENT_TYPE)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import current_app
-
 from app.models.registry import ModelCard, ModelRepository
 from app.web.auth import optional_tenant
 from app.web.blueprint import Blueprint
+from app.web.context import services
 from app.web.problems import Problem
 from app.web.schemas import ModelListSchema, ModelMetadataSchema
 
@@ -16,7 +15,7 @@ blp = Blueprint("models", __name__, description="Models served")
 
 
 def _repository() -> ModelRepository:
-    repository: ModelRepository = current_app.extensions["models"]
+    repository: ModelRepository = services().models
     return repository
 
 

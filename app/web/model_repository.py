@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flask import current_app, request
+from flask import request
 from marshmallow import Schema, fields
 from sqlalchemy.engine import Engine
 
@@ -16,6 +16,7 @@ from app.models.intake import check_ref, staging_file
 from app.models.registry import ModelRepository, VersionStatus
 from app.web.auth import operator_only
 from app.web.blueprint import Blueprint
+from app.web.context import services
 
 blp = Blueprint(
     "repository", __name__, url_prefix="/v2/repository", description="Model repository (operators)"
@@ -54,12 +55,12 @@ _MODEL_FILE = {
 
 
 def _repository() -> ModelRepository:
-    repository: ModelRepository = current_app.extensions["models"]
+    repository: ModelRepository = services().models
     return repository
 
 
 def _engine() -> Engine:
-    engine: Engine = current_app.extensions["database"].engine
+    engine: Engine = services().database.engine
     return engine
 
 
@@ -73,7 +74,7 @@ def _engine() -> Engine:
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Not a model that can serve")
 def put_version(args: dict[str, Any], name: str, version: str) -> tuple[dict[str, Any], int]:
     check_ref(name, version)  # before the upload, not after it
-    limit = current_app.extensions["settings"].max_model_bytes
+    limit = services().settings.max_model_bytes
     request.max_content_length = limit  # this route only
     staged = _stream_to_file(_repository(), limit)
     try:

@@ -1,7 +1,7 @@
 """RFC 9457 problem details: every error the API returns is shaped here.
 
-Services raise plain domain exceptions (`app.errors`, and `UnknownModel` of the
-model repository), each mapped to its problem type here, once; handlers at the
+The data plane raises plain domain errors (`app.errors`), each mapped to its
+problem type (its `code`), status and headers here, once; handlers at the
 edge may raise `Problem` directly; Werkzeug / webargs errors are translated by
 `problem_from_http_exception`. The `type` of each problem is a
 relative URI under `/problems/`, which the API serves as documentation.
@@ -14,8 +14,7 @@ from typing import Any
 from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException
 
-from app.errors import DomainError
-from app.models.registry import UnknownModel
+from app.errors import DeadlinePassed, DomainError, InferenceFailed, TenantGone
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -221,21 +220,32 @@ def _flatten(messages: Any, path: str = "") -> list[str]:
     return [f"{path}: {messages}" if path else str(messages)]
 
 
+# Statuses that differ from the problem type's own.
+_FORBIDDEN_STATUS = 403  # a tenant deleted while its key was cached (TenantGone)
+_FAULT_STATUS = {"input": 422, "limits": 409, "service": 500}  # an InferenceFailed's
+
+
 def problem_from_domain_error(exc: DomainError) -> Problem:
-    headers = dict(exc.headers)
+    """The one mapping of the data plane's errors to HTTP: the problem type is the
+    error's code; some errors pick a status or point elsewhere (`Location`)."""
+    headers: dict[str, str] = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(exc.retry_after)
-    return Problem(exc.problem_type, exc.detail, status=exc.status, headers=headers, **exc.extra)
+    status: int | None = None
+    if isinstance(exc, TenantGone):
+        status = _FORBIDDEN_STATUS
+    elif isinstance(exc, InferenceFailed):
+        status = _FAULT_STATUS[exc.fault]
+    job_id = exc.extra.get("job_id")
+    if isinstance(exc, InferenceFailed | DeadlinePassed) and job_id:
+        headers["Location"] = f"/jobs/{job_id}"
+    return Problem(exc.code, exc.detail, status=status, headers=headers, **exc.extra)
 
 
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(Problem, problem_response)
     app.register_error_handler(
         DomainError, lambda exc: problem_response(problem_from_domain_error(exc))
-    )
-    app.register_error_handler(
-        UnknownModel,
-        lambda exc: problem_response(Problem("unknown-model", str(exc), known_models=exc.known)),
     )
 
     @app.errorhandler(Exception)

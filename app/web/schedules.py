@@ -5,17 +5,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from flask import current_app
 from marshmallow import Schema, fields, validate
 
 from app.batches.representation import describe
-from app.platform.database import current_session
 from app.platform.tables import Schedule
 from app.schedules import service
 from app.schedules.representation import ScheduleSchema
 from app.web.auth import authenticated, current_tenant
 from app.web.batches import BatchListSchema
 from app.web.blueprint import Blueprint
+from app.web.context import current_session, services
 
 blp = Blueprint("schedules", __name__, url_prefix="/schedules", description="Batch schedules")
 
@@ -69,7 +68,7 @@ class RunsArgsSchema(Schema):
 
 
 def _deps() -> tuple[Any, Any]:
-    return current_app.extensions["models"], current_app.extensions["settings"]
+    return services().models, services().settings
 
 
 @blp.post("")

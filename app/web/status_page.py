@@ -22,7 +22,6 @@ from flask import (
 )
 from flask import (
     Flask,
-    current_app,
     flash,
     get_flashed_messages,
     jsonify,
@@ -38,7 +37,6 @@ from werkzeug.wrappers import Response
 
 from app.errors import Forbidden
 from app.models.registry import PUBLIC
-from app.platform.database import current_session
 from app.platform.kept_secrets import kept_secret
 from app.platform.settings import Settings
 from app.status.representation import StatusSchema, status_dict
@@ -46,6 +44,7 @@ from app.status.service import Status, StatusBoard, read_status
 from app.tenancy.keys import OPERATOR, KeyCache, hash_key
 from app.web.auth import optional_operator
 from app.web.blueprint import Blueprint
+from app.web.context import current_session, services
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +98,7 @@ def _is_operator() -> bool:
     digest = session.get(SESSION_KEY)
     if not isinstance(digest, str):
         return False
-    keys: KeyCache = current_app.extensions["api_keys"]
+    keys: KeyCache = services().api_keys
     caller = keys.caller_by_hash(current_session(), digest)
     if caller is None or caller.kind != OPERATOR:
         session.pop(SESSION_KEY, None)  # revoked or expired since: signed out
@@ -108,13 +107,13 @@ def _is_operator() -> bool:
 
 
 def _status() -> Status:
-    board: StatusBoard = current_app.extensions["status"]
-    public_models = set(current_app.extensions["models"].names(PUBLIC))
+    board: StatusBoard = services().status
+    public_models = set(services().models.names(PUBLIC))
     return read_status(current_session(), board, public_models, operator=_is_operator())
 
 
 def _links() -> dict[str, str | None]:
-    settings: Settings = current_app.extensions["settings"]
+    settings: Settings = services().settings
     return {"docs": "/docs", "openapi": "/openapi.json", "flower": settings.flower_url or None}
 
 
@@ -161,7 +160,7 @@ def sign_in() -> Response:
     """Post an operator key; a 303 back to the page either way (a message says why not)."""
     _same_origin()
     key = request.form.get("key", "").strip()
-    keys: KeyCache = current_app.extensions["api_keys"]
+    keys: KeyCache = services().api_keys
     caller = keys.caller(current_session(), key) if 0 < len(key) <= MAX_KEY_CHARS else None
     if caller is None:
         flash("That key is not valid, was revoked or has expired.")

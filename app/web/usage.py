@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.jobs import usage
-from app.platform.database import current_session
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
+from app.web.context import current_session
 from app.web.schemas import UsageArgsSchema, UsageReportSchema
 
 blp = Blueprint("usage", __name__, url_prefix="/usage", description="What your jobs cost")

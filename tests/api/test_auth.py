@@ -17,6 +17,7 @@ from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.platform.tables import ApiKey, Tenant
 from app.tenancy.keys import KeyCache
+from app.web.context import container_of
 from tests.conftest import TenantAuth, make_tenant, service_env
 
 
@@ -29,7 +30,7 @@ def test_a_key_is_looked_up_once_per_cache_period(
     app = make_app(settings.with_overrides(api_key_cache_seconds=60))
     client = app.test_client()
     statements: list[str] = []
-    engine = app.extensions["database"].engine
+    engine = container_of(app).database.engine
 
     def record(_conn: object, _cursor: object, sql: str, *_: object) -> None:
         statements.append(sql)

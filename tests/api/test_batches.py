@@ -27,6 +27,7 @@ from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Job, WebhookDelivery
 from app.runtime.sessions import SessionPool
+from app.web.context import container_of, services
 from app.webhooks.delivery import _payload
 from tests.conftest import TenantAuth, WorkerProcess
 from tests.models import build_flaky_digits, build_slow_rows
@@ -104,7 +105,7 @@ def wait_batch(
         assert time.monotonic() < deadline, f"batch still {batch['status']}: {batch}"
         if database is not None:
             with client.application.app_context(), database.sessionmaker() as session:
-                sweeps.wake_waiting(session, 60)
+                sweeps.wake_waiting(session, services().dispatcher, 60)
         time.sleep(0.05)
 
 
@@ -339,7 +340,7 @@ def test_batch_webhook_fires_once_per_batch_not_per_chunk(
         )
         assert chunk_deliveries == 0
         with batch_app.app_context():
-            body = json.loads(_payload(session, batch_app.extensions["settings"], deliveries[0],
+            body = json.loads(_payload(session, container_of(batch_app).settings, deliveries[0],
                                        deliveries[0].created_at))  # fmt: skip
     assert body["type"] == "batch.succeeded"
     assert body["data"]["id"] == batch["id"] and body["data"]["rows_done"] == 40
@@ -397,7 +398,7 @@ def test_results_of_an_unfinished_batch_are_a_409(
     app = bclient.application
     with app.app_context(), database.sessionmaker() as session:  # no split: it stays queued
         batch = batches.create(
-            session, app.extensions["models"], app.extensions["settings"],
+            session, container_of(app).models, container_of(app).settings,
             make_tenant_id(auth, database), "digits", None, file_id=uuid.UUID(file_id),
             start_split=lambda _id: True, wake=lambda _model: True,
         )  # fmt: skip

@@ -15,11 +15,11 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from app.jobs import runner, sweeps
-from app.jobs.runtime import current_runtime
-from app.platform.database import Database, current_session
+from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import AuditEvent, Job
 from app.tenancy.keys import create_operator_key
+from app.web.context import container_of, current_session, services
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 from tests.models import HUGE, build_memhog
 
@@ -74,7 +74,7 @@ def test_cancel_after_expires_a_job_nobody_ran(idle: Flask, auth: dict[str, str]
     assert job["deadline_at"]
     time.sleep(0.5)
     with idle.app_context():
-        sweeps.sweep(current_session(), idle.extensions["settings"])
+        sweeps.sweep(current_session(), container_of(idle).settings, services().dispatcher)
     done = client.get(f"/jobs/{job['id']}", headers=auth).json
     assert done["status"] == "expired" and done["error"]["code"] == "deadline_exceeded"
 
@@ -113,7 +113,7 @@ def test_a_failed_wake_up_leaves_the_job_for_the_sweep(
     with app.app_context():
         row = current_session().get(Job, uuid.UUID(job["id"]))
         assert row is not None and row.status == "queued" and row.enqueued_at is None
-        assert sweeps.wake_waiting(current_session(), older_than_s=60) >= 1
+        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=60) >= 1
     assert wait_for_job(app.test_client(), auth, job["id"])["status"] == "succeeded"
 
 
@@ -124,7 +124,7 @@ def poisoned(app: Flask, database: Database, tenant: TenantAuth) -> list[uuid.UU
     with database.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE jobs SET max_attempts = 1 WHERE id = ANY(%s)", (ids,))
     with app.app_context(), database.sessionmaker() as session:
-        outcomes = runner.execute(session, current_runtime(), ids)
+        outcomes = runner.execute(session, services().runtime, ids)
     assert {o.error_code for o in outcomes} == {"retries_exhausted"}
     return ids
 

@@ -23,13 +23,13 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from app.jobs import dispatch
 from app.models.registry import ModelRepository
 from app.platform.database import Database
 from app.platform.tables import Job
 from app.runtime.engine import infer
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import pack, parse_inputs
+from app.web.context import services
 from tests.conftest import TenantAuth, free_port, outputs_of, wait_for_job
 
 DATA = Path(__file__).parent.parent / "data"
@@ -129,7 +129,7 @@ def test_jobs_of_different_lengths_batched_by_the_worker_equal_one_at_a_time(
             ids.append(job.id)
         session.commit()
     with app.app_context():
-        assert dispatch.current().wake(staged)
+        assert services().dispatcher.wake(staged)
     for job_id in ids:
         job = wait_for_job(app.test_client(), tenant.headers, str(job_id), timeout=60)
         assert job["status"] == "succeeded", job

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Job
+from app.web.context import container_of
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 
 BODY = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}
@@ -174,7 +175,7 @@ def test_a_change_in_the_database_wakes_the_bus(idle: Flask, tenant: TenantAuth)
     """PostgreSQL NOTIFY (from the job_events trigger) reaches waiting requests."""
     client = idle.test_client()
     job_id = uuid.UUID(client.post("/jobs", json=BODY, headers=tenant.headers).json["id"])
-    bus = idle.extensions["events"]
+    bus = container_of(idle).events
     with bus.watching(job_id) as watch:
         seen = watch.version()
         client.post(f"/jobs/{job_id}/cancel", headers=tenant.headers)
@@ -188,7 +189,7 @@ def test_one_statement_wakes_every_job_it_changed(
     """A statement changing many jobs sends their ids in a few NOTIFYs; each
     waiter wakes, and jobs nobody waits on are not counted."""
     ids = [insert_queued_job(database, tenant.id) for _ in range(250)]
-    bus = idle.extensions["events"]
+    bus = container_of(idle).events
     watched = [ids[0], ids[199], ids[200], ids[-1]]  # either side of a 200-id chunk
     with ExitStack() as stack:
         watches = [stack.enter_context(bus.watching(job_id)) for job_id in watched]

@@ -21,6 +21,7 @@ from onnx import helper as h
 from app import create_app
 from app.platform.database import Database
 from app.platform.settings import Settings
+from app.web.context import container_of
 from tests.conftest import TenantAuth, make_tenant, wait_for_job
 
 ROW = [[1.0] * 64]
@@ -236,7 +237,7 @@ def test_lists_leave_outputs_out_unless_asked(
     def record(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
         statements.append(sql)
 
-    engine = client.application.extensions["database"].engine
+    engine = container_of(client.application).database.engine
     event.listen(engine, "before_cursor_execute", record)
     try:
         plain = client.get("/jobs?limit=200", headers=tenant.headers).json["items"]

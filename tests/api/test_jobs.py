@@ -18,6 +18,7 @@ from sklearn.datasets import load_digits
 
 from app.models.registry import ModelRepository
 from app.platform.settings import Settings
+from app.web.context import container_of
 from tests.conftest import WorkerProcess, make_tenant, wait_for_job
 
 pytestmark = pytest.mark.usefixtures("worker")
@@ -50,7 +51,7 @@ def test_round_trip_outputs_equal_direct_onnx_runtime(
     done = wait_for_job(client, auth, job["id"])
 
     assert done["status"] == "succeeded", done
-    expected = direct_run(app.extensions["models"], rows)
+    expected = direct_run(container_of(app).models, rows)
     assert np.array_equal(np.array(done["outputs"]["label"]), expected["label"])
     got = np.array(done["outputs"]["probabilities"], dtype=np.float32)
     assert np.array_equal(got, expected["probabilities"])  # bit for bit, not approximately
@@ -78,7 +79,7 @@ def test_kserve_v2_tensor_form(client: FlaskClient, auth: dict[str, str], app: A
     job = submit(client, auth, {"model": "digits", "version": "1", "inputs": [tensor]})
     done = wait_for_job(client, auth, job["id"])
 
-    expected = direct_run(app.extensions["models"], rows)
+    expected = direct_run(container_of(app).models, rows)
     assert done["status"] == "succeeded"
     assert done["outputs"]["label"] == expected["label"].tolist()
     assert np.array_equal(

@@ -22,11 +22,11 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app.jobs import runner
-from app.jobs.runtime import current_runtime
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.platform.tables import Tenant
 from app.tenancy.keys import create_operator_key
+from app.web.context import container_of, services
 from manage import cli
 from tests.conftest import (
     TenantAuth,
@@ -245,7 +245,7 @@ def test_unload_stops_submits_and_queued_jobs_and_load_brings_it_back(
     assert not listed(client, name, tenant.headers)
     # A job queued before the unload fails with a clear code when a worker reaches it.
     with app.app_context(), database.sessionmaker() as session:
-        [outcome] = runner.execute(session, current_runtime(), [queued])
+        [outcome] = runner.execute(session, services().runtime, [queued])
     assert outcome.status == "failed" and outcome.error_code == "model_unavailable"
 
     loaded = client.post(f"/v2/repository/models/{name}/load", headers=operator)
@@ -388,7 +388,7 @@ def test_an_inline_model_with_a_broken_file_answers_model_invalid(
     card = json.loads((version_dir / "card.json").read_text())
     (version_dir / "model.onnx").write_bytes(b"\x00corrupt")
     (version_dir / "card.json").write_text(json.dumps({**card, "execution": "inline"}))
-    app_repository = client.application.extensions["models"]
+    app_repository = container_of(client.application).models
     eventually(lambda: app_repository.resolve(name).extra.get("execution") == "inline")
     body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": ROWS[0]}]}
     failed = client.post(f"/v2/models/{name}/infer", json=body, headers=auth)

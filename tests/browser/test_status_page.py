@@ -25,6 +25,7 @@ from app import create_app
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.tenancy.keys import create_operator_key
+from app.web.context import container_of
 from tests.browser.chromium import Browser
 from tests.conftest import STAGED, WorkerProcess, free_port, insert_queued_job, make_tenant
 from tests.models import HUGE
@@ -48,7 +49,7 @@ def served_app(settings: Settings) -> Iterator[Flask]:
         )
     )
     yield app
-    app.extensions["database"].engine.dispose()
+    container_of(app).database.engine.dispose()
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def test_the_status_page_in_a_browser(
 
     public = {m["name"] for m in requests.get(f"{base_url}/models", timeout=10).json()["models"]}
     cells = load_and_compare(browser, f"{base_url}/", database, public)
-    census = served_app.extensions["celery"].control.inspect(timeout=2).active_queues() or {}
+    census = container_of(served_app).celery.control.inspect(timeout=2).active_queues() or {}
     serving = sum(settings.jobs_queue in [q["name"] for q in qs] for qs in census.values())
     assert int(cells[(settings.jobs_queue, "workers")]) == serving >= 1
     assert int(cells[("", "workers-online")]) >= 1

@@ -19,6 +19,7 @@ from schemathesis import checks
 from app import create_app
 from app.platform.database import Database
 from app.platform.settings import Settings
+from app.web.context import container_of
 from tests.conftest import make_tenant
 
 EXAMPLES = 40
@@ -31,7 +32,7 @@ def contract_app(settings: Settings) -> Iterator[Flask]:
     # Its own queue, which no worker reads: what generated requests submit stays queued.
     app = create_app(settings.with_overrides(jobs_queue=f"contract-{uuid.uuid4().hex}"))
     yield app
-    app.extensions["database"].engine.dispose()
+    container_of(app).database.engine.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from app.jobs.dispatch import SWEEP_TASK
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.schedules.service import TICK_TASK
+from app.web.context import container_of
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 from tests.conftest import (
     STAGED,
@@ -103,7 +104,7 @@ def busy_plane(
     beat = BeatProcess(plane, tmp_path, **env)
     try:
         app = create_app(plane)
-        app.extensions["dispatch"].wake("slow")
+        container_of(app).dispatcher.wake("slow")
         deadline = time.monotonic() + 60
         with database.engine.connect() as conn:
             while not conn.execute(sa.text(

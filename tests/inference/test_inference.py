@@ -10,7 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from app.models.registry import ModelRepository, UnknownModel
+from app.errors import UnknownModel
+from app.models.registry import ModelRepository
 from app.runtime.sessions import ModelMismatch, SessionPool, device_for
 from app.runtime.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack
 

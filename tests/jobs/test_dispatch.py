@@ -13,11 +13,12 @@ import sqlalchemy as sa
 from flask import Flask
 from sklearn.datasets import load_digits
 
-from app.jobs import dispatch, sweeps, transitions
-from app.platform.database import Database, current_session
+from app.jobs import sweeps, transitions
+from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Job
 from app.runtime.sessions import SessionPool
+from app.web.context import container_of, current_session, services
 from tests.conftest import STAGED, TenantAuth, insert_queued_job, outputs_of, wait_for_job
 
 PIXELS = load_digits().data.astype(np.float32)
@@ -29,12 +30,12 @@ def idle(settings: Settings, make_app: Callable[..., Flask]) -> Iterator[Flask]:
     app = make_app(jobs_queue=f"{settings.jobs_queue}-wake")
     yield app
     client = redis.Redis.from_url(settings.redis_url)
-    client.delete(app.extensions["settings"].jobs_queue)
+    client.delete(container_of(app).settings.jobs_queue)
     client.delete(*client.keys("inference:wake:*-wake:*") or ["none"])
 
 
 def waiting_messages(app: Flask) -> int:
-    settings = app.extensions["settings"]
+    settings = container_of(app).settings
     return int(redis.Redis.from_url(settings.redis_url).llen(settings.jobs_queue))
 
 
@@ -56,7 +57,7 @@ def test_jobs_submitted_while_a_wake_up_is_pending_share_it(
         submit(idle, auth, i)
     assert waiting_messages(idle) == 1
     with idle.app_context():
-        dispatch.current().taken("digits")  # a worker took it and is about to claim
+        services().dispatcher.taken("digits")  # a worker took it and is about to claim
     submit(idle, auth)
     assert waiting_messages(idle) == 2, "a job after the take needs a wake-up of its own"
 
@@ -69,7 +70,7 @@ def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
         insert_queued_job(database, tenant.id, {"pixels": [PIXELS[i].tolist()]}) for i in range(100)
     ]
     with app.app_context():
-        assert dispatch.current().wake(STAGED)
+        assert services().dispatcher.wake(STAGED)
     for job_id in ids[-3:]:
         assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
     with database.sessionmaker() as session:
@@ -83,7 +84,7 @@ def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
     # Jobs claimed in one UPDATE share its transaction's now(): the batches.
     claims = {job.started_at for job in jobs.values()}
     assert 2 <= len(claims) <= 10, len(claims)
-    card = app.extensions["models"].resolve(STAGED)
+    card = container_of(app).models.resolve(STAGED)
     direct = SessionPool("cpu", 1).run(card, {"pixels": PIXELS[:100]})
     for i, job_id in enumerate(ids):
         outputs = outputs_of(jobs[job_id])
@@ -102,7 +103,7 @@ def test_non_finite_outputs_fail_that_job_at_once_and_not_its_batch(
         insert_queued_job(database, tenant.id, {"pixels": [PIXELS[i].tolist()]}) for i in range(5)
     ]
     with app.app_context():
-        assert dispatch.current().wake(STAGED)
+        assert services().dispatcher.wake(STAGED)
     failed = wait_for_job(app.test_client(), tenant.headers, str(poison))
     assert failed["status"] == "failed" and failed["attempts"] == 1
     assert failed["error"]["code"] == "non_finite_output"
@@ -116,7 +117,7 @@ def test_a_job_whose_wake_up_was_lost_is_woken_by_the_sweep(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
     with app.app_context():
-        assert sweeps.wake_waiting(current_session(), older_than_s=60) >= 1
+        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=60) >= 1
     assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
 
 
@@ -126,7 +127,7 @@ def test_the_sweep_wakes_a_backlog_with_one_message_per_model(
     for _ in range(30):
         insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
     with idle.app_context():
-        assert sweeps.wake_waiting(current_session(), older_than_s=60) >= 30
+        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=60) >= 30
     assert waiting_messages(idle) <= 3  # digits, and any other model a test left waiting
 
 
@@ -202,7 +203,7 @@ def test_outputs_are_stored_at_their_declared_precision(
         stored = conn.execute(
             sa.text("SELECT outputs, output_data FROM jobs WHERE id = :id"), {"id": job["id"]}
         ).one()
-    card = app.extensions["models"].resolve(STAGED)
+    card = container_of(app).models.resolve(STAGED)
     direct = SessionPool("cpu", 1).run(card, {"pixels": rows.astype(np.float32)})
     raw = sum(array.nbytes for array in direct.values())
     assert stored.outputs is None

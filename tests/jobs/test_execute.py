@@ -15,10 +15,11 @@ import pytest
 from flask import Flask
 from sqlalchemy import event
 
-from app.jobs import runner, service, telemetry
-from app.jobs.runtime import current_runtime
+from app.dataplane import JobRequest
+from app.jobs import runner, telemetry
 from app.jobs.transitions import Outcome, claim, finish
 from app.platform.database import Database
+from app.web.context import container_of, services
 from tests.conftest import TenantAuth, insert_queued_job, load_job, outputs_of, packed
 
 PIXELS = {"pixels": [[0.0] * 64]}
@@ -39,8 +40,8 @@ def test_a_second_delivery_neither_runs_nor_writes(
     ctx: None, database: Database, queued_job: uuid.UUID
 ) -> None:
     with database.sessionmaker() as session:
-        first = runner.execute(session, current_runtime(), [queued_job])
-        second = runner.execute(session, current_runtime(), [queued_job])
+        first = runner.execute(session, services().runtime, [queued_job])
+        second = runner.execute(session, services().runtime, [queued_job])
     assert [o.status for o in first] == ["succeeded"]
     assert second == []
     job = load_job(database, queued_job)
@@ -97,21 +98,22 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
         return True
 
     monkeypatch.setattr("app.jobs.dispatch.Dispatcher.wake", wake)
-    with database.sessionmaker() as session:  # the queue bound's reading, taken at most
-        app.extensions["admission"].admit(session, "digits", 0)  # every 0.5 s per model
-        app.extensions["quotas"].admit_jobs(session, tenant.id, 0)  # and the tenant's quotas
+    container = container_of(app)
+    engine = container.database.engine  # the data plane's, and its job writer's
+    with container.database.scope() as session:  # the queue bound's reading, taken at most
+        container.admission.admit(session, "digits", 0)  # every 0.5 s per model
+        container.quotas.admit_jobs(session, tenant.id, 0)  # and the tenant's quotas
         telemetry.tenant_name(session, tenant.id)  # and its name, once per worker process
-    event.listen(database.engine, "before_cursor_execute", record)
+    event.listen(engine, "before_cursor_execute", record)
     try:
-        with database.sessionmaker() as session:
-            models = app.extensions["models"]
-            job = service.submit(session, models, tenant.id, "digits", None, PIXELS)
+        with container.database.scope() as session:
+            job = container.dataplane.submit(tenant.ref, JobRequest("digits", PIXELS))
             assert [q.split()[0] for q in statements] == ["INSERT"]
             assert woken == ["digits"]
             statements.clear()
-            runner.execute(session, current_runtime(), [job.id])
+            runner.execute(session, services().runtime, [job.id])
     finally:
-        event.remove(database.engine, "before_cursor_execute", record)
+        event.remove(engine, "before_cursor_execute", record)
     # Two round trips: the claim, then the finish (one statement that also writes a
     # dead letter when the job failed).
     assert len(statements) == 2
@@ -128,7 +130,7 @@ def test_a_bad_row_fails_only_its_own_job(
         for inputs in (PIXELS, slipped_through, PIXELS)
     ]
     with database.sessionmaker() as session:
-        outcomes = runner.execute(session, current_runtime(), ids)
+        outcomes = runner.execute(session, services().runtime, ids)
     assert [o.status for o in outcomes] == ["succeeded", "failed", "succeeded"]
     bad = load_job(database, ids[1])
     assert bad.status == "failed" and bad.error_code == "inference_error"
@@ -140,6 +142,6 @@ def test_a_job_for_a_removed_model_fails_clearly(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, model="retired")
     with database.sessionmaker() as session:
-        [outcome] = runner.execute(session, current_runtime(), [job_id])
+        [outcome] = runner.execute(session, services().runtime, [job_id])
     assert outcome.status == "failed" and outcome.error_code == "model_unavailable"
     assert load_job(database, job_id).error_message == outcome.error_message

@@ -14,6 +14,7 @@ from app.jobs.inserts import JobInserter
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Job
+from app.web.context import container_of
 from tests.conftest import TenantAuth
 
 PIXELS = {"pixels": [[0.0] * 64]}
@@ -51,7 +52,7 @@ def test_concurrent_submits_share_transactions_and_all_commit(
         t.start()
     for t in threads:
         t.join()
-    app.extensions["database"].engine.dispose()
+    container_of(app).database.engine.dispose()
     with database.sessionmaker() as session:
         created = session.scalars(sa.select(Job.created_at).where(Job.id.in_(ids))).all()
     assert len(created) == 24

@@ -18,9 +18,9 @@ from sqlalchemy import select, text
 
 from app.jobs import runner, sweeps, transitions
 from app.jobs.runner import Runtime
-from app.jobs.runtime import current_runtime
 from app.platform.database import Database
 from app.platform.tables import DeadLetter
+from app.web.context import container_of, services
 from tests.conftest import STAGED, TenantAuth, insert_queued_job, load_job, outputs_of, packed
 from tests.models import HUGE
 
@@ -34,7 +34,7 @@ def ctx(app: Flask) -> Iterator[None]:
 
 
 def runtime_with(**overrides: Any) -> Runtime:
-    base = current_runtime()
+    base = services().runtime
     return Runtime(
         base.repository, base.sessions, base.settings.with_overrides(**overrides), base.new_session
     )
@@ -69,18 +69,18 @@ def test_out_of_memory_is_retried_with_backoff_then_dead_lettered(
     job_id = insert_queued_job(database, tenant.id, {"n": [HUGE]}, model="memhog")
     set_cap(database, job_id, 2)
     with database.sessionmaker() as session:
-        [first] = runner.execute(session, current_runtime(), [job_id])
+        [first] = runner.execute(session, services().runtime, [job_id])
     assert first.status == "retry" and first.error_code == "resource_exhausted"
     assert "Failed to allocate memory" in (first.error_message or "")
     job = load_job(database, job_id)
     assert job.status == "queued" and job.attempts == 1 and job.enqueued_at is None
     assert job.run_after > job.started_at  # waits out its backoff before being sent again
     with database.sessionmaker() as session:
-        assert runner.execute(session, current_runtime(), [job_id]) == [], "not due yet"
+        assert runner.execute(session, services().runtime, [job_id]) == [], "not due yet"
 
     make_due(database, job_id)
     with database.sessionmaker() as session:
-        [second] = runner.execute(session, current_runtime(), [job_id])
+        [second] = runner.execute(session, services().runtime, [job_id])
     assert second.status == "failed" and second.error_code == "retries_exhausted"
     job = load_job(database, job_id)
     assert job.status == "failed" and job.attempts == 2
@@ -95,7 +95,7 @@ def test_a_permanent_error_fails_at_once_with_a_dead_letter(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, {"pixels": [[0.0] * 63]})
     with database.sessionmaker() as session:
-        [outcome] = runner.execute(session, current_runtime(), [job_id])
+        [outcome] = runner.execute(session, services().runtime, [job_id])
     assert outcome.status == "failed" and outcome.error_code == "inference_error"
     assert load_job(database, job_id).attempts == 1
     [letter] = letters_for(database, job_id)
@@ -226,10 +226,10 @@ def test_retention_deletes_old_inputs_and_outputs_but_keeps_the_job(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id)
     with database.sessionmaker() as session:
-        runner.execute(session, current_runtime(), [job_id])
+        runner.execute(session, services().runtime, [job_id])
     update_job(database, job_id, "finished_at = now() - interval '8 days'")
     with database.sessionmaker() as session:
-        assert sweeps.purge(session, current_runtime().settings)["purged"] >= 1
+        assert sweeps.purge(session, services().runtime.settings)["purged"] >= 1
     job = load_job(database, job_id)
     assert outputs_of(job) is None and job.purged_at is not None and job.status == "succeeded"
     with database.engine.connect() as conn:
@@ -249,10 +249,10 @@ def test_a_model_added_after_the_worker_started_is_found(
     shutil.copytree(model_repository / "digits", target)
     try:
         with database.sessionmaker() as session:
-            [outcome] = runner.execute(session, current_runtime(), [job_id])
+            [outcome] = runner.execute(session, services().runtime, [job_id])
     finally:
         shutil.rmtree(target)
-        current_runtime().repository.refresh()
+        services().runtime.repository.refresh()
     assert outcome.status == "succeeded"
 
 
@@ -261,23 +261,17 @@ def test_a_card_sets_its_models_attempt_limit(
 ) -> None:
     import json
 
-    from app.jobs import service
+    from app.dataplane import JobRequest
 
     card_path = model_repository / "slow" / "1" / "card.json"
     original = card_path.read_text()
     card_path.write_text(json.dumps({**json.loads(original), "max_attempts": 7}))
-    repository = current_runtime().repository
+    repository = services().runtime.repository
     repository.refresh()
     try:
-        with database.sessionmaker() as session:
-            job = service.submit(
-                session,
-                repository,
-                tenant.id,
-                "slow",
-                None,
-                {"x": [[0.0] * 64], "steps": [1]},
-                max_attempts=3,
+        with container_of(app).database.scope():
+            job = container_of(app).dataplane.submit(
+                tenant.ref, JobRequest("slow", {"x": [[0.0] * 64], "steps": [1]})
             )
     finally:
         card_path.write_text(original)

@@ -15,6 +15,7 @@ from flask import Flask
 from app.jobs import retention, sweeps
 from app.platform.database import Database
 from app.platform.settings import Settings
+from app.web.context import container_of
 from tests.conftest import TenantAuth, insert_queued_job
 
 DAY = 24 * 3600.0
@@ -68,7 +69,7 @@ def dead_letter(database: Database, tenant: TenantAuth, job_id: uuid.UUID, age_d
 def test_logs_are_pruned_each_after_its_retention(
     ctx: None, app: Flask, database: Database, tenant: TenantAuth
 ) -> None:
-    settings: Settings = app.extensions["settings"].with_overrides(
+    settings: Settings = container_of(app).settings.with_overrides(
         job_event_retention_seconds=30 * DAY, webhook_payload_retention_seconds=7 * DAY,
         webhook_log_retention_seconds=30 * DAY, dead_letter_retention_seconds=90 * DAY,
         audit_retention_seconds=365 * DAY,
@@ -91,7 +92,7 @@ def test_logs_are_pruned_each_after_its_retention(
             "(:t, 'test.retention', 'x', now() - make_interval(days => :age))",
             t=tenant.id, age=age)  # fmt: skip
 
-    result = sweeps.purge(app.extensions["database"].sessionmaker(), settings)
+    result = sweeps.purge(container_of(app).database.sessionmaker(), settings)
 
     assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=old_job) == 0
     assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=new_job) >= 1
@@ -122,7 +123,7 @@ def test_pruning_goes_in_bounded_batches(
         run(database, "INSERT INTO audit_events (tenant_id, action, subject, at) VALUES "
             "(:t, 'test.batches', 'x', now() - interval '400 days')", t=tenant.id)  # fmt: skip
     rule = retention.Rule("audit_events", "audit_events", "at", f"tenant_id = {tenant.id}")
-    session = app.extensions["database"].sessionmaker()
+    session = container_of(app).database.sessionmaker()
     assert retention.prune(session, rule, 365 * DAY) == 6  # two batches of three, per run
     assert retention.prune(session, rule, 365 * DAY) == 4
     assert retention.prune(session, rule, 365 * DAY) == 0

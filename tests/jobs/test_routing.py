@@ -15,10 +15,11 @@ from flask import Flask
 
 from app import create_app
 from app.cli.launcher import Launcher, inference_queues
-from app.jobs import dispatch, sweeps
+from app.jobs import sweeps
 from app.models.registry import ModelRepository
-from app.platform.database import Database, current_session
+from app.platform.database import Database
 from app.platform.settings import Settings
+from app.web.context import container_of, current_session, services
 from tests.conftest import RUN_ID, TenantAuth, insert_queued_job
 
 GPU, CPU = f"routing-gpu-{RUN_ID}", f"routing-cpu-{RUN_ID}"
@@ -56,7 +57,7 @@ def routed(settings: Settings, repository: Path) -> Iterator[Flask]:
 
 def waiting(app: Flask, queue: str) -> list[str]:
     """The models of the wake-ups waiting on `queue`."""
-    client = redis.Redis.from_url(app.extensions["settings"].redis_url)
+    client = redis.Redis.from_url(container_of(app).settings.redis_url)
     return [json.loads(m)["headers"]["argsrepr"] for m in client.lrange(queue, 0, -1)]
 
 
@@ -77,14 +78,14 @@ def test_submits_wake_each_models_own_queue(routed: Flask, auth: dict[str, str])
     for model in ("on-gpu", "on-cpu", "digits", "on-gpu"):
         response = client.post("/jobs", json={"model": model, "inputs": ROW}, headers=auth)
         assert response.status_code == 202, response.json
-    default = routed.extensions["settings"].jobs_queue
+    default = container_of(routed).settings.jobs_queue
     assert waiting(routed, GPU) == ["['on-gpu']"], "one pending wake-up per model and queue"
     assert waiting(routed, CPU) == ["['on-cpu']"]
     assert waiting(routed, default) == ["['digits']"]
-    flags = redis.Redis.from_url(routed.extensions["settings"].redis_url)
+    flags = redis.Redis.from_url(container_of(routed).settings.redis_url)
     assert flags.exists(f"inference:wake:{GPU}:on-gpu")
     with routed.app_context():
-        dispatch.current().taken("on-gpu")  # a GPU worker took it
+        services().dispatcher.taken("on-gpu")  # a GPU worker took it
     assert not flags.exists(f"inference:wake:{GPU}:on-gpu")
 
 
@@ -112,7 +113,7 @@ def test_the_sweep_wakes_a_waiting_model_on_its_queue(
     for model in ("on-gpu", "on-cpu"):
         insert_queued_job(database, tenant.id, ROW, model=model, enqueued_seconds_ago=600)
     with routed.app_context():
-        assert sweeps.wake_waiting(current_session(), older_than_s=60) >= 2
+        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=60) >= 2
     assert waiting(routed, GPU) == ["['on-gpu']"]
     assert waiting(routed, CPU) == ["['on-cpu']"]
 
@@ -120,8 +121,8 @@ def test_the_sweep_wakes_a_waiting_model_on_its_queue(
 def test_a_drain_hands_over_on_its_models_queue(routed: Flask) -> None:
     """A drain that stops with work left wakes through the same dispatcher."""
     with routed.app_context():
-        assert dispatch.current().wake("on-cpu", force=True)
-        assert dispatch.current().queue_for("on-cpu") == CPU
+        assert services().dispatcher.wake("on-cpu", force=True)
+        assert services().dispatcher.queue_for("on-cpu") == CPU
     assert waiting(routed, CPU) == ["['on-cpu']"]
 
 
@@ -137,7 +138,7 @@ def test_default_model_queue_moves_models_without_a_queue(
         )
         assert response.status_code == 202, response.json
         assert waiting(app, other) == ["['digits']"]
-        assert app.extensions["settings"].inference_queues == (other, settings.jobs_queue)
+        assert container_of(app).settings.inference_queues == (other, settings.jobs_queue)
     finally:
         client = redis.Redis.from_url(settings.redis_url)
         client.delete(other, f"inference:wake:{other}:digits")

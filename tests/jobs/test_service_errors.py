@@ -1,5 +1,6 @@
-"""Services raise plain domain errors, usable without an HTTP request (beat, the
-CLI, batch code); the edge maps them to problem+json (tests/api/test_errors.py)."""
+"""The data plane raises plain domain errors, usable without an HTTP request (beat,
+the CLI, batch code, other doors); the edge maps them to problem+json
+(tests/api/test_errors.py)."""
 
 from __future__ import annotations
 
@@ -8,32 +9,33 @@ import uuid
 import pytest
 from flask import Flask
 
-from app.errors import Conflict, InputsDoNotFit, InvalidRequest, NotFound
-from app.jobs import service
-from app.models.registry import UnknownModel
+from app.dataplane import JobQuery, JobRequest
+from app.errors import Conflict, InputsDoNotFit, InvalidRequest, NotFound, UnknownModel
 from app.platform.database import Database
+from app.web.context import container_of
 from tests.conftest import TenantAuth, insert_queued_job
 
 
 def test_services_raise_domain_errors_outside_a_request(
     app: Flask, database: Database, tenant: TenantAuth
 ) -> None:
-    models = app.extensions["models"]
-    with database.sessionmaker() as session:
+    container = container_of(app)
+    plane = container.dataplane
+    with container.database.scope():
         with pytest.raises(NotFound, match="no job with id"):
-            service.get(session, tenant.id, uuid.uuid4())
+            plane.get(tenant.ref, uuid.uuid4())
         with pytest.raises(UnknownModel) as unknown:
-            service.submit(session, models, tenant.id, "nope", None, {})
+            plane.submit(tenant.ref, JobRequest("nope", {}))
         assert "digits" in unknown.value.known
         with pytest.raises(InputsDoNotFit) as misfit:
-            service.submit(session, models, tenant.id, "digits", None, {"pixels": [[1.0]]})
+            plane.submit(tenant.ref, JobRequest("digits", {"pixels": [[1.0]]}))
         assert "pixels" in misfit.value.extra["errors"]
         assert misfit.value.extra["expected"][0]["shape"] == [-1, 64]
         with pytest.raises(InvalidRequest, match="cursor"):
-            service.list_jobs(session, tenant.id, limit=1, cursor="not-a-cursor")
-    with app.app_context(), database.sessionmaker() as session:
+            plane.list_jobs(tenant.ref, JobQuery(limit=1, cursor="not-a-cursor"))
+    with container.database.scope():
         job_id = insert_queued_job(database, tenant.id)
-        service.cancel(session, tenant.id, job_id)
+        plane.cancel(tenant.ref, job_id)
         with pytest.raises(Conflict) as conflict:
-            service.cancel(session, tenant.id, job_id)
+            plane.cancel(tenant.ref, job_id)
         assert conflict.value.extra["job_status"] == "cancelled"

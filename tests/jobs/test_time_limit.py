@@ -11,9 +11,9 @@ from flask import Flask
 from sqlalchemy import select
 
 from app.jobs import sweeps
-from app.platform.database import current_session
 from app.platform.settings import Settings
 from app.platform.tables import DeadLetter
+from app.web.context import current_session, services
 from tests.conftest import WorkerProcess, wait_for_job
 
 
@@ -38,7 +38,7 @@ def test_a_job_that_outlives_its_time_limit_every_time_is_capped(
         while client.get(f"/jobs/{job_id}", headers=auth).json["status"] in ("queued", "running"):
             assert time.monotonic() < deadline, "the job was never capped"
             with app.app_context():  # what beat does every SWEEP_INTERVAL_SECONDS
-                sweeps.sweep(current_session(), fast)
+                sweeps.sweep(current_session(), fast, services().dispatcher)
             time.sleep(0.3)
         job = wait_for_job(client, auth, job_id)
     finally:

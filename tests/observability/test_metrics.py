@@ -20,6 +20,7 @@ from app import create_app
 from app.cli.launcher import worker_command
 from app.platform.database import Database
 from app.platform.settings import Settings
+from app.web.context import container_of
 from app.webhooks import delivery
 from tests.conftest import (
     QUIET_WORKER,
@@ -48,7 +49,7 @@ def hooks(isolated: Settings) -> Settings:
 def api(hooks: Settings) -> Iterator[Flask]:
     app = create_app(hooks)
     yield app
-    app.extensions["database"].engine.dispose()
+    container_of(app).database.engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +202,7 @@ def test_a_webhook_failure_is_counted_by_the_webhook_worker(
         # What beat's webhook sweep does: take due deliveries, send them to the senders.
         with api.app_context(), db.sessionmaker() as session:
             for delivery_id in delivery.take_due(session, hooks):
-                api.extensions["celery"].send_task(
+                container_of(api).celery.send_task(
                     delivery.DELIVER_TASK, args=[delivery_id], queue=hooks.webhooks_queue
                 )
         with db.engine.connect() as conn:

@@ -25,6 +25,7 @@ from app.platform.settings import ROOT, Settings
 from app.status.service import DEAD_LETTER_CAP
 from app.status.workers import WorkerCensus
 from app.tenancy.keys import create_operator_key, hash_key, revoke_api_keys
+from app.web.context import container_of
 from tests.conftest import (
     STAGED,
     TenantAuth,
@@ -47,7 +48,7 @@ def status_app(settings: Settings) -> Iterator[Flask]:
         )
     )
     yield app
-    app.extensions["database"].engine.dispose()
+    container_of(app).database.engine.dispose()
 
 
 @pytest.fixture
@@ -215,7 +216,7 @@ def test_api_processes_without_secret_key_share_the_one_kept_in_var_dir(
         assert (tmp_path / "secret-key").stat().st_mode & 0o777 == 0o600
     finally:
         for app in (one, two, other):
-            app.extensions["database"].engine.dispose()
+            container_of(app).database.engine.dispose()
 
 
 def test_processes_starting_at_once_keep_one_secret(tmp_path: Path) -> None:
@@ -255,12 +256,12 @@ def test_the_census_counts_the_workers_of_each_queue(
             worker.stop()
         assert client.get("/status.json").json["workers"]["queues"][own.jobs_queue] == 0
     finally:
-        app.extensions["database"].engine.dispose()
+        container_of(app).database.engine.dispose()
 
 
 def test_a_broker_that_does_not_answer_is_said_so_quickly(status_app: Flask) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    census = WorkerCensus(status_app.extensions["celery"], dead, ("inference",), ttl_s=0)
+    census = WorkerCensus(container_of(status_app).celery, dead, ("inference",), ttl_s=0)
     started = time.monotonic()
     answer = census.current()
     assert answer.reachable is False and answer.workers == {}
@@ -276,7 +277,7 @@ def test_the_page_answers_with_the_broker_down(settings: Settings) -> None:
         assert shown(html)[("", "workers-online")] == "?"
         assert "The broker did not answer" in html
     finally:
-        app.extensions["database"].engine.dispose()
+        container_of(app).database.engine.dispose()
 
 
 def test_dead_letters_are_counted_up_to_a_cap(web: FlaskClient, database: Database) -> None:

@@ -21,10 +21,11 @@ from sqlalchemy import text
 from standardwebhooks import Webhook
 
 from app import create_app
-from app.platform.database import Database, current_session
+from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Tenant
 from app.tenancy.keys import rotate_webhook_secret
+from app.web.context import container_of, current_session
 from app.webhooks import delivery, retry_after
 from app.webhooks.receiver import DuplicateDelivery, Receiver, WebhookVerificationError
 from tests.conftest import TenantAuth, WorkerProcess, make_tenant, wait_for_job
@@ -148,9 +149,9 @@ def pump(app: Flask, until: Callable[[], bool], timeout: float = 30) -> None:
     while not until():
         assert time.monotonic() < deadline, "condition not reached"
         with app.app_context():
-            settings = app.extensions["settings"]
+            settings = container_of(app).settings
             for delivery_id in delivery.take_due(current_session(), settings):
-                app.extensions["celery"].send_task(
+                container_of(app).celery.send_task(
                     delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
                 )
         time.sleep(0.1)
@@ -407,7 +408,7 @@ def take(app: Flask, settings: Settings, delivery_id: int) -> bool:
         ids = delivery.take_due(current_session(), settings)
         for other in ids:
             if other != delivery_id:
-                app.extensions["celery"].send_task(
+                container_of(app).celery.send_task(
                     delivery.DELIVER_TASK, args=[other], queue=settings.webhooks_queue
                 )
     return delivery_id in ids

@@ -1,8 +1,8 @@
-"""Requests that hold a server thread while they wait (event streams, long-polls,
-`Prefer: wait`, sync calls through the workers) are counted per API process:
+"""Requests that hold a thread while they wait (event streams, long-polls,
+`Prefer: wait`, sync calls through the workers, gRPC streams) are counted per process:
 each tenant may hold MAX_WAITS_PER_TENANT, all tenants together MAX_WAITS,
 which is kept below the process's threads so ordinary requests (a submit,
-a readiness check) always find one free. Beyond either, 429 with Retry-After.
+a readiness check) always find one free. Beyond either, TooManyWaits.
 """
 
 from __future__ import annotations
@@ -12,15 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from flask import current_app
-
-from app.errors import DomainError
-
-
-class TooManyWaits(DomainError):
-    """429: this tenant, or this process, already holds its share of waiting requests."""
-
-    problem_type = "too-many-waits"
+from app.errors import TooManyWaits
 
 
 class Holds:
@@ -37,12 +29,12 @@ class Holds:
                 raise TooManyWaits(
                     f"you already have {self.per_tenant} event streams, long-polls or sync calls "
                     "open on this server (MAX_WAITS_PER_TENANT); close one, or poll without "
-                    "waiting", retry_after=1, status=429, limit=self.per_tenant,
+                    "waiting", retry_after=1, limit=self.per_tenant,
                 )  # fmt: skip
             if sum(self._held.values()) >= self.total:
                 raise TooManyWaits(
                     f"this server already holds {self.total} waiting requests (MAX_WAITS); "
-                    "retry shortly, or poll without waiting", retry_after=1, status=429,
+                    "retry shortly, or poll without waiting", retry_after=1,
                     limit=self.total,
                 )  # fmt: skip
             self._held[tenant_id] += 1
@@ -65,8 +57,3 @@ class Holds:
             yield
         finally:
             release()
-
-
-def current() -> Holds:
-    holds: Holds = current_app.extensions["holds"]
-    return holds

@@ -1,0 +1,220 @@
+"""The composition root: every service of a process, built once from `Settings`.
+
+The HTTP door (`create_app`), the Celery worker, beat, Flower, `manage.py` and
+the benchmark each make one `Container`; nothing below the doors looks a
+service up by itself. Services are made on first use, so a worker never opens
+the API's event listener and the API never loads an ONNX Runtime session
+(except for inline models); a lock makes "once" hold across threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from app.platform.embedded import resolve_urls
+from app.platform.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from sqlalchemy.orm import Session
+
+    from app.dataplane import DataPlane
+    from app.dataplane.holds import Holds
+    from app.jobs.admission import Admission
+    from app.jobs.dispatch import Dispatcher
+    from app.jobs.events import EventBus
+    from app.jobs.inserts import JobInserter
+    from app.jobs.quotas import Quotas
+    from app.jobs.runner import Runtime
+    from app.models.registry import ModelRepository
+    from app.observability.metrics import QueueCollector
+    from app.platform.database import Database
+    from app.status.service import StatusBoard
+    from app.tenancy.keys import KeyCache
+
+T = TypeVar("T")
+
+
+class service(Generic[T]):
+    """A property made once per container on first use, under the container's lock."""
+
+    def __init__(self, build: Callable[[Container], T]) -> None:
+        self.build, self.name = build, build.__name__
+        self.__doc__ = build.__doc__
+
+    @overload
+    def __get__(self, container: None, owner: type) -> service[T]: ...
+    @overload
+    def __get__(self, container: Container, owner: type) -> T: ...
+    def __get__(self, container: Container | None, owner: type) -> service[T] | T:
+        if container is None:
+            return self
+        made = container._made
+        if self.name not in made:
+            with container._lock:
+                if self.name not in made:
+                    made[self.name] = self.build(container)
+        value: T = made[self.name]
+        return value
+
+
+class Container:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._made: dict[str, Any] = {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_env(cls) -> Container:
+        """From the environment, the embedded servers' URLs filled in."""
+        return cls(resolve_urls(Settings.from_env()))
+
+    @service
+    def database(self) -> Database:
+        from app.platform.database import Database
+
+        return Database(self.settings.database_url, self.settings.db_pool_size)
+
+    @contextmanager
+    def unit_of_work(self) -> Iterator[Session]:
+        """A scope for one task or command: its session, closed at the end."""
+        with self.database.scope() as session:
+            yield session
+
+    @service
+    def models(self) -> ModelRepository:
+        from app.models.registry import ModelRepository
+        from app.models.states import SharedStates
+
+        settings = self.settings
+        return ModelRepository(
+            settings.model_repository,
+            SharedStates(self.database.engine),
+            settings.model_state_cache_seconds,
+        )
+
+    @service
+    def events(self) -> EventBus:
+        from app.jobs.events import EventBus
+
+        return EventBus(self.database.engine)
+
+    @service
+    def celery(self) -> Celery:
+        from app.platform.broker import make_celery
+
+        return make_celery(self.settings, self.unit_of_work, beat_schedule(self.settings), self)
+
+    @service
+    def dispatcher(self) -> Dispatcher:
+        from app.jobs.dispatch import Dispatcher
+
+        settings, models = self.settings, self.models
+        # Each model's wake-ups go to the queue its card names (or DEFAULT_MODEL_QUEUE).
+        return Dispatcher(
+            self.celery, settings.redis_url, settings.jobs_queue,
+            lambda model: models.queue_of(model) or settings.model_queue,
+        )  # fmt: skip
+
+    @service
+    def inserter(self) -> JobInserter:
+        from app.jobs.inserts import JobInserter
+
+        dispatcher = self.dispatcher
+        return JobInserter(self.database.engine, lambda model: dispatcher.wake(model))
+
+    @service
+    def admission(self) -> Admission:
+        from app.jobs.admission import Admission
+
+        return Admission(self.settings.max_queued_per_model)
+
+    @service
+    def quotas(self) -> Quotas:
+        from app.jobs.quotas import Quotas
+
+        return Quotas(self.settings)
+
+    @service
+    def holds(self) -> Holds:
+        from app.dataplane.holds import Holds
+
+        return Holds(self.settings.max_waits_per_tenant, self.settings.max_waits)
+
+    @service
+    def api_keys(self) -> KeyCache:
+        from app.tenancy.keys import KeyCache
+
+        return KeyCache(self.settings.api_key_cache_seconds)
+
+    @service
+    def runtime(self) -> Runtime:
+        """The execute path's models and ONNX Runtime sessions (workers; inline models)."""
+        from app.jobs.runner import Runtime
+        from app.runtime.sessions import SessionPool
+
+        settings = self.settings
+        return Runtime(
+            repository=self.models,
+            sessions=SessionPool(settings.ort_provider, settings.ort_intra_op_threads),
+            settings=settings,
+            new_session=self.database.sessionmaker,
+        )
+
+    @service
+    def dataplane(self) -> DataPlane:
+        from app.dataplane import DataPlane
+
+        return DataPlane(
+            self.settings, self.database, self.models, self.events, self.inserter,
+            self.dispatcher, self.admission, self.quotas, self.holds,
+            sessions=lambda: self.runtime.sessions,
+        )  # fmt: skip
+
+    @service
+    def status(self) -> StatusBoard:
+        from app.status.service import StatusBoard
+        from app.status.workers import WorkerCensus
+
+        settings = self.settings
+        queues = (settings.jobs_queue, settings.webhooks_queue, settings.control_queue)
+        ttl = settings.status_cache_seconds
+        census = WorkerCensus(self.celery, settings.redis_url, queues, ttl)
+        return StatusBoard(census, settings.retention_seconds, settings.status_cache_seconds)
+
+    @service
+    def queue_metrics(self) -> QueueCollector:
+        from app.observability.metrics import QueueCollector
+
+        models = self.models
+        return QueueCollector(self.database.engine, lambda: {card.name for card in models.all()})
+
+    def after_fork(self) -> None:
+        """In a forked child: fresh database connections (never the parent's sockets)."""
+        if "database" in self._made:
+            self.database.after_fork()
+
+    def close(self) -> None:
+        """Close the connection pool (tests and commands that make many containers)."""
+        if "database" in self._made:
+            self.database.engine.dispose()
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Periodic work, declared as data. Beat only sends these, on the control queue
+    (never behind inference jobs), one pending message of each at most; the control
+    worker runs them (see app.jobs.periodic)."""
+    from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
+    from app.jobs.periodic import periodic
+    from app.schedules.service import TICK_TASK
+    from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
+
+    return {
+        "sweep-jobs": periodic(SWEEP_TASK, settings.sweep_interval_seconds, settings),
+        "purge-old-job-data": periodic(PURGE_TASK, 3600.0, settings),
+        "send-due-webhooks": periodic(WEBHOOK_SWEEP_TASK, 1.0, settings),
+        "fire-schedules": periodic(TICK_TASK, settings.schedule_tick_seconds, settings),
+    }

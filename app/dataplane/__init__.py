@@ -1,0 +1,13 @@
+"""The operations every door calls (`DataPlane`) and the typed requests they take."""
+
+from app.dataplane.plane import DataPlane
+from app.dataplane.requests import (
+    BatchRequest,
+    InferRequest,
+    JobQuery,
+    JobRequest,
+    Wait,
+    Webhook,
+)
+
+__all__ = ["BatchRequest", "DataPlane", "InferRequest", "JobQuery", "JobRequest", "Wait", "Webhook"]

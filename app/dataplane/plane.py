@@ -1,0 +1,245 @@
+"""The data plane: the operations every door calls.
+
+A door (the HTTP API, the KServe v2 HTTP door, later gRPC and the log door)
+only decodes its protocol into the typed requests of `app.dataplane.requests`,
+calls one operation here with the caller's tenant, and maps what comes back,
+or the `app.errors` it raises, to its own protocol. Each operation is one unit
+of work: it takes the current scope's session (`Database.session()`; a door
+opens the scope, or the HTTP request is one) and commits once, after which it
+may wake workers. The services below it never commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import IO
+
+from sqlalchemy.orm import Session
+
+from app.batches import files
+from app.batches import service as batches
+from app.dataplane.holds import Holds
+from app.dataplane.requests import BatchRequest, InferRequest, JobQuery, JobRequest, Wait
+from app.errors import Conflict
+from app.jobs import dead_letters, idempotency, service, sync, transitions
+from app.jobs.admission import Admission
+from app.jobs.dispatch import Dispatcher
+from app.jobs.events import EventBus
+from app.jobs.inserts import JobInserter
+from app.jobs.quotas import SYNC_PRIORITY, Quotas
+from app.models.registry import ModelCard, ModelRepository
+from app.observability import metrics
+from app.platform.database import Database
+from app.platform.settings import Settings
+from app.platform.tables import Batch, File, Job
+from app.runtime.sessions import SessionPool
+from app.tenancy.keys import TenantRef
+
+logger = logging.getLogger(__name__)
+
+
+class DataPlane:
+    """One per process, built by the container with explicit dependencies."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        database: Database,
+        models: ModelRepository,
+        events: EventBus,
+        inserter: JobInserter,
+        dispatcher: Dispatcher,
+        admission: Admission,
+        quotas: Quotas,
+        holds: Holds,
+        sessions: Callable[[], SessionPool],
+    ) -> None:
+        self.settings, self.database, self.models = settings, database, models
+        self.events, self.inserter, self.dispatcher = events, inserter, dispatcher
+        self.admission, self.quotas, self.holds = admission, quotas, holds
+        self._sessions = sessions  # ONNX Runtime sessions, for inline models only
+
+    # -- jobs ---------------------------------------------------------------------
+
+    def submit(self, tenant: TenantRef, request: JobRequest) -> Job:
+        """Check the inputs against the model, store the job, then wake its workers.
+
+        The row is committed before its model's workers are woken, so a claim
+        always sees it; if the wake-up fails, the job stays queued and the sweep
+        wakes them. With an idempotency key, a repeat of the same request
+        returns the first job. The tenant sees only the models its card grants.
+        """
+        card = self.models.resolve(request.model, request.version, tenant.name)
+        return self._submit(tenant, card, request)
+
+    def _submit(self, tenant: TenantRef, card: ModelCard, request: JobRequest) -> Job:
+        arrays = service.check_inputs(card, request.inputs)
+        if request.webhook is not None:
+            service.check_webhook(request.webhook, self.settings)
+        session = self.database.session()
+        key, fingerprint = request.idempotency_key, ""
+        if key is not None:
+            fingerprint = service.fingerprint(request.model, request.version, request.inputs)
+            earlier = idempotency.claim(session, tenant.id, key, fingerprint)
+            if earlier is not None:
+                job = service.get(session, tenant.id, earlier)
+                session.commit()
+                return job
+        # Refusals keep nothing: QuotaExceeded names the limit, QueueFull the bound.
+        self.quotas.admit_jobs(session, tenant.id, priority=request.priority)
+        self.admission.admit(session, card.name)
+        values = service.job_values(
+            card, arrays, tenant.id, priority=request.priority, deadline=request.deadline,
+            webhook=request.webhook, max_attempts=self.settings.job_max_attempts,
+        )  # fmt: skip
+        if key is None:
+            # Committed together with concurrent submits, its model woken (app.jobs.inserts).
+            job = Job(**values, **self.inserter.insert(values))
+        else:
+            # In this transaction, under the advisory lock `idempotency.claim` took.
+            job = service.stage(session, values)
+            idempotency.remember(session, tenant.id, key, fingerprint, job.id)
+            session.commit()
+            self._wake(session, [job])
+        metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
+        return job
+
+    def _wake(self, session: Session, jobs: list[Job]) -> None:
+        """After the commit: wake the jobs' model, or leave them to the sweep."""
+        if jobs and not self.dispatcher.wake(jobs[0].model):
+            transitions.mark_unsent(session, [job.id for job in jobs])
+            session.commit()
+
+    def infer(self, tenant: TenantRef, request: InferRequest) -> sync.Answer:
+        """Outputs for `request` within its timeout, holding one of the tenant's waits.
+
+        Raises InputsDoNotFit before anything runs, InferenceFailed when the model
+        failed the request, DeadlinePassed (naming the job) when it is unfinished.
+        """
+        settings = self.settings
+        timeout_s = min(
+            request.timeout_s or settings.sync_timeout_seconds, settings.max_wait_seconds
+        )
+        with self.holds.holding(tenant.id):
+            card = self.models.resolve(request.model, request.version, tenant.name)
+            if sync.runs_inline(card):
+                arrays = service.check_inputs(card, request.inputs)
+                session = self.database.session()
+                self.quotas.admit_jobs(session, tenant.id, 0)  # counted, though no job is made
+                session.commit()
+                return sync.run_inline(self._sessions(), card, arrays)
+            job_request = JobRequest(
+                card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY
+            )  # a caller waits: ahead of every async job of its model
+            job = self._submit(tenant, card, job_request)
+            job = service.wait_until_finished(
+                self.database.session(), self.events, tenant.id, job.id, timeout_s
+            )
+            return sync.answer(card, job, timeout_s)
+
+    def get(self, tenant: TenantRef, job_id: uuid.UUID) -> Job:
+        """The tenant's job with its outputs; another tenant's is NotFound."""
+        session = self.database.session()
+        job = service.get(session, tenant.id, job_id)
+        session.commit()
+        return job
+
+    def wait(self, tenant: TenantRef, job_id: uuid.UUID, wait: Wait) -> Job:
+        """The job after waiting (holding one of the tenant's waits) for its next
+        change or its end, or as it stands when the time is up."""
+        if wait.seconds <= 0:
+            return self.get(tenant, job_id)
+        session = self.database.session()
+        with self.holds.holding(tenant.id):
+            if wait.until == "change":
+                return service.wait_for_change(
+                    session, self.events, tenant.id, job_id, wait.seconds
+                )
+            return service.wait_until_finished(
+                session, self.events, tenant.id, job_id, wait.seconds
+            )
+
+    def list_jobs(self, tenant: TenantRef, query: JobQuery) -> service.Page:
+        session = self.database.session()
+        page = service.list_jobs(
+            session, tenant.id, limit=query.limit, status=query.status, model=query.model,
+            cursor=query.cursor, outputs=query.outputs,
+        )  # fmt: skip
+        session.commit()
+        return page
+
+    def cancel(self, tenant: TenantRef, job_id: uuid.UUID) -> Job:
+        """Cancel a queued job at once; a running one stops at its next checkpoint
+        (before its result is written). A finished job cannot be cancelled: Conflict."""
+        session = self.database.session()
+        status = transitions.request_cancel(session, tenant.id, job_id)
+        session.commit()
+        job = service.get(session, tenant.id, job_id)
+        if status is None:
+            raise Conflict(
+                f"job {job_id} is already {job.status}; only queued or running jobs can be "
+                "cancelled",
+                job_status=job.status,
+            )
+        session.refresh(job)
+        session.commit()
+        return job
+
+    def follow(self, tenant: TenantRef, job_id: uuid.UUID, after: int) -> Callable[[], None] | None:
+        """Before a job's event stream: NotFound for another tenant's job, None when
+        a stream resumed after event `after` has nothing left to send (the job
+        finished and its terminal event was sent); otherwise one of the tenant's
+        waits, held until the returned release is called (when the stream ends)."""
+        session = self.database.session()
+        service.get(session, tenant.id, job_id)
+        due = service.events_due(session, job_id, after)
+        session.commit()
+        return self.holds.acquire(tenant.id) if due else None
+
+    def holding(self, tenant: TenantRef) -> AbstractContextManager[None]:
+        """One of the tenant's waits, for a door that waits on its own."""
+        return self.holds.holding(tenant.id)
+
+    # -- batches, files, dead letters ----------------------------------------------
+    # (Their services still commit inside; moving those commits up here is next.)
+
+    def create_batch(self, tenant: TenantRef, request: BatchRequest) -> Batch:
+        """A batch of inline rows (cut into chunks now) or of an uploaded file
+        (checked at its start now, cut by a worker)."""
+        webhook = request.webhook
+        return batches.create(
+            self.database.session(), self.models, self.settings, tenant.id, request.model,
+            request.version, inputs=request.inputs, file_id=request.file_id,
+            webhook={"url": webhook.url, "events": list(webhook.events)} if webhook else None,
+            start_split=self.start_split, wake=self.dispatcher.wake, tenant=tenant.name,
+            quotas=self.quotas, admission=self.admission,
+        )  # fmt: skip
+
+    def start_split(self, batch_id: uuid.UUID) -> bool:
+        """Ask a worker to cut a file batch; False if the broker refused (the sweep
+        sends it again)."""
+        return batches.start_split(self.dispatcher, batch_id)
+
+    def upload(self, tenant: TenantRef, filename: str, fmt: str, body: IO[bytes]) -> File:
+        """Store an upload (committed); TooLarge past MAX_UPLOAD_BYTES, QuotaExceeded
+        past what the tenant may still store."""
+        return files.store(
+            self.database.session(), tenant.id, filename, fmt, body,
+            self.settings.max_upload_bytes, self.quotas,
+        )  # fmt: skip
+
+    def replay_dead_letter(self, tenant: TenantRef, letter_id: int, actor: str) -> uuid.UUID:
+        """Put the letter's job back in the queue, same id; Conflict if it cannot be."""
+        session = self.database.session()
+        return dead_letters.replay(session, tenant.id, letter_id, actor, self.dispatcher.wake)
+
+    def replay_dead_letters(
+        self, tenant: TenantRef, filters: dead_letters.Filters, limit: int, actor: str
+    ) -> list[uuid.UUID]:
+        """Replay every unreplayed letter that matches, oldest first, up to `limit`."""
+        return dead_letters.replay_matching(
+            self.database.session(), tenant.id, filters, limit, actor, self.dispatcher.wake
+        )

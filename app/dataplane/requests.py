@@ -1,0 +1,76 @@
+"""The typed requests the data plane takes: what a door decoded from its protocol.
+
+Each door (HTTP, KServe v2 over HTTP, and the gRPC and stream doors to come)
+fills these and hands them over with the caller's tenant (`TenantRef`); nothing
+here knows a header, a status code or a protobuf.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from app.jobs.service import Webhook
+
+__all__ = ["BatchRequest", "InferRequest", "JobQuery", "JobRequest", "Wait", "Webhook"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """An async job: `inputs` as `{"<input>": nested list}` or KServe v2 tensors.
+    `priority` 0-9 within the tenant's allowance; `deadline` ends the job
+    `expired` if unfinished by then; an `idempotency_key` makes a repeat return
+    the first job."""
+
+    model: str
+    inputs: Any
+    version: str | None = None
+    priority: int = 0
+    deadline: datetime | None = None
+    idempotency_key: str | None = None
+    webhook: Webhook | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """A sync call: its outputs within `timeout_s` (None: SYNC_TIMEOUT_SECONDS;
+    at most MAX_WAIT_SECONDS either way)."""
+
+    model: str
+    inputs: Any
+    version: str | None = None
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    """A page of a tenant's jobs, newest first; `cursor` from the previous page."""
+
+    limit: int
+    status: str | None = None
+    model: str | None = None
+    cursor: str | None = None
+    outputs: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """How long to wait for a job, and for what: its next `change` (long-poll)
+    or until it is `finished` (`Prefer: wait`)."""
+
+    seconds: float
+    until: Literal["change", "finished"] = "change"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRequest:
+    """Many rows of one model: inline `inputs` (rows along the first axis) or an
+    uploaded file (`file_id`), exactly one; a webhook for the batch's end."""
+
+    model: str
+    version: str | None = None
+    inputs: Any = None
+    file_id: uuid.UUID | None = None
+    webhook: Webhook | None = None

@@ -1,0 +1,83 @@
+"""The Celery app, configured from `Settings`; every task runs in a unit of work.
+
+Built by the container for every process (the API sends wake-ups with it, the
+worker runs tasks with it); the worker's own hooks (logging, fork, metrics)
+are in `workers.celery_app`. Broker settings chosen on purpose:
+- JSON only: messages carry job ids, never pickled objects or payloads.
+- `task_acks_late` + `task_reject_on_worker_lost`: a message is acknowledged
+  after the task returns, so a worker that dies mid-job leaves it on the queue.
+- prefetch 1: a worker holds one job it is not running, not a batch it could lose.
+- a visibility timeout (BROKER_VISIBILITY_TIMEOUT_SECONDS, an hour) far above
+  any job's run time, so Redis rarely hands a running job to a second worker;
+  when it does, the job's lease makes that second delivery a no-op.
+- `worker_cancel_long_running_tasks_on_connection_loss`: a task whose message
+  will be redelivered after a broker reconnect is stopped rather than run twice.
+- Redis itself must run with `noeviction` and AOF (docker-compose.yml, and the
+  embedded server), so queued messages survive memory pressure and restarts.
+- no result backend: job state lives in PostgreSQL, never in Celery results.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from celery import Celery, Task
+
+from app.observability import logs
+from app.platform.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def make_celery(
+    settings: Settings,
+    unit_of_work: Callable[[], AbstractContextManager[Any]],
+    beat_schedule: dict[str, dict[str, Any]],
+    services: object,
+) -> Celery:
+    """`unit_of_work` wraps every task (its database scope); `services` (the
+    process's container) is what tasks reach as `self.app.services`."""
+    if settings.broker_visibility_timeout_seconds <= settings.job_time_limit_seconds:
+        logger.warning(
+            "BROKER_VISIBILITY_TIMEOUT_SECONDS (%g) should exceed JOB_TIME_LIMIT_SECONDS (%g): "
+            "Redis will hand jobs still running to other workers, whose claims the lease "
+            "then refuses",
+            settings.broker_visibility_timeout_seconds,
+            settings.job_time_limit_seconds,
+        )
+
+    class UnitOfWorkTask(Task):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            # A fresh log context per task: what it binds (model, job) ends with it.
+            with logs.scope(), unit_of_work():
+                return self.run(*args, **kwargs)
+
+    celery = Celery("app", task_cls=UnitOfWorkTask)
+    celery.conf.update(
+        broker_url=settings.broker_url,
+        result_backend=None,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=settings.jobs_queue,
+        broker_transport_options={"visibility_timeout": settings.broker_visibility_timeout_seconds},
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_hijack_root_logger=False,
+        task_send_sent_event=False,
+        beat_schedule=beat_schedule,
+        beat_scheduler="workers.beat:OnePendingScheduler",
+        inference_redis_url=settings.redis_url,
+        include=["workers.tasks"],
+        timezone="UTC",
+    )
+    celery.services = services
+    celery.set_default()
+    return celery
