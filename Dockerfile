@@ -49,6 +49,6 @@ USER app
 
 EXPOSE 8000 5555
 
-CMD ["gunicorn", "--config", "python:app.web.gunicorn_conf", "--bind", "0.0.0.0:8000", \
+CMD ["gunicorn", "--config", "python:app.platform.gunicorn_conf", "--bind", "0.0.0.0:8000", \
      "--workers", "2", "--worker-class", "gthread", "--threads", "32", "--no-control-socket", \
      "--access-logfile", "-", "app:create_app()"]

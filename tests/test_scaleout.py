@@ -31,7 +31,7 @@ from app import create_app
 from app.jobs import dispatch, sweeps
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
-from app.web.context import container_of, current_session
+from app.web.context import container_of, current_session, services
 from tests.conftest import QUIET_WORKER, RUN_ID, TenantAuth, service_env, stop_process
 
 GPU, CPU = f"gpu-{RUN_ID}", f"cpu-{RUN_ID}"
@@ -286,7 +286,7 @@ def test_a_cpu_worker_never_takes_a_gpu_models_jobs_even_with_no_gpu_worker(
 ) -> None:
     on_gpu = submit(routed_app, tenant.headers, ON_GPU, 20)
     with routed_app.app_context():  # the sweep's republish goes to the GPU queue too
-        assert sweeps.wake_waiting(current_session(), older_than_s=0) >= 20
+        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=0) >= 20
     # A wake-up for the GPU model on the CPU queue (a waker with a stale card, or
     # none): the CPU worker passes it on to the GPU queue instead of running it.
     celery = container_of(routed_app).celery

@@ -46,10 +46,10 @@ WORKERS = ("worker", "webhooks", "control")
 
 def api_command(bind: str) -> list[str]:
     """gunicorn serving the API: threads, so slow clients and open event streams do
-    not hold a process. Its config (app.web.gunicorn_conf) sets up multi-process metrics,
+    not hold a process. Its config (app.platform.gunicorn_conf) sets up multi-process metrics,
     and JSON logs with LOG_FORMAT=json (where the API logs requests itself)."""
     return [
-        sys.executable, "-m", "gunicorn", "--config", "python:app.web.gunicorn_conf",
+        sys.executable, "-m", "gunicorn", "--config", "python:app.platform.gunicorn_conf",
         "--bind", bind, "--workers", "2",
         "--worker-class", "gthread", "--threads", "32", "--graceful-timeout", "10",
         "--access-logfile", "-", "--no-control-socket", "app:create_app()",

@@ -1,4 +1,4 @@
-"""gunicorn's settings for the API (`gunicorn -c python:app.web.gunicorn_conf`).
+"""gunicorn's settings for the API (`gunicorn -c python:app.platform.gunicorn_conf`).
 
 Metrics: every API process counts into PROMETHEUS_MULTIPROC_DIR (a temporary
 directory when none is set), which the master clears at start and in which it

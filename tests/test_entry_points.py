@@ -1,0 +1,36 @@
+"""What each process imports at start: the gunicorn master nothing that would be
+inherited across its fork, the Celery worker nothing of the HTTP door."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from app.platform.settings import ROOT, Settings
+
+
+def _modules_after(statement: str, settings: Settings) -> set[str]:
+    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
+    code = f"import sys\n{statement}\nprint('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    return set(out.stdout.split())
+
+
+def test_the_gunicorn_master_imports_no_onnx_runtime_and_no_metrics_client(
+    settings: Settings,
+) -> None:
+    # ONNX Runtime's state made before the fork hangs a worker's exit (a condition
+    # variable destroyed in an atexit handler); prometheus_client imported before
+    # PROMETHEUS_MULTIPROC_DIR is set counts in single-process mode.
+    modules = _modules_after("import app.platform.gunicorn_conf", settings)
+    assert "app.platform.gunicorn_conf" in modules
+    assert not {m for m in modules if m.split(".")[0] in ("onnxruntime", "prometheus_client")}
+    assert "app.web" not in modules
+
+
+def test_the_worker_entry_point_builds_no_flask_app(settings: Settings) -> None:
+    modules = _modules_after("import workers.worker", settings)
+    assert "workers.tasks" in modules or "app.container" in modules
+    assert not {m for m in modules if m == "app.web" or m.startswith("app.web.")}
