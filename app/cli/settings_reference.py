@@ -1,20 +1,14 @@
 """The settings table of the README, made from `app.platform.settings.Settings` itself: each
-field is the environment variable of its name in capitals, its default is the
-dataclass's, and its description is the comment block above it. `python
-manage.py settings` prints the table; a test checks the README holds exactly
-it, and that `Settings.from_env` reads every variable the table names, so the
-documentation cannot drift from the code.
+field is the environment variable of its name in capitals, with the field's default
+and description. `python manage.py settings` prints the table; a test checks the
+README holds exactly it, and that `Settings.from_env` reads every variable the table
+names, so the documentation cannot drift from the code.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from app.platform.settings import ROOT, Settings
 
@@ -32,39 +26,17 @@ class Variable:
 
 def variables() -> list[Variable]:
     """Every setting, in the order of the class."""
-    source = inspect.getsource(Settings)
-    lines = source.splitlines()
-    [cls] = ast.parse(source).body
-    assert isinstance(cls, ast.ClassDef)
-    defaults = {f.name: f for f in dataclasses.fields(Settings)}
+    defaults = Settings()  # as validated, e.g. WEBHOOK_RETRY_SCHEDULE's numbers as floats
     found: list[Variable] = []
-    shared = ""
-    for node in cls.body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        comments: list[str] = []
-        row = node.lineno - 2  # the line above, 0-based
-        while row >= 0 and lines[row].strip().startswith("#"):
-            comments.insert(0, lines[row].strip().lstrip("#").strip())
-            row -= 1
-        name = node.target.id
-        env = name.upper()
-        if comments:
-            text = " ".join(comments)
-            shared = env
-            description = re.sub(rf"^{env}(:\s*|$)", "", text).strip() or "—"
-            description = description[:1].upper() + description[1:]
-        else:
-            description = f"See `{shared}`."
-        found.append(Variable(env, name, _default(defaults[name]), description))
+    for name, spec in Settings.model_fields.items():
+        if not spec.description:
+            raise ValueError(f"Settings.{name} has no description")
+        default = _default(getattr(defaults, name))
+        found.append(Variable(name.upper(), name, default, " ".join(spec.description.split())))
     return found
 
 
-def _default(spec: dataclasses.Field[Any]) -> str:
-    if spec.default_factory is not dataclasses.MISSING:
-        value = spec.default_factory()
-    else:
-        value = spec.default
+def _default(value: object) -> str:
     if isinstance(value, Path):
         try:
             return f"`{value.relative_to(ROOT)}/` (in the checkout)"
@@ -79,8 +51,6 @@ def _default(spec: dataclasses.Field[Any]) -> str:
         return "(empty)"
     if isinstance(value, float):
         return f"`{int(value)}`" if value.is_integer() else f"`{value:g}`"
-    if isinstance(value, int):
-        return f"`{value}`"
     return f"`{value}`"
 
 
