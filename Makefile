@@ -41,6 +41,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: $(VENV)/.dev
 	$(VENV)/bin/ruff check --fix .

@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app.batches import service as batches
 from app.container import Container
+from app.dataplane import payloads
 from app.jobs import dispatch, periodic, runner, sweeps
 from app.observability import logs, metrics
 from app.platform.database import database_unavailable
@@ -132,7 +133,8 @@ _PURGE_OWN = ("purged", "idempotency_keys", "previous_webhook_secrets")
 @shared_task(name=delivery.DELIVER_TASK, bind=True, ignore_result=True)
 def deliver_webhook(self: Task, delivery_id: int) -> str | None:
     container = services(self)
-    return delivery.deliver(container.database.session(), container.settings, delivery_id)
+    session, settings = container.database.session(), container.settings
+    return delivery.deliver(session, settings, delivery_id, payloads.render)
 
 
 @shared_task(name=delivery.SWEEP_TASK, bind=True, ignore_result=True)

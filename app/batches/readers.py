@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.runtime.tensors import InvalidInputs, parse_inputs
 
 FORMATS = ("npy", "jsonl", "csv")

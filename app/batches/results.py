@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import Conflict, InvalidRequest
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.platform.tables import Batch, Job
 from app.runtime.datatypes import V2_TO_NUMPY
 from app.runtime.tensors import unpack

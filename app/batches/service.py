@@ -33,7 +33,8 @@ from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
 from app.jobs.dispatch import Dispatcher
 from app.jobs.quotas import Quotas
 from app.jobs.service import check_inputs
-from app.models.registry import ModelCard, ModelRepository
+from app.models.cards import ModelCard
+from app.models.registry import ModelRepository
 from app.platform.settings import Settings
 from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, File, Job
 from app.runtime.datatypes import V2_TO_NUMPY

@@ -30,7 +30,8 @@ from app.jobs.dispatch import Dispatcher
 from app.jobs.events import EventBus
 from app.jobs.inserts import JobInserter
 from app.jobs.quotas import SYNC_PRIORITY, Quotas
-from app.models.registry import ModelCard, ModelRepository
+from app.models.cards import ModelCard
+from app.models.registry import ModelRepository
 from app.observability import metrics
 from app.platform.database import Database
 from app.platform.settings import Settings

@@ -30,7 +30,8 @@ from app.errors import UnknownModel
 from app.jobs import telemetry
 from app.jobs.chunks import read_range, settle
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
-from app.models.registry import ModelCard, ModelRepository
+from app.models.cards import ModelCard
+from app.models.registry import ModelRepository
 from app.platform.settings import Settings
 from app.runtime.engine import NonFiniteOutput, infer
 from app.runtime.engine import rows as engine_rows

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, defer, undefer
 from app.errors import InputsDoNotFit, InvalidRequest, MalformedRequest, NotFound
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOB
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.platform.settings import Settings
 from app.platform.tables import TERMINAL_STATUSES, Job
 from app.runtime.tensors import InvalidInputs, pack, parse_inputs

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from app.errors import DeadlinePassed, DomainError, InferenceFailed
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.platform.tables import Job
 from app.runtime import engine
 from app.runtime.sessions import SessionPool

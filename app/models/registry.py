@@ -1,234 +1,28 @@
 """The model repository: `<root>/<name>/<version>/model.onnx` plus `card.json`.
 
-The card is the model's contract (inputs, outputs, labels, provenance, held-out
-accuracy, and the pre- and post-processing around the graph, if any). The API
-validates submissions against it without loading ONNX Runtime; workers check on
-load that the ONNX graph agrees with it.
+It scans the folder for cards (`app.models.cards`), keeps which versions serve
+(a version policy, and load states shared through PostgreSQL), which tenants
+see a model, and which queue its jobs travel on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from app.errors import UnknownModel
+from app.models.cards import ModelCard, version_key
 from app.models.states import READY, UNAVAILABLE, SharedStates, State
 
 logger = logging.getLogger(__name__)
 
 
-# A queue name a card may give: it becomes a Redis key and an item of WORKER_QUEUES.
-QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
 # `tenant` for a caller with no tenant (an anonymous metadata request): it sees
 # only the models open to every tenant. `None` (internal callers) sees all.
 PUBLIC = ""
-
-
-@dataclass(frozen=True)
-class VersionPolicy:
-    """Which versions of a model serve, as Triton's `version_policy`:
-    `{"latest": N}`, `{"specific": ["1", "3"]}`, or `{"all": {}}` (the default)."""
-
-    latest: int | None = None
-    specific: tuple[str, ...] | None = None
-
-    def select(self, versions: list[str]) -> list[str]:
-        """The serving ones of `versions` (sorted oldest first)."""
-        if self.latest is not None:
-            return versions[-self.latest :]
-        if self.specific is not None:
-            return [v for v in versions if v in self.specific]
-        return versions
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.latest is not None:
-            return {"latest": self.latest}
-        if self.specific is not None:
-            return {"specific": list(self.specific)}
-        return {"all": {}}
-
-    @classmethod
-    def from_dict(cls, raw: Any) -> VersionPolicy:
-        if raw is None or raw == {"all": {}}:
-            return cls()
-        if isinstance(raw, dict) and set(raw) == {"latest"}:
-            latest = raw["latest"]
-            if isinstance(latest, int) and not isinstance(latest, bool) and latest >= 1:
-                return cls(latest=latest)
-        if isinstance(raw, dict) and set(raw) == {"specific"}:
-            specific = raw["specific"]
-            if isinstance(specific, list) and all(isinstance(v, str | int) for v in specific):
-                return cls(specific=tuple(str(v) for v in specific))
-        raise ValueError(
-            'version_policy: {"latest": N} with N >= 1, {"specific": ["1", ...]} or {"all": {}}'
-        )
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str  # KServe v2 datatype, e.g. FP32
-    shape: tuple[int, ...]  # -1 means any size
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> TensorSpec:
-        return cls(str(raw["name"]), str(raw["datatype"]), tuple(int(d) for d in raw["shape"]))
-
-
-@dataclass(frozen=True)
-class Batching:
-    """How a worker batches jobs of this model, like Triton's dynamic batcher.
-
-    With `max_batch_size` > 0 the first dimension of every input and output is
-    the batch: jobs are concatenated along it, up to that many rows per ONNX
-    Runtime call, after the worker waited up to `max_queue_delay_ms` for more.
-    0 runs each job in a call of its own (inputs without a batch dimension).
-    """
-
-    max_batch_size: int = 0
-    max_queue_delay_ms: float = 0.0
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Batching:
-        size, delay = int(raw.get("max_batch_size", 0)), float(raw.get("max_queue_delay_ms", 0))
-        if size < 0 or not 0 <= delay <= 1000:
-            raise ValueError("batching: max_batch_size >= 0 and 0 <= max_queue_delay_ms <= 1000")
-        return cls(size, delay)
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    """Pre- and post-processing declared by the card, run around the graph by
-    `app.runtime.pipeline`: `pre` steps turn the card's inputs into the graph's
-    (`model_inputs`), `post` steps turn its outputs (`model_outputs`) into the
-    card's. Each step is `{"step": <name>, ...its parameters}`."""
-
-    pre: tuple[dict[str, Any], ...]
-    model_inputs: tuple[TensorSpec, ...]
-    model_outputs: tuple[TensorSpec, ...]
-    post: tuple[dict[str, Any], ...]
-    why: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **({"why": self.why} if self.why else {}),
-            "pre": list(self.pre),
-            "model": {
-                "inputs": [s.to_dict() for s in self.model_inputs],
-                "outputs": [s.to_dict() for s in self.model_outputs],
-            },
-            "post": list(self.post),
-        }
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> PipelineSpec:
-        steps = [*raw.get("pre", []), *raw.get("post", [])]
-        if not all(isinstance(step, dict) and isinstance(step.get("step"), str) for step in steps):
-            raise ValueError('pipeline: every step is an object with a "step" name')
-        return cls(
-            pre=tuple(raw.get("pre", [])),
-            model_inputs=tuple(TensorSpec.from_dict(s) for s in raw["model"]["inputs"]),
-            model_outputs=tuple(TensorSpec.from_dict(s) for s in raw["model"]["outputs"]),
-            post=tuple(raw.get("post", [])),
-            why=str(raw.get("why", "")),
-        )
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    name: str
-    version: str
-    path: Path  # the version directory
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    platform: str = "onnxruntime_onnx"
-    description: str = ""
-    labels: tuple[str, ...] = ()
-    batching: Batching = field(default_factory=Batching)
-    pipeline: PipelineSpec | None = None  # None: clients' tensors go to the graph as they are
-    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
-    tenants: tuple[str, ...] | None = None  # None: every tenant may use it
-    # The Celery queue its jobs' wake-ups travel on ("gpu", "cpu"): only workers that
-    # serve it run the model. None: DEFAULT_MODEL_QUEUE. The newest card speaks for
-    # the model (jobs are claimed by model, whatever their version).
-    queue: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def onnx_path(self) -> Path:
-        return self.path / "model.onnx"
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}:{self.version}"
-
-    def visible_to(self, tenant: str | None) -> bool:
-        return tenant is None or self.tenants is None or tenant in self.tenants
-
-    def input(self, name: str) -> TensorSpec | None:
-        return next((spec for spec in self.inputs if spec.name == name), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "platform": self.platform,
-            "description": self.description,
-            "inputs": [s.to_dict() for s in self.inputs],
-            "outputs": [s.to_dict() for s in self.outputs],
-            "labels": list(self.labels),
-            "batching": {
-                "max_batch_size": self.batching.max_batch_size,
-                "max_queue_delay_ms": self.batching.max_queue_delay_ms,
-            },
-            **({"pipeline": self.pipeline.to_dict()} if self.pipeline else {}),
-            "version_policy": self.version_policy.to_dict(),
-            **({"queue": self.queue} if self.queue else {}),
-            **self.extra,
-        }
-
-    @classmethod
-    def load(cls, version_dir: Path) -> ModelCard:
-        raw = json.loads((version_dir / "card.json").read_text())
-        known = {"name", "version", "platform", "description", "inputs", "outputs", "labels",
-                 "batching", "pipeline", "version_policy", "tenants", "queue"}  # fmt: skip
-        tenants = raw.get("tenants")
-        if tenants is not None and not (
-            isinstance(tenants, list) and all(isinstance(t, str) for t in tenants)
-        ):
-            raise ValueError('tenants: a list of tenant names, e.g. ["acme"]')
-        queue = raw.get("queue")
-        if queue is not None and not (isinstance(queue, str) and QUEUE_NAME.fullmatch(queue)):
-            raise ValueError('queue: a queue name of [A-Za-z0-9_.-], at most 64, e.g. "gpu"')
-        return cls(
-            name=version_dir.parent.name,
-            version=version_dir.name,
-            path=version_dir,
-            inputs=tuple(TensorSpec.from_dict(s) for s in raw["inputs"]),
-            outputs=tuple(TensorSpec.from_dict(s) for s in raw["outputs"]),
-            platform=raw.get("platform", "onnxruntime_onnx"),
-            description=raw.get("description", ""),
-            labels=tuple(raw.get("labels", ())),
-            batching=Batching.from_dict(raw.get("batching", {})),
-            pipeline=PipelineSpec.from_dict(raw["pipeline"]) if "pipeline" in raw else None,
-            version_policy=VersionPolicy.from_dict(raw.get("version_policy")),
-            tenants=tuple(tenants) if tenants is not None else None,
-            queue=queue,
-            extra={k: v for k, v in raw.items() if k not in known},
-        )
-
-
-def version_key(version: str) -> tuple[int, int | str]:
-    return (0, int(version)) if version.isdigit() else (1, version)
 
 
 @dataclass(frozen=True)

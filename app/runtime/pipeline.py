@@ -17,22 +17,30 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from app.runtime.sessions import SessionPool
 
 Arrays = dict[str, np.ndarray]
+
+
+class Graphs(Protocol):
+    """What runs a card's ONNX graph (`app.runtime.sessions.SessionPool`): the steps
+    need only this, so this module imports nothing of the sessions'."""
+
+    def run(self, card: ModelCard, inputs: Arrays, names: list[str] | None = None) -> Arrays: ...
+
+
 Step = Callable[[ModelCard, dict[str, Any], Arrays], Arrays]
 
 
-def run(sessions: SessionPool, card: ModelCard, inputs: Arrays) -> Arrays:
+def run(sessions: Graphs, card: ModelCard, inputs: Arrays) -> Arrays:
     """The card's outputs for `inputs` (the card's inputs, rows along axis 0).
 
     More rows than `max_batch_size` (a batch's chunk) run in calls of that many:
@@ -51,7 +59,7 @@ def run(sessions: SessionPool, card: ModelCard, inputs: Arrays) -> Arrays:
     return _run_steps(sessions, card, inputs)
 
 
-def _run_steps(sessions: SessionPool, card: ModelCard, inputs: Arrays) -> Arrays:
+def _run_steps(sessions: Graphs, card: ModelCard, inputs: Arrays) -> Arrays:
     spec = card.pipeline
     assert spec is not None
     tensors = dict(inputs)

@@ -12,6 +12,7 @@ from flask_smorest import Blueprint
 
 from app.errors import Forbidden
 from app.models.registry import PUBLIC
+from app.observability import logs
 from app.tenancy.keys import OPERATOR, Caller, KeyCache, TenantRef
 from app.web.context import current_session, services
 from app.web.problems import Problem
@@ -88,6 +89,7 @@ def authenticated(view: F) -> F:
         if caller.tenant is None:
             raise Forbidden("this route needs a tenant's API key; an operator key has no jobs")
         g.tenant = caller.tenant
+        logs.bind(tenant=caller.tenant.name)  # on every line of this request from here on
         return view(*args, **kwargs)
 
     documented = _docs.doc(security=[{"bearerAuth": []}])(wrapper)

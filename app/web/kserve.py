@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from app.errors import InvalidRequest
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.runtime.datatypes import V2_TO_NUMPY, decode_bytes, encode_bytes, is_bytes
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

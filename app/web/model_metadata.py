@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.models.registry import ModelCard, ModelRepository
+from app.models.cards import ModelCard
+from app.models.registry import ModelRepository
 from app.web.auth import optional_tenant
 from app.web.blueprint import Blueprint
 from app.web.context import services

@@ -12,9 +12,9 @@ delivery again, with the same webhook-id.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,7 +24,6 @@ from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from app.jobs.representation import JobSchema
 from app.observability import logs, metrics
 from app.platform.settings import Settings
 from app.platform.tables import (
@@ -105,12 +104,23 @@ class _Taken:
     lease: datetime
 
 
+# The event a delivery sends, as JSON: made by the layer that knows jobs and batches
+# (app.dataplane.payloads), so this package imports neither.
+Render = Callable[[Session, Settings, WebhookDelivery, datetime], str]
+
+
 def deliver(
-    session: Session, settings: Settings, delivery_id: int, *, resolver: Resolver | None = None
+    session: Session,
+    settings: Settings,
+    delivery_id: int,
+    render: Render,
+    *,
+    resolver: Resolver | None = None,
 ) -> str | None:
     """One attempt of one delivery; returns its status afterwards (None: not ours).
 
-    The lease starts at the take, and no transaction is open during the POST."""
+    The payload is rendered once, at the first attempt, and kept. The lease starts
+    at the take, and no transaction is open during the POST."""
     row = session.execute(
         _TAKE, {"id": delivery_id, "lease": lease_seconds(settings)}
     ).one_or_none()
@@ -127,7 +137,7 @@ def deliver(
         return _finish(session, taken, delivery, "disabled", counted=0, error=note)
     payload = delivery.payload
     if payload is None:
-        payload = _payload(session, settings, delivery, now)
+        payload = render(session, settings, delivery, now)
         if session.execute(_SET_PAYLOAD, {**_guard(taken), "payload": payload}).first() is None:
             session.rollback()
             return None
@@ -222,28 +232,6 @@ def _post(
         error = "redirect not followed" if 300 <= code < 400 else f"HTTP {code}"
         return transport.Answer(code, error, answer.retry_after, answer.latency_ms)
     return answer
-
-
-def _payload(session: Session, settings: Settings, delivery: WebhookDelivery, now: datetime) -> str:
-    """The event as sent on every attempt: the job as GET /jobs/<id> shows it. Outputs
-    that would make it larger than WEBHOOK_MAX_PAYLOAD_BYTES are replaced by a link."""
-    if delivery.batch_id is not None:  # a batch's event: the batch as GET /batches/<id> shows it
-        from app.batches.representation import BatchSchema, describe
-
-        batch = session.get(Batch, delivery.batch_id)
-        assert batch is not None
-        body = {"type": delivery.event_type, "timestamp": now.isoformat(),
-                "data": BatchSchema().dump(describe(session, batch))}  # fmt: skip
-        return json.dumps(body)
-    job = session.get(Job, delivery.job_id)
-    data: dict[str, Any] = JobSchema().dump(job)
-    body = {"type": delivery.event_type, "timestamp": now.isoformat(), "data": data}
-    encoded = json.dumps(body)
-    if len(encoded) > settings.webhook_max_payload_bytes:
-        data["outputs"] = None
-        data["outputs_url"] = f"/jobs/{delivery.job_id}"
-        encoded = json.dumps(body)
-    return encoded
 
 
 def _dead_letter(session: Session, delivery: WebhookDelivery, attempts: int, error: str) -> None:

@@ -22,7 +22,7 @@ from flask.testing import FlaskClient
 from app import create_app
 from app.batches import service as batches
 from app.jobs import sweeps
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Job, WebhookDelivery

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from app import create_app
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Job

@@ -24,7 +24,7 @@ import requests
 import sqlalchemy as sa
 
 from app import create_app
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.platform.tables import Tenant

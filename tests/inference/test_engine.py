@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from app.models.registry import ModelCard, ModelRepository
+from app.models.cards import ModelCard
+from app.models.registry import ModelRepository
 from app.runtime.engine import Arrays, NonFiniteOutput, infer
 from app.runtime.sessions import SessionPool
 

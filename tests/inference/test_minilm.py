@@ -15,7 +15,8 @@ import onnxruntime as ort
 import pytest
 
 from app.errors import InvalidRequest
-from app.models.registry import ModelCard, ModelRepository, TensorSpec
+from app.models.cards import ModelCard, TensorSpec
+from app.models.registry import ModelRepository
 from app.runtime.engine import Arrays, infer
 from app.runtime.sessions import ModelMismatch, SessionPool
 from app.runtime.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.models.registry import ModelCard
+from app.models.cards import ModelCard
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Batch, Schedule, Tenant

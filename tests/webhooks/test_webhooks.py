@@ -21,6 +21,7 @@ from sqlalchemy import text
 from standardwebhooks import Webhook
 
 from app import create_app
+from app.dataplane import payloads
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Tenant
@@ -378,7 +379,7 @@ def test_the_url_is_checked_again_at_delivery(
         session = current_session()
         due = delivery.take_due(session, strict)
         [mine] = [d for d in deliveries(app_, tenant, job["id"]) if d["id"] in due]
-        assert delivery.deliver(session, strict, mine["id"]) == "failed"
+        assert delivery.deliver(session, strict, mine["id"], payloads.render) == "failed"
     assert receiver.at("/inside") == []
     [logged] = deliveries(app_, tenant, job["id"])
     assert "not a public address" in logged["log"][0]["error"]
@@ -430,7 +431,7 @@ def in_thread(database: Database, settings: Settings, delivery_id: int) -> tuple
 
     def send() -> None:
         with database.sessionmaker() as session:
-            result["status"] = delivery.deliver(session, settings, delivery_id)
+            result["status"] = delivery.deliver(session, settings, delivery_id, payloads.render)
 
     thread = threading.Thread(target=send)
     thread.start()
@@ -530,7 +531,7 @@ def test_dns_rebinding_reaches_only_the_checked_address(
     try:
         assert take(app_, strict, delivery_id)
         with database.sessionmaker() as session:
-            assert delivery.deliver(session, strict, delivery_id) == "delivered"
+            assert delivery.deliver(session, strict, delivery_id, payloads.render) == "delivered"
     finally:
         public.server.shutdown()
         internal.server.shutdown()
@@ -552,7 +553,7 @@ def test_an_egress_proxy_carries_every_delivery(
     try:
         assert take(app_, proxied, delivery_id)
         with database.sessionmaker() as session:
-            assert delivery.deliver(session, proxied, delivery_id) == "delivered"
+            assert delivery.deliver(session, proxied, delivery_id, payloads.render) == "delivered"
     finally:
         proxy.server.shutdown()
     [hit] = proxy.received
@@ -599,7 +600,7 @@ def test_the_lease_starts_when_a_sender_takes_the_delivery(
     delivery_id = done_job(app_, tenant, f"{receiver.base}/late-message")
     assert take(app_, slow, delivery_id)
     with database.sessionmaker() as session:
-        assert delivery.deliver(session, slow, delivery_id) == "pending"
+        assert delivery.deliver(session, slow, delivery_id, payloads.render) == "pending"
     wait_until(lambda: take(app_, slow, delivery_id))
     expire_lease(database, delivery_id)  # the message sat in the queue
     thread, result = in_thread(database, slow, delivery_id)
@@ -625,7 +626,7 @@ def test_a_sender_that_lost_its_lease_writes_nothing(
     expire_lease(database, delivery_id)  # A stalls
     assert take(app_, slow, delivery_id)
     with database.sessionmaker() as session:
-        assert delivery.deliver(session, slow, delivery_id) == "delivered"
+        assert delivery.deliver(session, slow, delivery_id, payloads.render) == "delivered"
     thread.join()
     assert late["status"] is None
     with database.sessionmaker() as session:
@@ -678,7 +679,7 @@ def test_no_transaction_is_open_while_the_receiver_answers(
         ]
         delivery_id = done_job(app_, tenant, f"{receiver.base}/no-transaction")
         assert take(app_, hooks, delivery_id)
-        assert delivery.deliver(session, hooks, delivery_id) == "delivered"
+        assert delivery.deliver(session, hooks, delivery_id, payloads.render) == "delivered"
     assert observed == [False]
 
 

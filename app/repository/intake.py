@@ -23,7 +23,7 @@ from typing import Any
 import onnxruntime as ort
 
 from app.errors import Conflict, InvalidModel, InvalidRequest
-from app.models.registry import ModelCard, TensorSpec, version_key
+from app.models.cards import ModelCard, TensorSpec, version_key
 from app.runtime.datatypes import ORT_TO_V2
 from app.runtime.sessions import ModelMismatch, check_card
 

@@ -1,0 +1,36 @@
+"""What a webhook says: the job as GET /jobs/<id> shows it, or the batch as
+GET /batches/<id> does. Given to the webhook sender (`app.webhooks.delivery`)
+by the container, so the webhooks package needs neither representation."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.batches.representation import BatchSchema, describe
+from app.jobs.representation import JobSchema
+from app.platform.settings import Settings
+from app.platform.tables import Batch, Job, WebhookDelivery
+
+
+def render(session: Session, settings: Settings, delivery: WebhookDelivery, now: datetime) -> str:
+    """The event as sent on every attempt: the job as GET /jobs/<id> shows it. Outputs
+    that would make it larger than WEBHOOK_MAX_PAYLOAD_BYTES are replaced by a link."""
+    if delivery.batch_id is not None:  # a batch's event: the batch as GET /batches/<id> shows it
+        batch = session.get(Batch, delivery.batch_id)
+        assert batch is not None
+        body = {"type": delivery.event_type, "timestamp": now.isoformat(),
+                "data": BatchSchema().dump(describe(session, batch))}  # fmt: skip
+        return json.dumps(body)
+    job = session.get(Job, delivery.job_id)
+    data: dict[str, Any] = JobSchema().dump(job)
+    body = {"type": delivery.event_type, "timestamp": now.isoformat(), "data": data}
+    encoded = json.dumps(body)
+    if len(encoded) > settings.webhook_max_payload_bytes:
+        data["outputs"] = None
+        data["outputs_url"] = f"/jobs/{delivery.job_id}"
+        encoded = json.dumps(body)
+    return encoded
