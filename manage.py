@@ -346,8 +346,8 @@ def models_add(
     graph, and place both in MODEL_REPOSITORY/NAME/VERSION/. Running API and
     worker processes serve it within MODEL_STATE_CACHE_SECONDS."""
     from app.errors import DomainError
-    from app.models import control
     from app.models.registry import ModelRepository
+    from app.repository import control
 
     settings = _settings()
     database = _container().database

@@ -21,6 +21,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.batches import service as batches
+from app.dataplane.payloads import render
 from app.jobs import sweeps
 from app.models.cards import ModelCard
 from app.platform.database import Database
@@ -28,7 +29,6 @@ from app.platform.settings import Settings
 from app.platform.tables import Job, WebhookDelivery
 from app.runtime.sessions import SessionPool
 from app.web.context import container_of, services
-from app.webhooks.delivery import _payload
 from tests.conftest import TenantAuth, WorkerProcess
 from tests.models import build_flaky_digits, build_slow_rows
 
@@ -340,7 +340,7 @@ def test_batch_webhook_fires_once_per_batch_not_per_chunk(
         )
         assert chunk_deliveries == 0
         with batch_app.app_context():
-            body = json.loads(_payload(session, container_of(batch_app).settings, deliveries[0],
+            body = json.loads(render(session, container_of(batch_app).settings, deliveries[0],
                                        deliveries[0].created_at))  # fmt: skip
     assert body["type"] == "batch.succeeded"
     assert body["data"]["id"] == batch["id"] and body["data"]["rows_done"] == 40
