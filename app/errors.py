@@ -90,6 +90,13 @@ class Forbidden(DomainError):
     code = "forbidden"
 
 
+class Unavailable(DomainError):
+    """Something the operation needs is not there right now (a model's file, the
+    database, the broker); worth a retry after `retry_after` seconds."""
+
+    code = "service-unavailable"
+
+
 class QueueFull(DomainError):
     """The model's queue is at its bound; nothing of the request was kept."""
 

@@ -35,6 +35,7 @@ def _context(tenant: str) -> Iterator[tuple[Session, Settings, ModelRepository, 
             if found is None:
                 raise click.ClickException(f"no tenant named {tenant!r}")
             yield session, settings, ModelRepository(settings.model_repository), found
+            session.commit()  # the command is the unit of work: all of it, or none
     except (DomainError, UnknownModel) as exc:
         raise click.ClickException(getattr(exc, "detail", str(exc))) from None
     finally:

@@ -6,8 +6,20 @@ from app.dataplane.requests import (
     InferRequest,
     JobQuery,
     JobRequest,
+    ScheduleFields,
+    ScheduleInput,
     Wait,
     Webhook,
 )
 
-__all__ = ["BatchRequest", "DataPlane", "InferRequest", "JobQuery", "JobRequest", "Wait", "Webhook"]
+__all__ = [
+    "BatchRequest",
+    "DataPlane",
+    "InferRequest",
+    "JobQuery",
+    "JobRequest",
+    "ScheduleFields",
+    "ScheduleInput",
+    "Wait",
+    "Webhook",
+]

@@ -17,13 +17,22 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import IO
 
+import redis
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.batches import files
 from app.batches import service as batches
 from app.dataplane.holds import Holds
-from app.dataplane.requests import BatchRequest, InferRequest, JobQuery, JobRequest, Wait
-from app.errors import Conflict
+from app.dataplane.requests import (
+    BatchRequest,
+    InferRequest,
+    JobQuery,
+    JobRequest,
+    ScheduleFields,
+    Wait,
+)
+from app.errors import Conflict, Unavailable
 from app.jobs import dead_letters, idempotency, service, sync, transitions
 from app.jobs.admission import Admission
 from app.jobs.dispatch import Dispatcher
@@ -35,8 +44,9 @@ from app.models.registry import ModelRepository
 from app.observability import metrics
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Batch, File, Job
+from app.platform.tables import Batch, File, Job, Schedule
 from app.runtime.sessions import SessionPool
+from app.schedules import service as schedules
 from app.tenancy.keys import TenantRef
 
 logger = logging.getLogger(__name__)
@@ -244,3 +254,94 @@ class DataPlane:
         return dead_letters.replay_matching(
             self.database.session(), tenant.id, filters, limit, actor, self.dispatcher.wake
         )
+
+    # -- models and health ---------------------------------------------------------
+
+    def model(self, tenant: str | None, name: str, version: str | None = None) -> ModelCard:
+        """The card the caller may see: `tenant` a tenant's name, PUBLIC for an
+        anonymous caller (open models only), None for an operator (every model).
+        Another tenant's model is UnknownModel, like an absent one."""
+        return self.models.resolve(name, version, tenant)
+
+    def list_models(self, tenant: str | None) -> list[tuple[ModelCard, list[str]]]:
+        """The serving models the caller may see, each with its serving versions."""
+        cards = [self.models.resolve(name) for name in self.models.names(tenant)]
+        return [(card, self.models.versions(card.name)) for card in cards]
+
+    def model_ready(self, tenant: str | None, name: str, version: str | None = None) -> ModelCard:
+        """The card of a model that can serve now; Unavailable while its file is gone."""
+        card = self.model(tenant, name, version)
+        if not card.onnx_path.is_file():
+            raise Unavailable(
+                f"model {card.ref} is not ready: {card.onnx_path.name} is missing", retry_after=5
+            )
+        return card
+
+    def readiness(self) -> dict[str, str]:
+        """Each dependency's state, `ok` or why not: PostgreSQL and Redis answer, and
+        at least one model is built."""
+        return {"database": self._check_database(), "redis": self._check_redis(),
+                "models": self._check_models()}  # fmt: skip
+
+    def _check_database(self) -> str:
+        try:
+            self.database.ping()
+        except SQLAlchemyError as exc:
+            return f"unreachable ({type(exc).__name__})"
+        return "ok"
+
+    def _check_redis(self) -> str:
+        url = self.settings.redis_url
+        try:
+            redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2).ping()
+        except (redis.RedisError, OSError) as exc:
+            return f"unreachable ({type(exc).__name__})"
+        return "ok"
+
+    def _check_models(self) -> str:
+        if not self.models.all():
+            self.models.refresh()
+        if not self.models.all():
+            return "no model is built; run `python manage.py models build`"
+        return "ok"
+
+    # -- schedules -----------------------------------------------------------------
+
+    def create_schedule(self, tenant: TenantRef, fields: ScheduleFields) -> Schedule:
+        """A cron schedule of batch runs; its first tick is the next one."""
+        session = self.database.session()
+        schedule = schedules.create(session, self.models, self.settings, tenant.id, dict(fields))
+        session.commit()
+        return schedule
+
+    def update_schedule(
+        self, tenant: TenantRef, schedule_id: uuid.UUID, changes: ScheduleFields
+    ) -> Schedule:
+        session = self.database.session()
+        schedule = schedules.update_schedule(
+            session, self.models, self.settings, tenant.id, schedule_id, dict(changes)
+        )
+        session.commit()
+        return schedule
+
+    def delete_schedule(self, tenant: TenantRef, schedule_id: uuid.UUID) -> None:
+        """Its runs stay, as batches."""
+        session = self.database.session()
+        schedules.delete(session, tenant.id, schedule_id)
+        session.commit()
+
+    def get_schedule(self, tenant: TenantRef, schedule_id: uuid.UUID) -> Schedule:
+        session = self.database.session()
+        schedule = schedules.get(session, tenant.id, schedule_id)
+        session.commit()
+        return schedule
+
+    def list_schedules(self, tenant: TenantRef) -> list[Schedule]:
+        session = self.database.session()
+        found = schedules.list_schedules(session, tenant.id)
+        session.commit()
+        return found
+
+    def schedule_runs(self, tenant: TenantRef, schedule_id: uuid.UUID, limit: int) -> list[Batch]:
+        """Its runs, newest tick first: each a batch."""
+        return schedules.runs(self.database.session(), tenant.id, schedule_id, limit)

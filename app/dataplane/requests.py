@@ -10,11 +10,20 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from app.jobs.service import Webhook
 
-__all__ = ["BatchRequest", "InferRequest", "JobQuery", "JobRequest", "Wait", "Webhook"]
+__all__ = [
+    "BatchRequest",
+    "InferRequest",
+    "JobQuery",
+    "JobRequest",
+    "ScheduleFields",
+    "ScheduleInput",
+    "Wait",
+    "Webhook",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +83,24 @@ class BatchRequest:
     inputs: Any = None
     file_id: uuid.UUID | None = None
     webhook: Webhook | None = None
+
+
+class ScheduleInput(TypedDict, total=False):
+    """A schedule's input: an uploaded file, or a path in the tenant's data area."""
+
+    file_id: uuid.UUID | None
+    path: str | None
+
+
+class ScheduleFields(TypedDict, total=False):
+    """A schedule's fields; on an update only those given change (a new cron, time
+    zone or resume starts from the next tick)."""
+
+    name: str
+    cron: str
+    timezone: str
+    model: str
+    version: str | None
+    input: ScheduleInput
+    output: str | None
+    paused: bool

@@ -85,7 +85,7 @@ def create(
     schedule = Schedule(id=uuid.uuid4(), tenant_id=tenant_id, paused=False)
     _apply(session, repository, settings, schedule, {"timezone": "UTC", **spec}, creating=True)
     session.add(schedule)
-    _commit_unique(session, schedule)
+    _flush_unique(session, schedule)
     return schedule
 
 
@@ -101,7 +101,7 @@ def update_schedule(
     schedule = get(session, tenant_id, schedule_id, lock=True)
     _apply(session, repository, settings, schedule, changes, creating=False)
     schedule.updated_at = datetime.now(UTC)
-    _commit_unique(session, schedule)
+    _flush_unique(session, schedule)
     return schedule
 
 
@@ -150,13 +150,15 @@ def _apply(
         schedule.next_run_at = next_tick(schedule.cron, schedule.timezone, datetime.now(UTC))
 
 
-def _commit_unique(session: Session, schedule: Schedule) -> None:
+def _flush_unique(session: Session, schedule: Schedule) -> None:
+    """Write the schedule now, in a savepoint: a name the tenant already has is an
+    InvalidRequest, and the caller's transaction goes on."""
     from sqlalchemy.exc import IntegrityError
 
     try:
-        session.commit()
+        with session.begin_nested():
+            session.flush()
     except IntegrityError:
-        session.rollback()
         raise InvalidRequest(
             f"you already have a schedule named {schedule.name!r}",
             errors={"name": ["unique among your schedules"]},
@@ -177,7 +179,7 @@ def list_schedules(session: Session, tenant_id: int) -> list[Schedule]:
 def delete(session: Session, tenant_id: int, schedule_id: uuid.UUID) -> None:
     """Its runs stay, as batches, without their link to it."""
     session.delete(get(session, tenant_id, schedule_id))
-    session.commit()
+    session.flush()
 
 
 def runs(session: Session, tenant_id: int, schedule_id: uuid.UUID, limit: int) -> list[Batch]:

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-from sqlalchemy.exc import SQLAlchemyError
-
 from app.web.blueprint import Blueprint
-from app.web.context import services
+from app.web.context import plane
 from app.web.problems import PROBLEM_TYPES, Problem
 
 blp = Blueprint("health", __name__, description="Health and server metadata")
@@ -33,7 +30,7 @@ def live() -> dict[str, Any]:
 @blp.response(200, description="PostgreSQL and Redis answer and a model is loadable")
 @blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="Names each failed check")
 def ready() -> dict[str, Any]:
-    checks = {"database": _check_database(), "redis": _check_redis(), "models": _check_models()}
+    checks = plane().readiness()
     failed = {name: message for name, message in checks.items() if message != "ok"}
     if failed:
         raise Problem(
@@ -52,29 +49,3 @@ def problem_type(code: str) -> dict[str, Any]:
         raise Problem("not-found", f"no problem type '{code}'; known: {', '.join(PROBLEM_TYPES)}")
     status, title, advice = PROBLEM_TYPES[code]
     return {"type": f"/problems/{code}", "status": status, "title": title, "description": advice}
-
-
-def _check_database() -> str:
-    try:
-        services().database.ping()
-    except SQLAlchemyError as exc:
-        return f"unreachable ({type(exc).__name__})"
-    return "ok"
-
-
-def _check_redis() -> str:
-    url = services().settings.redis_url
-    try:
-        redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2).ping()
-    except (redis.RedisError, OSError) as exc:
-        return f"unreachable ({type(exc).__name__})"
-    return "ok"
-
-
-def _check_models() -> str:
-    repository = services().models
-    if not repository.all():
-        repository.refresh()
-    if not repository.all():
-        return "no model is built; run `python manage.py models build`"
-    return "ok"

@@ -5,25 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from app.models.cards import ModelCard
-from app.models.registry import ModelRepository
 from app.web.auth import optional_tenant
 from app.web.blueprint import Blueprint
-from app.web.context import services
-from app.web.problems import Problem
+from app.web.context import plane
 from app.web.schemas import ModelListSchema, ModelMetadataSchema
 
 blp = Blueprint("models", __name__, description="Models served")
 
 
-def _repository() -> ModelRepository:
-    repository: ModelRepository = services().models
-    return repository
-
-
 def _resolve(name: str, version: str | None = None) -> ModelCard:
     """What the caller may see: models its tenant is granted (open ones without
     a key); others answer 404 like absent ones. UnknownModel: 404 via app.web.problems."""
-    return _repository().resolve(name, version, optional_tenant())
+    return plane().model(optional_tenant(), name, version)
 
 
 @blp.get("/models")
@@ -31,11 +24,8 @@ def _resolve(name: str, version: str | None = None) -> ModelCard:
 @blp.alt_response(401, response="UNAUTHORIZED", description="A key was sent and is not valid")
 def list_models() -> dict[str, Any]:
     """The serving models; with a tenant's key, also those granted to it."""
-    repository = _repository()
-    cards = [repository.resolve(name) for name in repository.names(optional_tenant())]
-    return {
-        "models": [{**card.to_dict(), "versions": repository.versions(card.name)} for card in cards]
-    }
+    served = plane().list_models(optional_tenant())
+    return {"models": [{**card.to_dict(), "versions": versions} for card, versions in served]}
 
 
 @blp.get("/v2/models/<name>")
@@ -57,13 +47,7 @@ def model_version_metadata(name: str, version: str) -> dict[str, Any]:
 @blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="Known, but its file is gone")
 def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
     """Answers by status, as KServe clients read it: 200 only when ready."""
-    card = _resolve(name, version)
-    if not card.onnx_path.is_file():
-        raise Problem(
-            "service-unavailable",
-            f"model {card.ref} is not ready: {card.onnx_path.name} is missing",
-            headers={"Retry-After": "5"},
-        )
+    card = plane().model_ready(optional_tenant(), name, version)
     return {"name": card.name, "version": card.version, "ready": True}
 
 

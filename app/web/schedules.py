@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from marshmallow import Schema, fields, validate
 
 from app.batches.representation import describe
+from app.dataplane import ScheduleFields
 from app.platform.tables import Schedule
-from app.schedules import service
 from app.schedules.representation import ScheduleSchema
 from app.web.auth import authenticated, current_tenant
 from app.web.batches import BatchListSchema
 from app.web.blueprint import Blueprint
-from app.web.context import current_session, services
+from app.web.context import current_session, plane
 
 blp = Blueprint("schedules", __name__, url_prefix="/schedules", description="Batch schedules")
 
@@ -67,10 +67,6 @@ class RunsArgsSchema(Schema):
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
 
 
-def _deps() -> tuple[Any, Any]:
-    return services().models, services().settings
-
-
 @blp.post("")
 @blp.response(201, ScheduleSchema)
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model or file")
@@ -78,8 +74,7 @@ def _deps() -> tuple[Any, Any]:
 @authenticated
 @blp.arguments(CreateScheduleSchema())
 def create_schedule(body: dict[str, Any]) -> tuple[Schedule, int, dict[str, str]]:
-    models, settings = _deps()
-    schedule = service.create(current_session(), models, settings, current_tenant().id, body)
+    schedule = plane().create_schedule(current_tenant(), cast(ScheduleFields, body))
     return schedule, 201, {"Location": f"/schedules/{schedule.id}"}
 
 
@@ -87,7 +82,7 @@ def create_schedule(body: dict[str, Any]) -> tuple[Schedule, int, dict[str, str]
 @blp.response(200, ScheduleListSchema)
 @authenticated
 def list_schedules() -> dict[str, Any]:
-    return {"items": service.list_schedules(current_session(), current_tenant().id)}
+    return {"items": plane().list_schedules(current_tenant())}
 
 
 @blp.get("/<uuid:schedule_id>")
@@ -95,7 +90,7 @@ def list_schedules() -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
 @authenticated
 def get_schedule(schedule_id: uuid.UUID) -> Schedule:
-    return service.get(current_session(), current_tenant().id, schedule_id)
+    return plane().get_schedule(current_tenant(), schedule_id)
 
 
 @blp.patch("/<uuid:schedule_id>")
@@ -105,10 +100,7 @@ def get_schedule(schedule_id: uuid.UUID) -> Schedule:
 @authenticated
 @blp.arguments(ScheduleFieldsSchema())
 def update_schedule(changes: dict[str, Any], schedule_id: uuid.UUID) -> Schedule:
-    models, settings = _deps()
-    return service.update_schedule(
-        current_session(), models, settings, current_tenant().id, schedule_id, changes
-    )
+    return plane().update_schedule(current_tenant(), schedule_id, cast(ScheduleFields, changes))
 
 
 @blp.delete("/<uuid:schedule_id>")
@@ -116,7 +108,7 @@ def update_schedule(changes: dict[str, Any], schedule_id: uuid.UUID) -> Schedule
 @blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
 @authenticated
 def delete_schedule(schedule_id: uuid.UUID) -> None:
-    service.delete(current_session(), current_tenant().id, schedule_id)
+    plane().delete_schedule(current_tenant(), schedule_id)
 
 
 @blp.get("/<uuid:schedule_id>/runs")
@@ -125,6 +117,5 @@ def delete_schedule(schedule_id: uuid.UUID) -> None:
 @authenticated
 @blp.arguments(RunsArgsSchema(), location="query")
 def schedule_runs(args: dict[str, Any], schedule_id: uuid.UUID) -> dict[str, Any]:
-    session = current_session()
-    runs = service.runs(session, current_tenant().id, schedule_id, args["limit"])
-    return {"items": [describe(session, batch) for batch in runs]}
+    runs = plane().schedule_runs(current_tenant(), schedule_id, args["limit"])
+    return {"items": [describe(current_session(), batch) for batch in runs]}
