@@ -15,6 +15,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import IO
 
 import redis
@@ -32,8 +33,8 @@ from app.dataplane.requests import (
     ScheduleFields,
     Wait,
 )
-from app.errors import Conflict, Unavailable
-from app.jobs import dead_letters, idempotency, service, sync, transitions
+from app.errors import Conflict, NotFound, Unavailable
+from app.jobs import dead_letters, idempotency, service, sync, transitions, usage
 from app.jobs.admission import Admission
 from app.jobs.dispatch import Dispatcher
 from app.jobs.events import EventBus
@@ -48,6 +49,7 @@ from app.platform.tables import Batch, File, Job, Schedule
 from app.runtime.sessions import SessionPool
 from app.schedules import service as schedules
 from app.tenancy.keys import TenantRef
+from app.webhooks import delivery
 
 logger = logging.getLogger(__name__)
 
@@ -345,3 +347,39 @@ class DataPlane:
     def schedule_runs(self, tenant: TenantRef, schedule_id: uuid.UUID, limit: int) -> list[Batch]:
         """Its runs, newest tick first: each a batch."""
         return schedules.runs(self.database.session(), tenant.id, schedule_id, limit)
+
+    # -- webhook deliveries and usage ----------------------------------------------
+
+    def deliveries(self, tenant: TenantRef, job_id: uuid.UUID) -> list[delivery.Logged]:
+        """The job's webhook deliveries, each with its attempts."""
+        session = self.database.session()
+        service.get(session, tenant.id, job_id)
+        log = delivery.log_of(session, job_id)
+        session.commit()
+        return log
+
+    def redeliver(self, tenant: TenantRef, job_id: uuid.UUID, delivery_id: int) -> delivery.Logged:
+        """Send a delivery again from the start of its schedule (same webhook-id);
+        Conflict while it is being sent, or when its URL answered 410 Gone."""
+        session = self.database.session()
+        service.get(session, tenant.id, job_id)
+        if not delivery.log_of(session, job_id, delivery_id):
+            raise NotFound(f"job {job_id} has no delivery {delivery_id}")
+        if not delivery.redeliver(session, [delivery_id]):
+            raise Conflict(
+                f"delivery {delivery_id} is being sent now, or its URL answered 410 Gone and "
+                "is disabled for your tenant"
+            )
+        session.commit()
+        [logged] = delivery.log_of(session, job_id, delivery_id)
+        session.commit()
+        return logged
+
+    def usage_report(
+        self, tenant: TenantRef, start: datetime, end: datetime
+    ) -> list[usage.ModelUsage]:
+        """Per model, the tenant's jobs created in [start, end) and what they cost."""
+        session = self.database.session()
+        report = usage.report(session, tenant.id, start, end)
+        session.commit()
+        return report

@@ -72,6 +72,4 @@ def report(session: Session, tenant_id: int, start: datetime, end: datetime) -> 
             errors={"from": [f"at most {MAX_PERIOD.days} days before `to`"]},
         )
     rows = session.execute(_REPORT, {"tenant": tenant_id, "start": start, "end": end})
-    usage = [_usage(r) for r in rows]
-    session.commit()
-    return usage
+    return [_usage(r) for r in rows]

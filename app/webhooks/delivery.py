@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -266,6 +267,23 @@ def redeliver(session: Session, ids: list[int]) -> list[int]:
         """
     )
     return [r.id for r in session.execute(statement, {"ids": ids})]
+
+
+Logged = tuple[WebhookDelivery, list[WebhookAttempt]]
+
+
+def log_of(session: Session, job_id: uuid.UUID, delivery_id: int | None = None) -> list[Logged]:
+    """A job's deliveries (or one of them), each with its attempts, in two queries."""
+    query = select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)
+    if delivery_id is not None:
+        query = query.where(WebhookDelivery.id == delivery_id)
+    deliveries = list(session.scalars(query.order_by(WebhookDelivery.id)))
+    attempts = session.scalars(
+        select(WebhookAttempt)
+        .where(WebhookAttempt.delivery_id.in_([d.id for d in deliveries]))
+        .order_by(WebhookAttempt.id)
+    ).all()
+    return [(d, [a for a in attempts if a.delivery_id == d.id]) for d in deliveries]
 
 
 def _origin(url: str) -> str:
