@@ -34,3 +34,14 @@ def test_the_worker_entry_point_builds_no_flask_app(settings: Settings) -> None:
     modules = _modules_after("import workers.worker", settings)
     assert "workers.tasks" in modules or "app.container" in modules
     assert not {m for m in modules if m == "app.web" or m.startswith("app.web.")}
+
+
+def test_the_worker_app_is_built_before_the_metrics_client_is_imported(
+    settings: Settings,
+) -> None:
+    # workers.celery_app.worker_app sets the multi-process metrics directory (with
+    # WORKER_METRICS_PORT) after these imports: prometheus_client must come later,
+    # with the tasks, or it counts in single-process mode.
+    modules = _modules_after("import app.container, workers.celery_app", settings)
+    assert "workers.celery_app" in modules
+    assert not {m for m in modules if m.split(".")[0] == "prometheus_client"}
