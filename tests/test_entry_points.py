@@ -45,3 +45,25 @@ def test_the_worker_app_is_built_before_the_metrics_client_is_imported(
     modules = _modules_after("import app.container, workers.celery_app", settings)
     assert "workers.celery_app" in modules
     assert not {m for m in modules if m.split(".")[0] == "prometheus_client"}
+
+
+def _guards_after(statement: str, settings: Settings, **variables: str) -> str:
+    env = {**os.environ, "DATABASE_URL": settings.database_url,
+           "REDIS_URL": settings.redis_url, **variables}  # fmt: skip
+    code = f"{statement}\nprint(container.guards == container.runtime.guards, container.guards)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_the_service_keeps_every_guard_and_only_the_fault_suite_turns_some_off(
+    settings: Settings,
+) -> None:
+    service = "from workers.worker import container"
+    faults = "from tests.faults.worker import container"
+    every = "True Guards(claim=True, finish=True, lease=True, cap=True, republish=True, retry=True)"
+    assert _guards_after(service, settings, FAULTS_GUARDS_OFF="lease", GUARDS_OFF="lease") == every
+    assert _guards_after(faults, settings) == every
+    assert _guards_after(faults, settings, FAULTS_GUARDS_OFF=" lease, retry") == (
+        "True Guards(claim=True, finish=True, lease=False, cap=True, republish=True, retry=False)"
+    )
