@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+from app.jobs.guards import ALL_ON, Guards
 from app.platform.embedded import resolve_urls
 from app.platform.settings import Settings
 
@@ -62,8 +63,11 @@ class service(Generic[T]):
 
 
 class Container:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, guards: Guards = ALL_ON) -> None:
+        """`guards`: the safety guards the execute path, the sweeps and the drain
+        task keep; all on, except in the fault suite's processes."""
         self.settings = settings
+        self.guards = guards
         self._made: dict[str, Any] = {}
         self._lock = threading.RLock()
 
@@ -162,6 +166,7 @@ class Container:
             sessions=SessionPool(settings.ort_provider, settings.ort_intra_op_threads),
             settings=settings,
             new_session=self.database.sessionmaker,
+            guards=self.guards,
         )
 
     @service

@@ -34,3 +34,36 @@ def test_the_worker_entry_point_builds_no_flask_app(settings: Settings) -> None:
     modules = _modules_after("import workers.worker", settings)
     assert "workers.tasks" in modules or "app.container" in modules
     assert not {m for m in modules if m == "app.web" or m.startswith("app.web.")}
+
+
+def test_the_worker_app_is_built_before_the_metrics_client_is_imported(
+    settings: Settings,
+) -> None:
+    # workers.celery_app.worker_app sets the multi-process metrics directory (with
+    # WORKER_METRICS_PORT) after these imports: prometheus_client must come later,
+    # with the tasks, or it counts in single-process mode.
+    modules = _modules_after("import app.container, workers.celery_app", settings)
+    assert "workers.celery_app" in modules
+    assert not {m for m in modules if m.split(".")[0] == "prometheus_client"}
+
+
+def _guards_after(statement: str, settings: Settings, **variables: str) -> str:
+    env = {**os.environ, "DATABASE_URL": settings.database_url,
+           "REDIS_URL": settings.redis_url, **variables}  # fmt: skip
+    code = f"{statement}\nprint(container.guards == container.runtime.guards, container.guards)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_the_service_keeps_every_guard_and_only_the_fault_suite_turns_some_off(
+    settings: Settings,
+) -> None:
+    service = "from workers.worker import container"
+    faults = "from tests.faults.worker import container"
+    every = "True Guards(claim=True, finish=True, lease=True, cap=True, republish=True, retry=True)"
+    assert _guards_after(service, settings, FAULTS_GUARDS_OFF="lease", GUARDS_OFF="lease") == every
+    assert _guards_after(faults, settings) == every
+    assert _guards_after(faults, settings, FAULTS_GUARDS_OFF=" lease, retry") == (
+        "True Guards(claim=True, finish=True, lease=False, cap=True, republish=True, retry=False)"
+    )

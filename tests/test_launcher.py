@@ -177,3 +177,22 @@ def test_a_worker_metrics_port_in_use_is_refused_before_anything_starts() -> Non
         subject = Launcher(Settings(worker_metrics_port=port - 1), port=free_port())
         with pytest.raises(LaunchError, match=rf"webhooks worker's metrics port .*:{port}"):
             subject._check_ports()
+
+
+def test_the_celery_commands_start_the_service_entry_point_unless_told_another() -> None:
+    """`make run` starts workers.worker; a test may start its own (the fault suite's)."""
+    assert [sys.executable, "-m", "celery", "-A", "workers.worker"] == launcher.CELERY
+    other = "tests.faults.worker"
+    schedule = Path("schedule")
+    pairs = [
+        (launcher.worker_command("inference", 2, "w@%h", "-O", "fair"),
+         launcher.worker_command("inference", 2, "w@%h", "-O", "fair", app=other)),
+        (launcher.control_worker_command("control", "c@%h"),
+         launcher.control_worker_command("control", "c@%h", app=other)),
+        (launcher.beat_command(schedule, "--max-interval", "1"),
+         launcher.beat_command(schedule, "--max-interval", "1", app=other)),
+    ]  # fmt: skip
+    for service, chosen in pairs:
+        assert service[:5] == launcher.CELERY
+        assert chosen[:5] == [sys.executable, "-m", "celery", "-A", other]
+        assert chosen[5:] == service[5:]

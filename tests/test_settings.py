@@ -35,7 +35,7 @@ def test_only_the_capitalised_name_is_read(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize(
     "name",
     ["JOB_MAX_ATTEMPTS", "DRAIN_SECONDS", "JOBS_QUEUE", "VAR_DIR", "WORKER_QUEUES",
-     "GUARDS_OFF", "CUDA_DEVICES", "WEBHOOK_RETRY_SCHEDULE", "WEBHOOK_ALLOW_PRIVATE_NETWORKS"],
+     "CUDA_DEVICES", "WEBHOOK_RETRY_SCHEDULE", "WEBHOOK_ALLOW_PRIVATE_NETWORKS"],
 )  # fmt: skip
 def test_an_empty_variable_means_the_default(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(name, "")
@@ -61,13 +61,11 @@ def test_numbers_paths_and_words(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_comma_lists(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKER_QUEUES", " gpu, inference ,")
     monkeypatch.setenv("WEBHOOK_ALLOWED_NETWORKS", "10.0.0.0/8,,127.0.0.2/32")
-    monkeypatch.setenv("GUARDS_OFF", "claim, lease")
     monkeypatch.setenv("CUDA_DEVICES", " 0, 1,")
     monkeypatch.setenv("WEBHOOK_RETRY_SCHEDULE", "0, 2.5,60")
     settings = Settings.from_env()
     assert settings.worker_queues == ("gpu", "inference")
     assert settings.webhook_allowed_networks == ("10.0.0.0/8", "127.0.0.2/32")
-    assert settings.guards_off == frozenset({"claim", "lease"})
     assert settings.cuda_devices == (0, 1)
     assert settings.webhook_retry_schedule == (0.0, 2.5, 60.0)
 
@@ -109,12 +107,10 @@ def test_a_wrong_value_names_its_variable(
 
 
 def test_fields_keep_their_types_and_settings_stay_frozen() -> None:
-    settings = Settings(var_dir="/srv/var", worker_queues=["gpu"], guards_off={"cap"})  # type: ignore[arg-type]
+    settings = Settings(var_dir="/srv/var", worker_queues=["gpu"])  # type: ignore[arg-type]
     assert settings.var_dir == Path("/srv/var")
     assert settings.worker_queues == ("gpu",)
-    assert settings.guards_off == frozenset({"cap"})
-    assert hash(settings) == hash(Settings(var_dir=Path("/srv/var"), worker_queues=("gpu",),
-                                           guards_off=frozenset({"cap"})))  # fmt: skip
+    assert hash(settings) == hash(Settings(var_dir=Path("/srv/var"), worker_queues=("gpu",)))
     with pytest.raises(ValidationError):
         settings.jobs_queue = "other"
 

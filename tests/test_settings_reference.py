@@ -17,7 +17,6 @@ SPECIAL = {
     "CUDA_DEVICES": "0,1",
     "WORKER_QUEUES": "gpu,cpu",
     "WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/8",
-    "GUARDS_OFF": "claim",
     "ORT_PROVIDER": "cpu",
     "LOG_LEVEL": "debug",
 }

@@ -26,6 +26,20 @@ from app.runtime.sessions import device_for
 logger = logging.getLogger(__name__)
 
 
+def worker_app(container: Container) -> Celery:
+    """What a Celery entry point (`celery -A ...`: worker, beat, Flower) exposes:
+    `container`'s Celery app, with the worker's hooks installed.
+
+    A worker that serves metrics counts its pool children's too: the multi-process
+    directory is set here, before the tasks (and prometheus_client) are imported
+    (see app.observability.metrics_dir)."""
+    if container.settings.worker_metrics_port:
+        metrics_dir.ensure("worker")
+    celery = container.celery
+    install_worker_hooks(celery, container)
+    return celery
+
+
 def install_worker_hooks(celery: Celery, container: Container) -> None:
     settings = container.settings
 

@@ -70,7 +70,7 @@ def drain(self: Task, model: str) -> int:
     except (DBAPIError, RedisError) as exc:
         # The database or Redis went away: take the wake-up again later, with backoff
         # and jitter. Jobs claimed meanwhile come back through their leases.
-        if "retry" in container.settings.guards_off:
+        if not container.guards.retry:
             raise
         if isinstance(exc, DBAPIError) and not database_unavailable(exc):
             raise
@@ -108,7 +108,8 @@ def fire_schedules(self: Task) -> dict[str, int]:
 def sweep(self: Task) -> dict[str, int]:
     with _sweeping(self, dispatch.SWEEP_TASK) as container:
         session, settings = container.database.session(), container.settings
-        counts = sweeps.sweep(session, settings, container.dispatcher)  # logs what it moved
+        # (the sweep logs what it moved)
+        counts = sweeps.sweep(session, settings, container.dispatcher, container.guards)
         for action, jobs in counts.items():
             if jobs:
                 metrics.SWEEP_JOBS.labels(action).inc(jobs)

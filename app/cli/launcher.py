@@ -39,7 +39,17 @@ class LaunchError(RuntimeError):
     pass
 
 
-CELERY = [sys.executable, "-m", "celery", "-A", "workers.worker"]
+# The service's Celery entry point (`celery -A`): its worker, beat and Flower.
+ENTRY_POINT = "workers.worker"
+
+
+def celery_command(app: str = ENTRY_POINT) -> list[str]:
+    """`celery -A app`. The Celery commands below take `app` too: an entry point
+    other than the service's is for tests (the fault suite's, tests.faults.worker)."""
+    return [sys.executable, "-m", "celery", "-A", app]
+
+
+CELERY = celery_command()
 # The Celery workers `make run` starts, in the order their metrics ports are given.
 WORKERS = ("worker", "webhooks", "control")
 
@@ -56,9 +66,11 @@ def api_command(bind: str) -> list[str]:
     ]  # fmt: skip
 
 
-def worker_command(queue: str, concurrency: int, hostname: str, *extra: str) -> list[str]:
+def worker_command(
+    queue: str, concurrency: int, hostname: str, *extra: str, app: str = ENTRY_POINT
+) -> list[str]:
     return [
-        *CELERY, "worker", "--queues", queue, "--concurrency", str(concurrency),
+        *celery_command(app), "worker", "--queues", queue, "--concurrency", str(concurrency),
         "--loglevel", "INFO", "--hostname", hostname, *extra,
     ]  # fmt: skip
 
@@ -73,14 +85,16 @@ def inference_queues(settings: Settings, named: set[str]) -> str:
     return ",".join(dict.fromkeys([*settings.inference_queues, *sorted(named)]))
 
 
-def control_worker_command(queue: str, hostname: str, *extra: str) -> list[str]:
+def control_worker_command(
+    queue: str, hostname: str, *extra: str, app: str = ENTRY_POINT
+) -> list[str]:
     """The control worker: beat's sweeps on their own queue, never behind jobs. Threads:
     sweeps wait on the database, and no model is loaded (no prefork child starts)."""
-    return worker_command(queue, 4, hostname, "--pool", "threads", *extra)
+    return worker_command(queue, 4, hostname, "--pool", "threads", *extra, app=app)
 
 
-def beat_command(schedule: Path, *extra: str) -> list[str]:
-    return [*CELERY, "beat", "--schedule", str(schedule), "--loglevel", "INFO", *extra]
+def beat_command(schedule: Path, *extra: str, app: str = ENTRY_POINT) -> list[str]:
+    return [*celery_command(app), "beat", "--schedule", str(schedule), "--loglevel", "INFO", *extra]
 
 
 def flower_command(host: str, port: int, *extra: str) -> list[str]:

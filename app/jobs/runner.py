@@ -21,7 +21,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from app.errors import UnknownModel
 from app.jobs import telemetry
 from app.jobs.chunks import read_range, settle
+from app.jobs.guards import Guards
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
 from app.models.cards import ModelCard
 from app.models.registry import ModelRepository
@@ -61,6 +62,8 @@ class Runtime:
     # Called when jobs outrun JOB_TIME_LIMIT_SECONDS. Worker children kill themselves
     # there (a hard time limit); elsewhere (tests, the API) nothing is set.
     on_time_limit: Callable[[list[ClaimedJob]], None] | None = None
+    # The safety guards this path keeps (all on; the fault suite turns some off).
+    guards: Guards = field(default_factory=Guards)
 
 
 def drain(session: Session, runtime: Runtime, model: str, wake: Callable[[], object]) -> int:
@@ -89,7 +92,7 @@ def drain(session: Session, runtime: Runtime, model: str, wake: Callable[[], obj
     while True:
         claimed, more = claim_next(
             session, model, max_rows, settings.job_lease_seconds,
-            guarded="claim" not in settings.guards_off,
+            guarded=runtime.guards.claim,
         )  # fmt: skip
         session.commit()  # the claim is visible, its SKIP LOCKED leftovers unlocked
         if not claimed:
@@ -109,13 +112,12 @@ def drain(session: Session, runtime: Runtime, model: str, wake: Callable[[], obj
 
 def execute(session: Session, runtime: Runtime, job_ids: list[uuid.UUID]) -> list[Outcome]:
     """Claim these jobs (those claimable now) and run them."""
-    settings = runtime.settings
     claimed = claim(
         session,
         job_ids,
-        settings.job_lease_seconds,
-        guarded="claim" not in settings.guards_off,
-        reclaim_expired="lease" not in settings.guards_off,
+        runtime.settings.job_lease_seconds,
+        guarded=runtime.guards.claim,
+        reclaim_expired=runtime.guards.lease,
     )
     session.commit()
     if len(claimed) < len(job_ids):
@@ -134,7 +136,7 @@ def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -
         outcomes = [
             o for (m, v), jobs in groups.items() for o in _run_group(session, runtime, m, v, jobs)
         ]
-    rows = finish_rows(session, outcomes, guarded="finish" not in runtime.settings.guards_off)
+    rows = finish_rows(session, outcomes, guarded=runtime.guards.finish)
     telemetry.finished(session, claimed, rows)  # metrics and a line per finished job
     written = {row.id for row in rows}
     session.commit()
@@ -194,7 +196,7 @@ def _run_group(
     total = sum(sizes) or 1
     for job, result, size in zip(runnable, results, sizes, strict=True):
         outcome = (
-            _after_error(runtime.settings, job, result)
+            _after_error(runtime.settings, runtime.guards, job, result)
             if isinstance(result, Exception)
             else _succeeded(job, result)
         )
@@ -239,14 +241,14 @@ def _rows_in_file(
     return parse_inputs(card, unpack(header + data))
 
 
-def _after_error(settings: Settings, job: ClaimedJob, exc: Exception) -> Outcome:
+def _after_error(settings: Settings, guards: Guards, job: ClaimedJob, exc: Exception) -> Outcome:
     if isinstance(exc, NonFiniteOutput):
         logger.warning("job %s failed: %s", job.id, exc)
         return _failed(job, "non_finite_output", exc)
     if not _transient(exc):
         logger.warning("job %s failed: %s", job.id, exc)
         return _failed(job, "inference_error", exc)
-    if job.attempt >= job.max_attempts and "cap" not in settings.guards_off:
+    if job.attempt >= job.max_attempts and guards.cap:
         logger.warning("job %s failed after %d attempts: %s", job.id, job.attempt, exc)
         return _failed(job, "retries_exhausted", exc)
     delay = backoff_delay(settings, job.attempt)

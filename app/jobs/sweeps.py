@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.jobs import idempotency, retention, transitions
 from app.jobs.dispatch import Dispatcher
+from app.jobs.guards import ALL_ON, Guards
 from app.platform.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -29,10 +30,14 @@ logger = logging.getLogger(__name__)
 BATCH = 500
 
 
-def sweep(session: Session, settings: Settings, dispatcher: Dispatcher) -> dict[str, int]:
-    """Each step commits on its own: one that fails leaves the others done."""
+def sweep(
+    session: Session, settings: Settings, dispatcher: Dispatcher, guards: Guards = ALL_ON
+) -> dict[str, int]:
+    """Each step commits on its own: one that fails leaves the others done. The
+    lease and republish steps run while their guards are on (always, but in the
+    fault suite)."""
     counts: dict[str, int] = {}
-    if "lease" not in settings.guards_off:
+    if guards.lease:
         counts["requeued_after_lost_worker"] = len(
             transitions.take_back_expired_leases(
                 session, settings.retry_backoff_seconds, settings.retry_backoff_max_seconds, BATCH
@@ -41,7 +46,7 @@ def sweep(session: Session, settings: Settings, dispatcher: Dispatcher) -> dict[
         session.commit()
     counts["expired"] = transitions.expire_overdue(session, BATCH)
     session.commit()
-    if "republish" not in settings.guards_off:
+    if guards.republish:
         counts["woken_for"] = wake_waiting(session, dispatcher, settings.republish_after_seconds)
     if any(counts.values()):
         logger.info("sweep: %s", counts)

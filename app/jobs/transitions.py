@@ -6,8 +6,9 @@ message twice; the second delivery then matches no row, so it can neither run
 a job another worker owns nor write a second result. A job that fails is given
 its dead letter in the same statement.
 
-The `claim` and `finish` guards can be switched off (GUARDS_OFF) for the fault
-suite only, to show the duplicates they prevent.
+The `claim` and `finish` checks can be left out (`guarded=False`): the execute
+path does so only when its policy (app.jobs.guards) has that guard off, which
+only the fault suite does, to show the duplicates they prevent.
 """
 
 from __future__ import annotations

@@ -301,15 +301,6 @@ class Settings(BaseSettings):
         default=256 * 1024,
         description="A larger job is sent with its outputs replaced by a link.",
     )
-    guards_off: Annotated[frozenset[str], Words] = Field(
-        default=frozenset(),
-        description="Comma list of safety guards to switch off: claim, finish (the state and "
-        "attempt checks of those UPDATEs), lease (taking back jobs of dead workers, by the "
-        "sweep or by a redelivered message), republish (sending lost or unsent messages "
-        "again), cap (the attempt cap on retries), retry (the task sending its message again "
-        "when the database went away). Only the fault suite sets it, to show what each guard "
-        "prevents. Never in production.",
-    )
     sync_timeout_seconds: float = Field(
         default=30.0,
         description="How long a sync inference call waits for its job before it answers 504 "

@@ -3,6 +3,9 @@
 Each scenario gets its own stack: a private PostgreSQL (pgserver) and Redis
 (AOF on) under its own folder, the API (gunicorn), Celery workers and beat as
 real processes, with short leases and sweeps so recovery fits in a test. A
+stack with guards off starts its workers and beat from the suite's own entry
+point (tests.faults.worker), which builds their container with those guards
+off; with every guard on they are the service's own (workers.worker). A
 trigger records every change of a job's state, attempt or result into
 `fault_log`; the tally is read from there and from the jobs table, not from
 what the processes say about themselves.
@@ -27,13 +30,25 @@ import psutil
 import requests
 import sqlalchemy as sa
 
-from app.cli.launcher import api_command, beat_command, control_worker_command, worker_command
+from app.cli.launcher import (
+    ENTRY_POINT,
+    api_command,
+    beat_command,
+    control_worker_command,
+    worker_command,
+)
+from app.jobs.guards import Guards
 from app.platform import embedded
 from app.platform.database import engine_url
 from app.platform.migrate import upgrade
 from app.platform.settings import ROOT
 from app.platform.tables import Job, Tenant
 from tests.conftest import QUIET_WORKER, free_port
+
+# The suite's Celery entry point, and the variable it reads the guards to leave off
+# from (not imported here: it builds a container and installs a worker's hooks).
+FAULT_ENTRY_POINT = "tests.faults.worker"
+GUARDS_OFF_VARIABLE = "FAULTS_GUARDS_OFF"
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 # Every legal change of status; a repeated status with a new attempt is a re-claim.
@@ -156,6 +171,12 @@ class FaultStack:
     def __init__(
         self, root: Path, model_repository: Path, guards_off: str = "", **env: str
     ) -> None:
+        """`guards_off`: a comma list of the guards the workers and beat run without."""
+        names = [name.strip() for name in guards_off.split(",") if name.strip()]
+        Guards.off(*names)  # a name that is no guard fails here, not in a worker
+        # The suite's entry point only where a guard is off: the guard-on figures
+        # are those of the service's own processes.
+        self.entry_point = FAULT_ENTRY_POINT if names else ENTRY_POINT
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.redis = embedded.start_redis(root)
@@ -178,7 +199,7 @@ class FaultStack:
             "MODEL_REPOSITORY": str(model_repository),
             "VAR_DIR": str(root),
             "JOBS_QUEUE": "inference",
-            "GUARDS_OFF": guards_off,
+            GUARDS_OFF_VARIABLE: ",".join(names),
             "PYTHONUNBUFFERED": "1",
         }
         self.services: dict[str, Service] = {}
@@ -193,7 +214,9 @@ class FaultStack:
     # Processes -----------------------------------------------------------------
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> Service:
         hostname = f"{name}-{uuid.uuid4().hex[:6]}@%h"
-        args = worker_command("inference", concurrency, hostname, *QUIET_WORKER)
+        args = worker_command(
+            "inference", concurrency, hostname, *QUIET_WORKER, app=self.entry_point
+        )
         service = Service(name, args, self.env, self.root).start()
         service.wait_for_log(b" ready.")
         self.services[name] = service
@@ -203,11 +226,14 @@ class FaultStack:
         """Beat, with the control worker that runs what it sends (its sweeps)."""
         if "control" not in self.services:
             hostname = f"control-{uuid.uuid4().hex[:6]}@%h"
-            control = Service("control", control_worker_command("control", hostname,
-                              *QUIET_WORKER), self.env, self.root).start()  # fmt: skip
+            args = control_worker_command("control", hostname, *QUIET_WORKER,
+                                          app=self.entry_point)  # fmt: skip
+            control = Service("control", args, self.env, self.root).start()
             control.wait_for_log(b" ready.")
             self.services["control"] = control
-        args = beat_command(self.root / "beat-schedule", "--max-interval", "1")
+        args = beat_command(
+            self.root / "beat-schedule", "--max-interval", "1", app=self.entry_point
+        )
         service = Service("beat", args, self.env, self.root).start()
         service.wait_for_log(b"beat: Starting")
         self.services["beat"] = service

@@ -18,8 +18,10 @@ each scenario (API under gunicorn, Celery workers, beat, a private PostgreSQL
 and Redis with AOF), injects the fault, and tallies from the database what
 became of every job: a trigger logs each change of a job's status, attempt or
 result. Each scenario also runs with the guard that handles it switched off
-(`GUARDS_OFF`, a setting only this suite uses) and must then fail: that is
-what shows the guard is doing the work. Workers run as in production: one
+and must then fail: that is what shows the guard is doing the work. No setting
+switches a guard off: the suite then starts its workers and beat from its own
+entry point (`tests/faults/worker.py`), which builds their container with that
+guard off (`app.jobs.guards.Guards`). Workers run as in production: one
 wake-up message per model, claims of many jobs at once, and micro-batching
 (`digits` runs up to 64 rows per ONNX Runtime call).
 

@@ -17,6 +17,7 @@ from flask import Flask
 from sqlalchemy import select, text
 
 from app.jobs import runner, sweeps, transitions
+from app.jobs.guards import ALL_ON, Guards
 from app.jobs.runner import Runtime
 from app.platform.database import Database
 from app.platform.tables import DeadLetter
@@ -33,11 +34,10 @@ def ctx(app: Flask) -> Iterator[None]:
         yield
 
 
-def runtime_with(**overrides: Any) -> Runtime:
+def runtime_with(guards: Guards = ALL_ON, **overrides: Any) -> Runtime:
     base = services().runtime
-    return Runtime(
-        base.repository, base.sessions, base.settings.with_overrides(**overrides), base.new_session
-    )
+    settings = base.settings.with_overrides(**overrides)
+    return Runtime(base.repository, base.sessions, settings, base.new_session, guards=guards)
 
 
 def letters_for(database: Database, job_id: uuid.UUID) -> list[DeadLetter]:
@@ -146,6 +146,61 @@ def test_an_old_attempt_cannot_write_after_its_lease_was_taken_back(
         assert transitions.finish(session, [fresh]) == {job_id}
         session.commit()
     assert outputs_of(load_job(database, job_id)) == {"fresh": [1]}
+
+
+GUARD = pytest.mark.parametrize("guarded", [True, False], ids=["guard on", "guard off"])
+
+
+def test_the_container_and_its_execute_path_keep_every_guard(ctx: None) -> None:
+    assert services().guards == Guards() == ALL_ON
+    assert services().runtime.guards == ALL_ON
+    assert all(getattr(ALL_ON, name) for name in Guards.names())
+    off = Guards.off("lease", "cap")
+    assert {name for name in Guards.names() if not getattr(off, name)} == {"lease", "cap"}
+    with pytest.raises(ValueError, match="no such guard: leases"):
+        Guards.off("leases")
+
+
+@GUARD
+def test_the_attempt_cap_is_the_policys(
+    ctx: None, database: Database, tenant: TenantAuth, guarded: bool
+) -> None:
+    job_id = insert_queued_job(database, tenant.id, {"n": [HUGE]}, model="memhog")
+    set_cap(database, job_id, 1)
+    runtime = runtime_with(ALL_ON if guarded else Guards.off("cap"))
+    with database.sessionmaker() as session:
+        [outcome] = runner.execute(session, runtime, [job_id])
+    if guarded:
+        assert outcome.status == "failed" and outcome.error_code == "retries_exhausted"
+    else:
+        assert outcome.status == "retry", "the cap is what stops it"
+        assert load_job(database, job_id).status == "queued"
+
+
+@GUARD
+def test_taking_back_a_dead_workers_job_is_the_policys(
+    ctx: None, database: Database, tenant: TenantAuth, guarded: bool
+) -> None:
+    """By a redelivered message (execute) and by the sweep: with the lease guard off
+    neither takes the job back, and it stays `running` for good."""
+    redelivered = insert_queued_job(database, tenant.id)
+    swept = insert_queued_job(database, tenant.id)
+    with database.sessionmaker() as session:
+        transitions.claim(session, [redelivered, swept], lease_s=60)  # then the worker dies
+        session.commit()
+    expire_lease(database, redelivered)
+    expire_lease(database, swept)
+    guards = Guards.off("republish") if guarded else Guards.off("lease", "republish")
+    with database.sessionmaker() as session:
+        outcomes = runner.execute(session, runtime_with(guards), [redelivered])
+    assert [o.status for o in outcomes] == (["succeeded"] if guarded else [])
+    with database.sessionmaker() as session:
+        settings = services().settings.with_overrides(retry_backoff_seconds=0.01)
+        counts = sweeps.sweep(session, settings, services().dispatcher, guards)
+    assert ("requeued_after_lost_worker" in counts) is guarded
+    assert "woken_for" not in counts  # republish off: no wake-up sent
+    statuses = (load_job(database, redelivered).status, load_job(database, swept).status)
+    assert statuses == (("succeeded", "queued") if guarded else ("running", "running"))
 
 
 def slow_inputs(seconds: float) -> dict[str, Any]:

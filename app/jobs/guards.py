@@ -1,0 +1,57 @@
+"""The safety guards of the execute path, the sweeps and the drain task, as one policy.
+
+Every process runs with all of them on (`Guards()`, what `Container` gets by
+default). Only the fault suite builds a container with some off (its own Celery
+entry point, tests/faults/worker.py), to show what each guard prevents; no
+setting switches one off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Final
+
+
+@dataclass(frozen=True)
+class Guards:
+    """Which guards are on; each one is by default.
+
+    - `claim`: a claim takes only claimable jobs (the checks of the claim's
+      UPDATE: queued and due, within the attempt cap and the deadline), so a
+      running job is never claimed, and run, twice;
+    - `finish`: only the attempt that claimed a job, while it still runs, writes
+      its outcome (the state and attempt checks of the finish's UPDATE), so a late
+      or duplicate writer changes nothing;
+    - `lease`: jobs of a dead worker are taken back once their lease ran out, by
+      the sweep or by a message redelivered for them;
+    - `cap`: a job that keeps failing for a transient reason stops at its attempt
+      cap, with a dead letter, instead of being retried forever;
+    - `republish`: the sweep sends a wake-up again for jobs whose message was lost
+      with the broker or never sent;
+    - `retry`: a drain whose database or Redis went away sends its wake-up again
+      later, with backoff, instead of dropping it.
+    """
+
+    claim: bool = True
+    finish: bool = True
+    lease: bool = True
+    cap: bool = True
+    republish: bool = True
+    retry: bool = True
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def off(cls, *names: str) -> Guards:
+        """Every guard on except those named; a name that is no guard is an error."""
+        unknown = sorted(set(names) - set(cls.names()))
+        if unknown:
+            raise ValueError(
+                f"no such guard: {', '.join(unknown)} (guards: {', '.join(cls.names())})"
+            )
+        return cls(**dict.fromkeys(names, False))
+
+
+ALL_ON: Final = Guards()
