@@ -16,7 +16,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches.readers import FORMATS
-from app.errors import Conflict, DomainError, InvalidRequest, TooLarge
+from app.errors import Conflict, InvalidRequest, TooLarge
 from app.jobs.chunks import PART_BYTES, read_range
 from app.jobs.quotas import Quotas
 from app.platform.tables import Batch, File, FilePart, Schedule
@@ -45,7 +45,7 @@ def store(
     max_bytes: int,
     limits: Quotas | None = None,
 ) -> File:
-    """Read `body` to its end into a new file (committed); TooLarge past `max_bytes`,
+    """Read `body` to its end into a new file (the caller commits); TooLarge past `max_bytes`,
     QuotaExceeded past what the tenant may still store."""
     room = limits.admit_upload(session, tenant_id, 0) if limits else None
     limit = max_bytes if room is None else min(max_bytes, room)
@@ -53,14 +53,10 @@ def store(
         file = store_parts(session, tenant_id, filename, fmt,
                            iter(lambda: _read_part(body), b""), limit)  # fmt: skip
     except TooLarge:
-        session.rollback()
+        session.rollback()  # the parts written so far go; the quota is read afresh
         if limits is not None and limit < max_bytes:
             limits.admit_upload(session, tenant_id, limit + 1)  # raises QuotaExceeded
         raise
-    except DomainError:
-        session.rollback()
-        raise
-    session.commit()
     return file
 
 

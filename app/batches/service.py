@@ -59,15 +59,14 @@ def create(
     inputs: Any = None,
     file_id: uuid.UUID | None = None,
     webhook: dict[str, Any] | None = None,
-    start_split: Callable[[uuid.UUID], bool],
-    wake: Callable[[str], object],
     tenant: str | None = None,
     quotas: Quotas | None = None,
     admission: Admission | None = None,
 ) -> Batch:
     """A batch of inline `inputs` (cut into chunks now) or of an uploaded file
     (checked at its start now, cut by a worker). Rows that do not fit the
-    model are a 422 here; in a file, past its first rows, they fail the batch."""
+    model are a 422 here; in a file, past its first rows, they fail the batch.
+    The caller commits, then sends the split (a file) or wakes the model (rows)."""
     card = repository.resolve(model, version, tenant)
     if (inputs is None) == (file_id is None):
         raise InvalidRequest(
@@ -91,9 +90,7 @@ def create(
         if admission is not None:
             admission.admit(session, card.name)
         session.add(batch)
-        session.commit()
-        if not start_split(batch.id):
-            logger.warning("batch %s: split not sent; the sweep sends it", batch.id)
+        session.flush()
         return batch
     arrays = check_inputs(card, inputs)
     total = len(next(iter(arrays.values())))
@@ -108,8 +105,6 @@ def create(
     for start in range(0, total, batch.chunk_rows):
         part = {name: array[start : start + batch.chunk_rows] for name, array in arrays.items()}
         _insert_chunk(session, batch, start // batch.chunk_rows, start, part)
-    session.commit()
-    wake(batch.model)
     return batch
 
 
@@ -255,7 +250,7 @@ def split(
     """Cut a file batch into chunk jobs, one transaction per chunk, from where an
     earlier split stopped. Returns what happened, for the task's log."""
     batch = session.get(Batch, batch_id)
-    session.commit()
+    session.commit()  # one transaction per chunk from here on (each says so)
     if batch is None or batch.status != "queued" or batch.cancel_requested_at is not None:
         return "nothing to split"
     try:
@@ -381,9 +376,7 @@ def list_batches(session: Session, tenant_id: int, limit: int) -> list[Batch]:
         .order_by(Batch.created_at.desc(), Batch.id.desc())
         .limit(limit)
     )
-    batches = list(session.scalars(query))
-    session.commit()
-    return batches
+    return list(session.scalars(query))
 
 
 @dataclass
@@ -419,7 +412,6 @@ def progress(session: Session, batch: Batch) -> Progress:
             {"id": batch.id, "limit": MAX_RANGES * 4},
         ).all()  # fmt: skip
         ranges = _merged(bad)[:MAX_RANGES]
-    session.commit()
     total = batch.rows if batch.rows is not None else None
     pending = (total - done - failed) if total is not None else sum(rows.values()) - done - failed
     return Progress(done, failed, pending, chunks, ranges, _eta(batch, done + failed, pending))

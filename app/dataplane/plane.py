@@ -222,14 +222,19 @@ class DataPlane:
     def create_batch(self, tenant: TenantRef, request: BatchRequest) -> Batch:
         """A batch of inline rows (cut into chunks now) or of an uploaded file
         (checked at its start now, cut by a worker)."""
-        webhook = request.webhook
-        return batches.create(
-            self.database.session(), self.models, self.settings, tenant.id, request.model,
+        webhook, session = request.webhook, self.database.session()
+        batch = batches.create(
+            session, self.models, self.settings, tenant.id, request.model,
             request.version, inputs=request.inputs, file_id=request.file_id,
             webhook={"url": webhook.url, "events": list(webhook.events)} if webhook else None,
-            start_split=self.start_split, wake=self.dispatcher.wake, tenant=tenant.name,
-            quotas=self.quotas, admission=self.admission,
+            tenant=tenant.name, quotas=self.quotas, admission=self.admission,
         )  # fmt: skip
+        session.commit()
+        if batch.input_file_id is None:
+            self.dispatcher.wake(batch.model)  # its chunks are queued
+        elif not self.start_split(batch.id):
+            logger.warning("batch %s: split not sent; the sweep sends it", batch.id)
+        return batch
 
     def start_split(self, batch_id: uuid.UUID) -> bool:
         """Ask a worker to cut a file batch; False if the broker refused (the sweep
@@ -239,23 +244,42 @@ class DataPlane:
     def upload(self, tenant: TenantRef, filename: str, fmt: str, body: IO[bytes]) -> File:
         """Store an upload (committed); TooLarge past MAX_UPLOAD_BYTES, QuotaExceeded
         past what the tenant may still store."""
-        return files.store(
-            self.database.session(), tenant.id, filename, fmt, body,
-            self.settings.max_upload_bytes, self.quotas,
-        )  # fmt: skip
+        session = self.database.session()
+        file = files.store(
+            session, tenant.id, filename, fmt, body, self.settings.max_upload_bytes, self.quotas
+        )
+        session.commit()
+        return file
 
     def replay_dead_letter(self, tenant: TenantRef, letter_id: int, actor: str) -> uuid.UUID:
         """Put the letter's job back in the queue, same id; Conflict if it cannot be."""
         session = self.database.session()
-        return dead_letters.replay(session, tenant.id, letter_id, actor, self.dispatcher.wake)
+        replayed = dead_letters.replay(session, tenant.id, letter_id, actor)
+        self._requeued(session, replayed)
+        return replayed.ids[0]
 
     def replay_dead_letters(
         self, tenant: TenantRef, filters: dead_letters.Filters, limit: int, actor: str
     ) -> list[uuid.UUID]:
         """Replay every unreplayed letter that matches, oldest first, up to `limit`."""
-        return dead_letters.replay_matching(
-            self.database.session(), tenant.id, filters, limit, actor, self.dispatcher.wake
-        )
+        session = self.database.session()
+        replayed = dead_letters.replay_matching(session, tenant.id, filters, limit, actor)
+        self._requeued(session, replayed)
+        return replayed.ids
+
+    def _requeued(self, session: Session, replayed: dead_letters.Replayed) -> None:
+        """Commit a replay, then wake its models (those that do not wake: the sweep)."""
+        session.commit()
+        for model, job_ids in replayed.woken.items():
+            if not self.dispatcher.wake(model):
+                transitions.mark_unsent(session, job_ids)
+                session.commit()
+
+    def purge_dead_letter(self, tenant: TenantRef, letter_id: int, actor: str) -> None:
+        """Delete a letter (audited); its job stays as it ended."""
+        session = self.database.session()
+        dead_letters.purge(session, tenant.id, letter_id, actor)
+        session.commit()
 
     # -- models and health ---------------------------------------------------------
 

@@ -10,7 +10,6 @@ and purges are written to the audit log.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,11 +18,8 @@ from sqlalchemy import Select, delete, select, text
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound
-from app.jobs import transitions
 from app.platform.tables import AuditEvent, DeadLetter
 from app.webhooks.delivery import redeliver
-
-Wake = Callable[[str], bool]  # wake a model's workers; False: the sweep will
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,6 @@ def list_letters(
     if before_id is not None:
         query = query.where(DeadLetter.id < before_id)
     letters = list(session.scalars(query.order_by(DeadLetter.id.desc()).limit(limit + 1)))
-    session.commit()
     page = letters[:limit]
     return page, (page[-1].id if len(letters) > limit else None)
 
@@ -101,9 +96,15 @@ _REPLAY_DELIVERIES = text(
 )
 
 
-def _replay(
-    session: Session, tenant_id: int, letter_ids: list[int], actor: str, wake: Wake
-) -> list[uuid.UUID]:
+@dataclass(frozen=True)
+class Replayed:
+    """What a replay queued again (the caller commits, then wakes `woken`'s models)."""
+
+    ids: list[uuid.UUID]  # the jobs of the letters replayed, in order
+    woken: dict[str, list[uuid.UUID]]  # model -> its jobs back in the queue
+
+
+def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str) -> Replayed:
     """Failed jobs go back to the queue; undeliverable webhooks are sent again."""
     params = {"ids": letter_ids, "tenant": tenant_id}
     jobs = session.execute(_REPLAY, params).all()
@@ -119,21 +120,18 @@ def _replay(
                 detail={"job_id": str(row.job_id), "by": actor},
             )
         )
-    session.commit()
-    job_ids = [row.job_id for row in jobs]
-    for model in {row.model for row in jobs}:
-        if not wake(model):
-            transitions.mark_unsent(session, [row.job_id for row in jobs if row.model == model])
-            session.commit()
-    return job_ids + [row.job_id for row in webhooks]
+    session.flush()
+    woken: dict[str, list[uuid.UUID]] = {}
+    for row in jobs:
+        woken.setdefault(row.model, []).append(row.job_id)
+    return Replayed([row.job_id for row in [*jobs, *webhooks]], woken)
 
 
-def replay(session: Session, tenant_id: int, letter_id: int, actor: str, wake: Wake) -> uuid.UUID:
-    """Put the letter's job back in the queue, same id; 409 if it cannot be."""
+def replay(session: Session, tenant_id: int, letter_id: int, actor: str) -> Replayed:
+    """Put the letter's job back in the queue, same id; Conflict if it cannot be."""
     letter = get(session, tenant_id, letter_id)
-    session.commit()
-    replayed = _replay(session, tenant_id, [letter_id], actor, wake)
-    if not replayed:
+    replayed = _replay(session, tenant_id, [letter_id], actor)
+    if not replayed.ids:
         session.refresh(letter)
         reason = (
             f"it was already replayed at {letter.replayed_at.isoformat()}"
@@ -141,12 +139,12 @@ def replay(session: Session, tenant_id: int, letter_id: int, actor: str, wake: W
             else "its job is no longer failed, or retention deleted its inputs"
         )
         raise Conflict(f"dead letter {letter_id} cannot be replayed: {reason}")
-    return replayed[0]
+    return replayed
 
 
 def replay_matching(
-    session: Session, tenant_id: int, filters: Filters, limit: int, actor: str, wake: Wake
-) -> list[uuid.UUID]:
+    session: Session, tenant_id: int, filters: Filters, limit: int, actor: str
+) -> Replayed:
     """Replay every unreplayed letter that matches, oldest first, up to `limit`."""
     query = filters.apply(
         select(DeadLetter.id).where(
@@ -154,7 +152,7 @@ def replay_matching(
         )
     )
     ids = list(session.scalars(query.order_by(DeadLetter.id).limit(limit)))
-    return _replay(session, tenant_id, ids, actor, wake) if ids else []
+    return _replay(session, tenant_id, ids, actor) if ids else Replayed([], {})
 
 
 def purge(session: Session, tenant_id: int, letter_id: int, actor: str) -> None:
@@ -168,4 +166,3 @@ def purge(session: Session, tenant_id: int, letter_id: int, actor: str) -> None:
             detail={"job_id": str(letter.job_id), "error_code": letter.error_code, "by": actor},
         )
     )
-    session.commit()

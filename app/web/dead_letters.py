@@ -89,4 +89,4 @@ def replay_matching(body: dict[str, Any]) -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND")
 @authenticated
 def purge_letter(letter_id: int) -> None:
-    dead_letters.purge(current_session(), current_tenant().id, letter_id, current_actor())
+    plane().purge_dead_letter(current_tenant(), letter_id, current_actor())

@@ -400,8 +400,8 @@ def test_results_of_an_unfinished_batch_are_a_409(
         batch = batches.create(
             session, container_of(app).models, container_of(app).settings,
             make_tenant_id(auth, database), "digits", None, file_id=uuid.UUID(file_id),
-            start_split=lambda _id: True, wake=lambda _model: True,
         )  # fmt: skip
+        session.commit()
     response = bclient.get(f"/batches/{batch.id}/results", headers=auth)
     assert response.status_code == 409 and "queued" in response.json["detail"]
     deleted = bclient.delete(f"/files/{file_id}", headers=auth)
