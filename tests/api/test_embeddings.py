@@ -9,7 +9,6 @@ import json
 import shutil
 import struct
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from app.runtime.sessions import SessionPool
 from app.runtime.tensors import pack, parse_inputs
 from app.web.context import services
 from tests.conftest import TenantAuth, free_port, outputs_of, wait_for_job
+from tests.support import wait_until
 
 DATA = Path(__file__).parent.parent / "data"
 REFERENCE = json.loads((DATA / "minilm_reference.json").read_text(encoding="utf-8"))
@@ -212,11 +212,12 @@ def test_a_batch_of_texts_gives_the_reference_vectors_in_order(
     batch = client.post("/batches", json=body, headers=tenant.headers)
     assert batch.status_code == 202, batch.json
     url = f"/batches/{batch.json['id']}"
-    for _ in range(1200):
-        state = client.get(url, headers=tenant.headers).json
-        if state["status"] not in ("queued", "running"):
-            break
-        time.sleep(0.05)
+
+    def finished() -> dict[str, Any] | None:
+        state: dict[str, Any] = client.get(url, headers=tenant.headers).json
+        return None if state["status"] in ("queued", "running") else state
+
+    state = wait_until(finished, "the batch to finish", 60)
     assert state["status"] == "succeeded" and state["rows_done"] == len(texts), state
     npy = {**tenant.headers, "Accept": "application/x-npy"}
     results = client.get(f"{url}/results", headers=npy)

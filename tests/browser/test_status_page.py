@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from tests.browser.chromium import Browser
 from tests.conftest import STAGED, WorkerProcess, free_port, insert_queued_job, make_tenant
 from tests.models import HUGE
 from tests.status.oracle import as_page, expected_lines, open_dead_letters, table_of
+from tests.support import wait_until
 
 DIGIT = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]
 # Every element with a number, as the browser rendered its text.
@@ -164,10 +164,9 @@ def test_the_status_page_in_a_browser(
 
 
 def _wait(base_url: str, headers: dict[str, str], job_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while True:
+    def finished() -> dict[str, Any] | None:
         job: dict[str, Any] = requests.get(f"{base_url}/jobs/{job_id}", headers=headers,
                                            timeout=10).json()  # fmt: skip
-        if job["status"] not in ("queued", "running") or time.monotonic() > deadline:
-            return job
-        time.sleep(0.1)
+        return None if job["status"] in ("queued", "running") else job
+
+    return wait_until(finished, f"job {job_id} to finish", 60, interval=0.1)

@@ -30,6 +30,7 @@ from tests.conftest import (
     WorkerProcess,
     insert_queued_job,
 )
+from tests.support import wait_until
 from tests.webhooks.test_webhooks import ScriptedReceiver
 
 BACKLOG = 3000
@@ -105,14 +106,14 @@ def busy_plane(
     try:
         app = create_app(plane)
         container_of(app).dispatcher.wake("slow")
-        deadline = time.monotonic() + 60
-        with database.engine.connect() as conn:
-            while not conn.execute(sa.text(
-                "SELECT count(*) FROM jobs WHERE model = 'slow' AND status = 'running'"
-            )).scalar_one():  # fmt: skip
-                assert time.monotonic() < deadline, "the backlog never started"
-                time.sleep(0.2)
-                conn.rollback()
+
+        def started() -> bool:
+            with database.engine.connect() as conn:
+                return bool(conn.execute(sa.text(
+                    "SELECT count(*) FROM jobs WHERE model = 'slow' AND status = 'running'"
+                )).scalar_one())  # fmt: skip
+
+        wait_until(started, "the backlog to start", 60, interval=0.2)
         yield plane
     finally:
         beat.stop()

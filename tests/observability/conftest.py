@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.platform.database import engine_url
 from app.platform.settings import ROOT, Settings
 from tests.conftest import fresh_database, service_env
+from tests.support import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +60,6 @@ def scrape(url: str, token: str | None = None) -> Samples:
     assert response.status_code == 200, response.text
     assert response.headers["Content-Type"].startswith("text/plain")
     return parse(response.text)
-
-
-def wait_until(check: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.1)
 
 
 class Service:

@@ -31,7 +31,8 @@ from tests.conftest import (
     make_tenant,
     wait_for_job,
 )
-from tests.observability.conftest import Service, parse, scrape, value, wait_until
+from tests.observability.conftest import Service, parse, scrape, value
+from tests.support import wait_until
 
 TOKEN = f"metrics-{uuid.uuid4().hex}"
 PIXELS = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]
@@ -211,7 +212,7 @@ def test_a_webhook_failure_is_counted_by_the_webhook_worker(
                         "AND status = 'failed'"), {"j": job_id}
             ).scalar_one() == 1  # fmt: skip
 
-    wait_until(failed, "the delivery failed")
+    wait_until(failed, "the delivery failed", 60, interval=0.1)
     with db.engine.connect() as conn:
         attempts, letters = conn.execute(sa.text(
             "SELECT (SELECT count(*) FROM webhook_attempts a JOIN webhook_deliveries d "
