@@ -8,7 +8,6 @@ import io
 import json
 import shutil
 import struct
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,6 @@ import sqlalchemy as sa
 import tritonclient.http as triton
 from flask import Flask
 from flask.testing import FlaskClient
-from werkzeug.serving import BaseWSGIServer, make_server
 
 from app.models.registry import ModelRepository
 from app.platform.database import Database
@@ -29,8 +27,8 @@ from app.runtime.engine import infer
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import pack, parse_inputs
 from app.web.context import services
-from tests.conftest import TenantAuth, free_port, outputs_of, wait_for_job
-from tests.support import wait_until
+from tests.conftest import TenantAuth, outputs_of, wait_for_job
+from tests.support import live_server, wait_until
 
 DATA = Path(__file__).parent.parent / "data"
 REFERENCE = json.loads((DATA / "minilm_reference.json").read_text(encoding="utf-8"))
@@ -63,12 +61,8 @@ def staged(model_repository: Path) -> str:
 @pytest.fixture(scope="module")
 def server(app: Flask) -> Iterator[str]:
     """The app over real HTTP on loopback, for Triton's client."""
-    port = free_port()
-    httpd: BaseWSGIServer = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{port}"
-    httpd.shutdown()
+    with live_server(app) as served:
+        yield served.address
 
 
 @pytest.mark.usefixtures("worker")

@@ -39,9 +39,9 @@ from inference_client import (
     WebhookVerificationError,
     verify_webhook,
 )
-from tests.client.conftest import CHUNKED, serving
+from tests.client.conftest import CHUNKED
 from tests.conftest import TenantAuth, insert_queued_job
-from tests.support import wait_until
+from tests.support import live_server, wait_until
 
 RNG = np.random.default_rng(23)
 
@@ -186,9 +186,9 @@ def test_waiting_backs_off_on_429_and_honours_retry_after(
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     one_wait = create_app(settings.with_overrides(max_waits_per_tenant=1))
-    with serving(one_wait) as url, Client(url, api_key) as limited:
+    with live_server(one_wait) as server, Client(server.url, api_key) as limited:
         held = insert_queued_job(database, tenant.id)  # never run: its stream stays open
-        stream = requests.get(f"{url}/jobs/{held}/events", headers=tenant.headers,
+        stream = requests.get(f"{server.url}/jobs/{held}/events", headers=tenant.headers,
                               stream=True, timeout=30)  # fmt: skip
         assert stream.status_code == 200
         assert next(stream.iter_lines()).startswith(b"id: ")  # the tenant's one wait is held
