@@ -32,7 +32,7 @@ from tests.conftest import (
     stop_process,
     wait_for_job,
 )
-from tests.support import wait_until
+from tests.support import process_started, starts_processes, wait_until
 
 # What a task may take: a model's name, or the id of a row that holds the rest.
 ARGUMENTS = {"model": str, "batch_id": str, "delivery_id": int}
@@ -66,6 +66,7 @@ class FlowerProcess:
         self.proc = subprocess.Popen(
             args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env
         )
+        process_started()
 
         def answers() -> bool:
             assert self.proc.poll() is None, log_path.read_text()[-3000:]
@@ -89,6 +90,7 @@ def own(settings: Settings) -> Settings:
 
 
 @pytest.fixture
+@starts_processes
 def flower(own: Settings, tmp_path: Path) -> Iterator[tuple[FlowerProcess, tuple[str, str]]]:
     user, password = "admin", secrets.token_urlsafe(12)
     process = FlowerProcess(own, tmp_path / "flower.log", f"{user}:{password}")

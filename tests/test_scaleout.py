@@ -32,7 +32,7 @@ from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.web.context import container_of, current_session, services
 from tests.conftest import QUIET_WORKER, RUN_ID, TenantAuth, service_env, stop_process
-from tests.support import wait_until
+from tests.support import process_started, starts_processes, wait_until
 
 GPU, CPU = f"gpu-{RUN_ID}", f"cpu-{RUN_ID}"
 ON_GPU, ON_CPU = "on-gpu", "on-cpu"
@@ -145,6 +145,7 @@ class Worker:
         self.proc = subprocess.Popen(
             args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT
         )
+        process_started()
 
         def ready() -> bool:
             if self.proc.poll() is not None:
@@ -173,6 +174,7 @@ def start_worker(
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def cpu_worker(
     routed_settings: Settings, tmp_path_factory: pytest.TempPathFactory, task_events: TaskEvents
 ) -> Iterator[Worker]:

@@ -28,7 +28,7 @@ from inference_client import Client
 from tests.conftest import free_port
 from tests.support import wait_until
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.processes]
 
 
 class Stack:

@@ -22,7 +22,7 @@ import requests
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from tests.conftest import stop_process
-from tests.support import wait_until
+from tests.support import process_started, wait_until
 
 INSTALL = "tests/browser/install-chromium.sh"
 FLAGS = (
@@ -50,6 +50,7 @@ class Browser:
              f"--window-size={width},{height}", "about:blank"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        process_started()
         self.loop = asyncio.new_event_loop()
         self.ids = itertools.count(1)
         self.events: list[dict[str, Any]] = []

@@ -27,7 +27,7 @@ from tests.browser.chromium import Browser
 from tests.conftest import STAGED, WorkerProcess, insert_queued_job, make_tenant
 from tests.models import HUGE
 from tests.status.oracle import as_page, expected_lines, open_dead_letters, table_of
-from tests.support import LiveServer, wait_until
+from tests.support import LiveServer, starts_processes, wait_until
 
 DIGIT = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]
 # Every element with a number, as the browser rendered its text.
@@ -56,6 +56,7 @@ def base_url(served_app: Flask, serve: Callable[[Flask], LiveServer]) -> str:
 
 
 @pytest.fixture
+@starts_processes
 def browser(tmp_path: Path) -> Iterator[Browser]:
     chromium = Browser(tmp_path / "profile")
     yield chromium

@@ -30,7 +30,7 @@ from tests.conftest import (
     WorkerProcess,
     insert_queued_job,
 )
-from tests.support import wait_until
+from tests.support import starts_processes, wait_until
 from tests.webhooks.test_webhooks import ScriptedReceiver
 
 BACKLOG = 3000
@@ -82,6 +82,7 @@ def status_of(database: Database, job_id: uuid.UUID) -> str:
 
 
 @pytest.fixture
+@starts_processes
 def busy_plane(
     plane: Settings, database: Database, tenant: TenantAuth, tmp_path: Path
 ) -> Iterator[Settings]:
@@ -172,6 +173,7 @@ def test_sweeps_run_while_a_backlog_holds_every_inference_worker(
         receiver.server.shutdown()
 
 
+@pytest.mark.processes
 def test_beat_keeps_one_message_of_each_sweep_pending(
     plane: Settings, settings: Settings, tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from flask import Flask
 from sqlalchemy import select
 
@@ -17,6 +18,7 @@ from tests.conftest import WorkerProcess, wait_for_job
 from tests.support import wait_until
 
 
+@pytest.mark.processes
 def test_a_job_that_outlives_its_time_limit_every_time_is_capped(
     settings: Settings,
     auth: dict[str, str],

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.platform.database import engine_url
 from app.platform.settings import ROOT, Settings
 from tests.conftest import fresh_database, service_env
-from tests.support import wait_until
+from tests.support import process_started, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,7 @@ class Service:
         self._out, self._err = self.stdout_path.open("wb"), self.stderr_path.open("wb")
         self.proc = subprocess.Popen(args, cwd=ROOT, env=service_env(settings, **env),
                                      stdout=self._out, stderr=self._err)  # fmt: skip
+        process_started()
 
     def lines(self) -> list[str]:
         return self.stderr_path.read_text(errors="replace").splitlines()

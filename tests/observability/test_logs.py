@@ -21,6 +21,8 @@ from tests.conftest import QUIET_WORKER, RUN_ID, free_port, insert_queued_job, m
 from tests.observability.conftest import Service, scrape, value
 from tests.support import wait_until
 
+pytestmark = pytest.mark.processes  # each test starts its services
+
 PIXELS = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]
 
 

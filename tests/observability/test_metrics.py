@@ -32,7 +32,7 @@ from tests.conftest import (
     wait_for_job,
 )
 from tests.observability.conftest import Service, parse, scrape, value
-from tests.support import wait_until
+from tests.support import starts_processes, wait_until
 
 TOKEN = f"metrics-{uuid.uuid4().hex}"
 PIXELS = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]
@@ -69,6 +69,7 @@ def _worker(settings: Settings, folder: Path, name: str, queue: str, **env: str)
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def inference_worker(
     hooks: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Service, str, Path]]:
@@ -84,6 +85,7 @@ def inference_worker(
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def webhook_worker(hooks: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("webhook-worker")
     port = free_port()

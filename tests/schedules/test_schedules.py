@@ -29,7 +29,7 @@ from app.runtime.sessions import SessionPool
 from app.schedules import paths, service
 from app.web.context import container_of
 from tests.conftest import BeatProcess, TenantAuth, WorkerProcess, make_tenant
-from tests.support import wait_until
+from tests.support import starts_processes, wait_until
 
 RNG = np.random.default_rng(5)
 EVERY_2_S = "* * * * * */2"  # six fields, seconds last: a compressed clock
@@ -57,6 +57,7 @@ def runs(client: FlaskClient, tenant: TenantAuth, schedule_id: str) -> list[dict
 
 
 @pytest.fixture
+@starts_processes
 def two_beats(settings: Settings, tmp_path: Path) -> Iterator[list[BeatProcess]]:
     # DEBUG: the test reads the ticks a beat sent, which it logs at DEBUG only.
     beats = [BeatProcess(settings, tmp_path, name, SCHEDULE_TICK_SECONDS="0.5", LOG_LEVEL="DEBUG")

@@ -30,7 +30,7 @@ from app.web.context import container_of, current_session
 from app.webhooks import delivery, retry_after
 from app.webhooks.receiver import DuplicateDelivery, Receiver, WebhookVerificationError
 from tests.conftest import TenantAuth, WorkerProcess, make_tenant, wait_for_job
-from tests.support import wait_until
+from tests.support import starts_processes, wait_until
 
 BODY = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}
 SCHEDULE = "0,0.2,0.2,0.2,2.5"  # five attempts, quickly; Retry-After is honoured up to 2.5 s
@@ -132,6 +132,7 @@ def start_webhook_worker(hooks: Settings, log: Path) -> WorkerProcess:
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def webhook_worker(
     hooks: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
