@@ -67,7 +67,7 @@ class service(Generic[T]):
 
 
 class Container:
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.clock = settings, clock
         self._made: dict[str, Any] = {}
         self._lock = threading.RLock()

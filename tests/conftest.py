@@ -188,7 +188,7 @@ def make_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
         **overrides: Any,
     ) -> Flask:
         own = embedded.resolve_urls((base or settings).with_overrides(**overrides))
-        made.append(create_app(container=Container(own, clock)))
+        made.append(create_app(container=Container(own, clock=clock)))
         return made[-1]
 
     yield make
