@@ -29,9 +29,9 @@ run: $(VENV)/.runtime
 test: $(VENV)/.dev browser lint
 	$(PY) -m pytest -m "not faults"
 
-## test-fast: the suite without the end-to-end `manage.py up` tests
-test-fast: $(VENV)/.dev browser
-	$(PY) -m pytest -m "not stack and not faults"
+## test-fast: the inner loop: the tests that start no worker, server or browser process
+test-fast: $(VENV)/.dev
+	$(PY) -m pytest -m "not processes and not stack and not faults"
 
 ## test-faults: kill workers, Redis, PostgreSQL mid-run; writes docs/reliability.md
 test-faults: $(VENV)/.dev

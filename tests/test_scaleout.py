@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.web.context import container_of, current_session, services
 from tests.conftest import QUIET_WORKER, RUN_ID, TenantAuth, service_env, stop_process
+from tests.support import process_started, starts_processes, wait_until
 
 GPU, CPU = f"gpu-{RUN_ID}", f"cpu-{RUN_ID}"
 ON_GPU, ON_CPU = "on-gpu", "on-cpu"
@@ -145,11 +145,14 @@ class Worker:
         self.proc = subprocess.Popen(
             args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT
         )
-        deadline = time.monotonic() + 90
-        while b" ready." not in self.log_path.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+        process_started()
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
                 raise RuntimeError(f"{node} did not start:\n{self.text()[-3000:]}")
-            time.sleep(0.1)
+            return b" ready." in self.log_path.read_bytes()
+
+        wait_until(ready, lambda: f"{node} ready:\n{self.text()[-3000:]}", 90, interval=0.1)
 
     def text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -165,14 +168,13 @@ def start_worker(
     """A worker with a node name of its own, once its events reach the receiver."""
     node = f"{kind}-{RUN_ID}-{uuid.uuid4().hex[:4]}"
     worker = Worker(settings, folder, node, queue)
-    deadline = time.monotonic() + 30
-    while not any(n.startswith(f"{node}@") for n in events.nodes()):
-        assert time.monotonic() < deadline, f"no event from {node} reached the receiver"
-        time.sleep(0.2)
+    wait_until(lambda: any(n.startswith(f"{node}@") for n in events.nodes()),
+               f"an event from {node} at the receiver", 30, interval=0.2)  # fmt: skip
     return worker
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def cpu_worker(
     routed_settings: Settings, tmp_path_factory: pytest.TempPathFactory, task_events: TaskEvents
 ) -> Iterator[Worker]:
@@ -208,19 +210,16 @@ def rows(database: Database, ids: list[uuid.UUID]) -> list[Any]:
 
 
 def wait_finished(database: Database, ids: list[uuid.UUID], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while any(r.status not in TERMINAL for r in rows(database, ids)):
-        assert time.monotonic() < deadline, "jobs still unfinished"
-        time.sleep(0.2)
+    wait_until(lambda: all(r.status in TERMINAL for r in rows(database, ids)),
+               "every job finished", timeout, interval=0.2)  # fmt: skip
 
 
 def wait_drained(events: TaskEvents, node: str, model: str, jobs: int) -> None:
     """Until the drain events say `node` ran `jobs` of `model` (they trail the jobs'
     rows by a moment: a drain's event is sent when it returns)."""
-    deadline = time.monotonic() + 30
-    while events.drained().get((node, model), 0) < jobs:
-        assert time.monotonic() < deadline, (node, model, events.drained())
-        time.sleep(0.2)
+    wait_until(lambda: events.drained().get((node, model), 0) >= jobs,
+               lambda: f"{jobs} drains of {model} on {node}: {events.drained()}", 30,
+               interval=0.2)  # fmt: skip
 
 
 def assert_ran_once(database: Database, ids: list[uuid.UUID]) -> None:
@@ -294,10 +293,8 @@ def test_a_cpu_worker_never_takes_a_gpu_models_jobs_even_with_no_gpu_worker(
     on_cpu = submit(routed_app, tenant.headers, ON_CPU, 20)
     wait_finished(database, on_cpu)
     assert_ran_once(database, on_cpu)
-    deadline = time.monotonic() + 30
-    while (cpu_worker.node, ON_GPU) not in task_events.passed_on():
-        assert time.monotonic() < deadline, "the misrouted wake-up was not passed on"
-        time.sleep(0.2)
+    wait_until(lambda: (cpu_worker.node, ON_GPU) in task_events.passed_on(),
+               "the misrouted wake-up passed on", 30, interval=0.2)  # fmt: skip
     assert {(r.status, r.attempts) for r in rows(database, on_gpu)} == {("queued", 0)}
     assert (cpu_worker.node, ON_GPU) not in task_events.drained()
     assert "loaded model on-gpu:1" not in cpu_worker.text()

@@ -26,8 +26,9 @@ import requests
 from app.platform.settings import ROOT
 from inference_client import Client
 from tests.conftest import free_port
+from tests.support import wait_until
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.processes]
 
 
 class Stack:
@@ -187,8 +188,12 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         launcher_pid = stack.proc.pid
         children = children_of(launcher_pid)
         assert stack.stop() == 0, stack.output[-3000:]
-        time.sleep(0.5)
-        assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == [], stack.output
+
+        def left() -> list[int]:
+            return [pid for pid in children if Path(f"/proc/{pid}").exists()]
+
+        wait_until(lambda: not left(), lambda: f"the launcher's children to exit: {left()}", 10)
+        assert left() == [], stack.output
 
         # Start again: nothing lost, no second key printed, the old keys still work.
         banner = stack.start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -38,8 +39,12 @@ class _Reading:
 
 
 class Admission:
-    def __init__(self, limit: int, ttl_s: float = 0.5) -> None:
-        self.limit, self.ttl_s = limit, ttl_s
+    """The bound, with each model's reading kept `ttl_s` by `clock` (seconds)."""
+
+    def __init__(
+        self, limit: int, ttl_s: float = 0.5, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limit, self.ttl_s, self.clock = limit, ttl_s, clock
         self._readings: dict[str, _Reading] = {}
         self._lock = threading.Lock()
 
@@ -61,7 +66,7 @@ class Admission:
             reading.queued += jobs
 
     def _reading(self, session: Session, model: str) -> _Reading:
-        now = time.monotonic()
+        now = self.clock()
         reading = self._readings.get(model)
         if reading is None or now - reading.at > self.ttl_s:
             row = session.execute(_READ, {"model": model}).one()

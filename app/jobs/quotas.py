@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -75,17 +76,26 @@ class _Count:
 
 
 class Quotas:
-    """One per process: the tenants' limits and in-flight counts, cached."""
+    """One per process: the tenants' limits and in-flight counts, cached (timed by
+    `clock`, in seconds; the submit rate counts wall-clock seconds, shared in Redis)."""
 
-    def __init__(self, settings: Settings, *, ttl_s: float = 5.0, count_ttl_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        ttl_s: float = 5.0,
+        count_ttl_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings, self.ttl_s, self.count_ttl_s = settings, ttl_s, count_ttl_s
+        self.clock = clock
         self._limits: dict[int, tuple[float, Limits]] = {}
         self._counts: dict[int, _Count] = {}
         self._lock = threading.Lock()
         self._redis: redis.Redis | None = None
 
     def limits(self, session: Session, tenant_id: int) -> Limits:
-        now = time.monotonic()
+        now = self.clock()
         cached = self._limits.get(tenant_id)
         if cached is not None and cached[0] > now:
             return cached[1]
@@ -156,7 +166,7 @@ class Quotas:
             )  # fmt: skip
 
     def _in_flight(self, session: Session, tenant_id: int, jobs: int, allowed: int) -> None:
-        now = time.monotonic()
+        now = self.clock()
         count = self._counts.get(tenant_id)
         if count is None or now - count.at > self.count_ttl_s:
             value = session.scalar(_IN_FLIGHT, {"tenant": tenant_id}) or 0

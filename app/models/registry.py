@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,14 +47,22 @@ class ModelRepository:
     model), and that `states` (shared through PostgreSQL; none in tools and
     unit tests) does not mark UNAVAILABLE. When the shared states change, the
     folder is rescanned too, so a model added on another machine is seen.
+    `clock` (seconds) times the `ttl_s` between looks.
     """
 
-    def __init__(self, root: Path, states: SharedStates | None = None, ttl_s: float = 2.0) -> None:
-        self.root, self.states, self.ttl_s = root, states, ttl_s
+    def __init__(
+        self,
+        root: Path,
+        states: SharedStates | None = None,
+        ttl_s: float = 2.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root, self.states, self.ttl_s, self.clock = root, states, ttl_s, clock
         self._cards: dict[str, dict[str, ModelCard]] = {}
         self._broken: dict[tuple[str, str], str] = {}
         self._folder: tuple[tuple[str, int], ...] = ()
-        self._synced_at = time.monotonic()
+        self._synced_at = clock()
         if states is not None:
             states.poll()
         self.refresh()
@@ -84,7 +93,7 @@ class ModelRepository:
         """Pick up changes, at most once per `ttl_s` unless `force`: shared states
         (a load or unload anywhere) and the folder (a model added by hand, or by
         a PUT on another machine) rescan it."""
-        now = time.monotonic()
+        now = self.clock()
         if not force and now - self._synced_at < self.ttl_s:
             return
         self._synced_at = now

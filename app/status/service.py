@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -197,10 +198,18 @@ def _letter(r: Row[Any]) -> LetterLine:
 
 
 class StatusBoard:
-    """The snapshot of one API process, read again when older than `ttl_s`."""
+    """The snapshot of one API process, read again when older than `ttl_s` by
+    `clock` (seconds)."""
 
-    def __init__(self, census: WorkerCensus, retention_s: float, ttl_s: float) -> None:
-        self.census, self.ttl_s = census, ttl_s
+    def __init__(
+        self,
+        census: WorkerCensus,
+        retention_s: float,
+        ttl_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.census, self.ttl_s, self.clock = census, ttl_s, clock
         self.window_s = window_for(retention_s)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
@@ -208,7 +217,7 @@ class StatusBoard:
 
     def snapshot(self, session: Session) -> Snapshot:
         with self._lock:
-            if self._snapshot is None or time.monotonic() - self._at >= self.ttl_s:
+            if self._snapshot is None or self.clock() - self._at >= self.ttl_s:
                 self._snapshot = Snapshot(
                     at=datetime.now(UTC),
                     window_s=self.window_s,
@@ -216,7 +225,7 @@ class StatusBoard:
                     open_dead_letters=count_open_dead_letters(session),
                     census=self.census.current(),
                 )
-                self._at = time.monotonic()
+                self._at = self.clock()
             return self._snapshot
 
 

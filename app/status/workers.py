@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,19 +53,22 @@ class WorkerCensus:
         queues: tuple[str, ...],
         ttl_s: float,
         timeout_s: float = 1.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.celery, self.redis_url, self.queues = celery, redis_url, queues
-        self.ttl_s, self.timeout_s = ttl_s, timeout_s
+        self.ttl_s, self.timeout_s, self.clock = ttl_s, timeout_s, clock
         self._lock = threading.Lock()
         self._census: Census | None = None
         self._at = 0.0
 
     def current(self) -> Census:
-        """The census at most `ttl_s` old; one thread asks, the others wait for it."""
+        """The census at most `ttl_s` old (by `clock`); one thread asks, the others
+        wait for it."""
         with self._lock:
-            if self._census is None or time.monotonic() - self._at >= self.ttl_s:
+            if self._census is None or self.clock() - self._at >= self.ttl_s:
                 self._census = self._ask()
-                self._at = time.monotonic()
+                self._at = self.clock()
             return self._census
 
     def _ask(self) -> Census:

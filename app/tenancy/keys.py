@@ -7,6 +7,7 @@ import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -131,10 +132,17 @@ class KeyCache:
     """Callers by API key hash, kept `ttl_s` seconds, so a busy client costs one
     key query per few seconds rather than one per request. A revoked key keeps
     working at most that long. Unknown keys are never cached (a client trying
-    random keys cannot fill memory); the cache holds at most `max_keys`."""
+    random keys cannot fill memory); the cache holds at most `max_keys`. `clock`
+    (seconds) times the entries."""
 
-    def __init__(self, ttl_s: float = 5.0, max_keys: int = 10_000) -> None:
-        self.ttl_s, self.max_keys = ttl_s, max_keys
+    def __init__(
+        self,
+        ttl_s: float = 5.0,
+        max_keys: int = 10_000,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s, self.max_keys, self.clock = ttl_s, max_keys, clock
         self._entries: dict[str, tuple[float, Caller]] = {}
         self._lock = threading.Lock()
 
@@ -148,7 +156,7 @@ class KeyCache:
 
     def caller_by_hash(self, session: Session, digest: str) -> Caller | None:
         """The caller of the key whose hash is `digest`, cached as `caller`."""
-        now = time.monotonic()
+        now = self.clock()
         entry = self._entries.get(digest)
         if entry is not None and entry[0] > now and not entry[1].expired():
             return entry[1]

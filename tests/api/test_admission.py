@@ -4,27 +4,32 @@ once the queue drains. Other models are not affected."""
 
 from __future__ import annotations
 
-import time
 import uuid
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from flask import Flask
 
-from app import create_app
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Job
 from tests.conftest import TenantAuth
+from tests.support import FakeClock
 
 ROW = [[1.0] * 64]
 
 
 def test_a_full_queue_is_a_429_with_retry_after_at_every_door(
-    settings: Settings, database: Database, tenant: TenantAuth
+    settings: Settings,
+    database: Database,
+    tenant: TenantAuth,
+    make_app: Callable[..., Flask],
+    clock: FakeClock,
 ) -> None:
     # Its own queue, which no worker reads: what is admitted stays queued.
-    app: Flask = create_app(
-        settings.with_overrides(max_queued_per_model=3, jobs_queue=f"full-{uuid.uuid4().hex}")
+    app = make_app(
+        settings.with_overrides(max_queued_per_model=3, jobs_queue=f"full-{uuid.uuid4().hex}"),
+        clock=clock,
     )
     client, auth = app.test_client(), tenant.headers
     accepted = [client.post("/jobs", json={"model": "digits", "inputs": {"pixels": ROW}},
@@ -54,7 +59,7 @@ def test_a_full_queue_is_a_429_with_retry_after_at_every_door(
 
     for response in accepted:  # the queue drains (here: cancelled) ...
         assert client.post(f"/jobs/{response.json['id']}/cancel", headers=auth).status_code == 200
-    time.sleep(0.6)  # ... and the next reading of it admits again
+    clock.advance(0.6)  # ... and the next reading of it admits again
     again = client.post("/jobs", json={"model": "digits", "inputs": {"pixels": ROW}}, headers=auth)
     assert again.status_code == 202
     client.post(f"/jobs/{again.json['id']}/cancel", headers=auth)

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from app.runtime.sessions import SessionPool
 from app.web.context import container_of, services
 from tests.conftest import TenantAuth, WorkerProcess
 from tests.models import build_flaky_digits, build_slow_rows
+from tests.support import wait_until
 
 RNG = np.random.default_rng(11)
 NPY = "application/x-npy"
@@ -97,16 +97,19 @@ def wait_batch(
 ) -> dict[str, Any]:
     """Poll until finished; with `database`, run the sweep's wake-ups as beat
     would (a chunk back from a retry's backoff waits for them)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    seen: dict[str, Any] = {}
+
+    def finished() -> dict[str, Any] | None:
         batch: dict[str, Any] = client.get(f"/batches/{batch_id}", headers=auth).json
         if batch["status"] not in ("queued", "running"):
             return batch
-        assert time.monotonic() < deadline, f"batch still {batch['status']}: {batch}"
+        seen.update(batch)
         if database is not None:
             with client.application.app_context(), database.sessionmaker() as session:
                 sweeps.wake_waiting(session, services().dispatcher, 60)
-        time.sleep(0.05)
+        return None
+
+    return wait_until(finished, lambda: f"batch still {seen['status']}: {seen}", timeout)
 
 
 def npy_results(client: FlaskClient, auth: dict[str, str], batch_id: str, **query: str) -> Any:
@@ -138,17 +141,19 @@ def test_file_batch_of_100000_rows_equals_direct_ort_with_a_chunk_failing_once(
     assert batch["status"] == "queued" and batch["file_id"] == file_id
 
     flaky = model_repository / "digits-flaky" / "1"
-    deadline = time.monotonic() + 120
-    while True:  # the first attempt fails; then a person deploys the fixed model
+    seen: list[Any] = [None]
+
+    def chunk_failed() -> bool:  # the first attempt fails; then a person deploys the fixed model
         with database.sessionmaker() as session:
             chunk = session.scalar(
                 sa.select(Job).where(Job.batch_id == uuid.UUID(batch["id"]), Job.batch_index == 2)
             )
-        if chunk is not None and chunk.error_code == "resource_exhausted":
-            break
-        seen = chunk and (chunk.status, chunk.error_code, chunk.error_message)
-        assert time.monotonic() < deadline, f"chunk 2 never failed for lack of memory: {seen}"
-        time.sleep(0.02)
+        seen[0] = chunk and (chunk.status, chunk.error_code, chunk.error_message)
+        return chunk is not None and chunk.error_code == "resource_exhausted"
+
+    wait_until(
+        chunk_failed, lambda: f"chunk 2 to fail for lack of memory: {seen[0]}", 120, interval=0.02
+    )
     fixed = flaky / "model.onnx.fixed"
     shutil.copy(model_repository / "digits" / "1" / "model.onnx", fixed)
     os.replace(fixed, flaky / "model.onnx")
@@ -285,10 +290,12 @@ def test_cancel_halfway_stops_queued_chunks_and_keeps_finished_ones(
 ) -> None:
     x = (RNG.random((400, 64)) - 0.5).astype(np.float32)  # 50 chunks of 8 rows, ~40 ms each
     batch = submit(bclient, auth, model="slow-rows", inputs={"x": x.tolist()})
-    deadline = time.monotonic() + 60
-    while bclient.get(f"/batches/{batch['id']}", headers=auth).json["rows_done"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(
+        lambda: bclient.get(f"/batches/{batch['id']}", headers=auth).json["rows_done"] > 0,
+        "the first rows done",
+        60,
+        interval=0.02,
+    )
     response = bclient.post(f"/batches/{batch['id']}/cancel", headers=auth)
     assert response.status_code == 200, response.json
     assert response.json["cancel_requested_at"] is not None

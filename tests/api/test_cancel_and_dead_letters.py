@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import select
@@ -22,6 +22,7 @@ from app.tenancy.keys import create_operator_key
 from app.web.context import container_of, current_session, services
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 from tests.models import HUGE, build_memhog
+from tests.support import wait_until
 
 PIXELS = {"pixels": [[0.0] * 64]}
 
@@ -72,7 +73,13 @@ def test_cancel_after_expires_a_job_nobody_ran(idle: Flask, auth: dict[str, str]
     client = idle.test_client()
     job = post_job(client, auth, headers={"Cancel-After": "0.3"})
     assert job["deadline_at"]
-    time.sleep(0.5)
+
+    def past_deadline() -> bool:  # by the database's clock, which the sweep reads
+        with container_of(idle).database.engine.connect() as conn:
+            query = sa.text("SELECT deadline_at < now() FROM jobs WHERE id = :id")
+            return bool(conn.scalar(query, {"id": job["id"]}))
+
+    wait_until(past_deadline, "the job's Cancel-After deadline to pass")
     with idle.app_context():
         sweeps.sweep(current_session(), container_of(idle).settings, services().dispatcher)
     done = client.get(f"/jobs/{job['id']}", headers=auth).json

@@ -8,8 +8,6 @@ import io
 import json
 import shutil
 import struct
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,6 @@ import sqlalchemy as sa
 import tritonclient.http as triton
 from flask import Flask
 from flask.testing import FlaskClient
-from werkzeug.serving import BaseWSGIServer, make_server
 
 from app.models.registry import ModelRepository
 from app.platform.database import Database
@@ -30,7 +27,8 @@ from app.runtime.engine import infer
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import pack, parse_inputs
 from app.web.context import services
-from tests.conftest import TenantAuth, free_port, outputs_of, wait_for_job
+from tests.conftest import TenantAuth, outputs_of, wait_for_job
+from tests.support import live_server, wait_until
 
 DATA = Path(__file__).parent.parent / "data"
 REFERENCE = json.loads((DATA / "minilm_reference.json").read_text(encoding="utf-8"))
@@ -63,12 +61,8 @@ def staged(model_repository: Path) -> str:
 @pytest.fixture(scope="module")
 def server(app: Flask) -> Iterator[str]:
     """The app over real HTTP on loopback, for Triton's client."""
-    port = free_port()
-    httpd: BaseWSGIServer = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{port}"
-    httpd.shutdown()
+    with live_server(app) as served:
+        yield served.address
 
 
 @pytest.mark.usefixtures("worker")
@@ -212,11 +206,12 @@ def test_a_batch_of_texts_gives_the_reference_vectors_in_order(
     batch = client.post("/batches", json=body, headers=tenant.headers)
     assert batch.status_code == 202, batch.json
     url = f"/batches/{batch.json['id']}"
-    for _ in range(1200):
-        state = client.get(url, headers=tenant.headers).json
-        if state["status"] not in ("queued", "running"):
-            break
-        time.sleep(0.05)
+
+    def finished() -> dict[str, Any] | None:
+        state: dict[str, Any] = client.get(url, headers=tenant.headers).json
+        return None if state["status"] in ("queued", "running") else state
+
+    state = wait_until(finished, "the batch to finish", 60)
     assert state["status"] == "succeeded" and state["rows_done"] == len(texts), state
     npy = {**tenant.headers, "Accept": "application/x-npy"}
     results = client.get(f"{url}/results", headers=npy)

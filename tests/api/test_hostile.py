@@ -23,6 +23,7 @@ from app.platform.database import Database
 from app.platform.settings import Settings
 from app.web.context import container_of
 from tests.conftest import TenantAuth, make_tenant, wait_for_job
+from tests.support import wait_until
 
 ROW = [[1.0] * 64]
 
@@ -196,7 +197,8 @@ def test_waiting_requests_are_bounded_per_tenant_and_in_total(
     threads = [threading.Thread(target=hold, args=(t,), daemon=True) for t in (a, a, b)]
     for thread in threads:
         thread.start()
-    time.sleep(1.0)  # all three are waiting now
+    holds = container_of(hostile_app).holds
+    wait_until(lambda: sum(holds._held.values()) == 3, "all three requests to be waiting")
     over_tenant = hc.get(f"/jobs/{queued[a.id]}?wait=5", headers=a.headers)
     body = problem(over_tenant, 429)
     assert "MAX_WAITS_PER_TENANT" in body["detail"] and over_tenant.headers["Retry-After"]

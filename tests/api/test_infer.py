@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,6 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 from tritonclient.utils import InferenceServerException
-from werkzeug.serving import BaseWSGIServer, make_server
 
 from app import create_app
 from app.models.cards import ModelCard
@@ -27,7 +25,8 @@ from app.platform.database import Database
 from app.platform.settings import Settings
 from app.platform.tables import Job
 from app.runtime.sessions import SessionPool
-from tests.conftest import TenantAuth, free_port, wait_for_job
+from tests.conftest import TenantAuth, wait_for_job
+from tests.support import live_server
 
 RNG = np.random.default_rng(7)
 PIXELS = (RNG.random((5, 64)) * 16).astype(np.float32)
@@ -64,12 +63,8 @@ def sync_client(sync_app: Flask) -> FlaskClient:
 @pytest.fixture(scope="module")
 def server(sync_app: Flask) -> Iterator[str]:
     """The app over real HTTP on loopback, for Triton's client."""
-    port = free_port()
-    httpd: BaseWSGIServer = make_server("127.0.0.1", port, sync_app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{port}"
-    httpd.shutdown()
+    with live_server(sync_app) as served:
+        yield served.address
 
 
 def test_json_infer_through_the_workers_equals_onnx_runtime(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from tests.conftest import (
     service_env,
     wait_for_job,
 )
+from tests.support import FakeClock, wait_until
 
 ROWS = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
 
@@ -78,11 +78,10 @@ def cli_add(settings: Settings, *args: str) -> Any:
     return CliRunner().invoke(cli, ["models", "add", *args], env=env, catch_exceptions=False)
 
 
-def eventually(check: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not seen in time"
-        time.sleep(0.1)
+def clocked(make_app: Callable[..., Flask], clock: FakeClock) -> FlaskClient:
+    """A client of an API process of its own, whose model states are looked at
+    again when `clock` moves on by MODEL_STATE_CACHE_SECONDS."""
+    return make_app(clock=clock).test_client()
 
 
 def listed(client: FlaskClient, name: str, headers: dict[str, str] | None = None) -> bool:
@@ -117,9 +116,10 @@ def put(
 
 
 def test_models_add_serves_jobs_through_the_running_worker(
-    settings: Settings, client: FlaskClient, auth: dict[str, str], worker: WorkerProcess,
-    iris_onnx: Path,
+    settings: Settings, make_app: Callable[..., Flask], clock: FakeClock, auth: dict[str, str],
+    worker: WorkerProcess, iris_onnx: Path,
 ) -> None:  # fmt: skip
+    client = clocked(make_app, clock)
     name = fresh_name()
     added = subprocess.run(
         [sys.executable, "manage.py", "models", "add", str(iris_onnx), "--name", name],
@@ -135,7 +135,8 @@ def test_models_add_serves_jobs_through_the_running_worker(
     ]
     assert card["batching"]["max_batch_size"] > 0 and card["execution"] == "worker"
 
-    eventually(lambda: listed(client, name))  # the API was not restarted
+    clock.advance(settings.model_state_cache_seconds)
+    assert listed(client, name), "not seen"  # the API was not restarted
     job = run_job(client, auth, name)
     assert job["status"] == "succeeded", job
     label, probabilities = direct(iris_onnx)
@@ -264,7 +265,7 @@ def test_a_broken_model_fails_only_its_own_jobs_and_load_names_why(
     name = fresh_name()
     assert put(client, operator, name, "1", iris_onnx.read_bytes()).status_code == 201
     (settings.model_repository / name / "1" / "model.onnx").write_bytes(b"\x00corrupt")
-    eventually(lambda: listed(client, name))
+    wait_until(lambda: listed(client, name), f"{name} listed")
     broken = run_job(client, auth, name, "1")
     assert broken["status"] == "failed" and broken["error"]["code"] == "model_invalid", broken
     digits = client.post(
@@ -295,16 +296,18 @@ def test_a_card_that_does_not_match_its_graph_is_refused_at_load(
 
 
 def test_a_model_granted_to_one_tenant_is_invisible_to_others(
-    settings: Settings, client: FlaskClient, database: Database, iris_onnx: Path,
-    worker: WorkerProcess,
+    settings: Settings, make_app: Callable[..., Flask], clock: FakeClock, database: Database,
+    iris_onnx: Path, worker: WorkerProcess,
 ) -> None:  # fmt: skip
+    client = clocked(make_app, clock)
     acme, other = make_tenant(database), make_tenant(database)
     name = fresh_name()
     result = cli_add(
         settings, str(iris_onnx), "--name", name, "--tenant", tenant_name(database, acme)
     )
     assert result.exit_code == 0, result.output
-    eventually(lambda: listed(client, name, acme.headers))
+    clock.advance(settings.model_state_cache_seconds)
+    assert listed(client, name, acme.headers), "not seen"
     assert run_job(client, acme.headers, name)["status"] == "succeeded"
 
     assert not listed(client, name, other.headers)
@@ -379,9 +382,10 @@ def test_a_model_over_max_model_bytes_is_refused(
 
 
 def test_an_inline_model_with_a_broken_file_answers_model_invalid(
-    settings: Settings, client: FlaskClient, auth: dict[str, str], operator: dict[str, str],
-    iris_onnx: Path,
+    settings: Settings, make_app: Callable[..., Flask], clock: FakeClock, auth: dict[str, str],
+    operator: dict[str, str], iris_onnx: Path,
 ) -> None:  # fmt: skip
+    client = clocked(make_app, clock)
     name = fresh_name()
     assert put(client, operator, name, "1", iris_onnx.read_bytes()).status_code == 201
     version_dir = settings.model_repository / name / "1"
@@ -389,7 +393,8 @@ def test_an_inline_model_with_a_broken_file_answers_model_invalid(
     (version_dir / "model.onnx").write_bytes(b"\x00corrupt")
     (version_dir / "card.json").write_text(json.dumps({**card, "execution": "inline"}))
     app_repository = container_of(client.application).models
-    eventually(lambda: app_repository.resolve(name).extra.get("execution") == "inline")
+    clock.advance(settings.model_state_cache_seconds)
+    assert app_repository.resolve(name).extra.get("execution") == "inline", "not seen"
     body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": ROWS[0]}]}
     failed = client.post(f"/v2/models/{name}/infer", json=body, headers=auth)
     assert failed.status_code == 500 and failed.json["error_code"] == "model_invalid"

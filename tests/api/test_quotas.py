@@ -22,6 +22,7 @@ from app.platform.settings import ROOT, Settings
 from app.platform.tables import Job, Tenant
 from app.tenancy.keys import set_quotas
 from tests.conftest import STAGED, TenantAuth, make_tenant, service_env, wait_for_job
+from tests.support import wait_until
 
 ONE = {"pixels": [[0.0] * 64]}
 
@@ -78,15 +79,17 @@ def test_submits_a_second_beyond_the_quota_are_refused(
     limited: Callable[..., FlaskClient], database: Database, tenant: TenantAuth
 ) -> None:
     client = limited(max_submits_per_second=2)
-    while time.time() % 1 > 0.3:  # start early in a second: five submits fit in it
-        time.sleep(0.02)
+    # The rate counts wall-clock seconds in Redis (shared by every API process), so
+    # these waits are real: start early in a second, so five submits fit in it.
+    wait_until(lambda: time.time() % 1 <= 0.3, "the start of a second", interval=0.02)
     codes = [
         client.post("/jobs", json={"model": STAGED, "inputs": ONE}, headers=tenant.headers)
         for _ in range(5)
     ]
+    second = int(time.time())
     assert [r.status_code for r in codes] == [202, 202, 429, 429, 429]
     quota_problem(codes[2], "max_submits_per_second")
-    time.sleep(1.1)  # the next second has room again
+    wait_until(lambda: int(time.time()) > second, "the next second", interval=0.02)  # has room
     again = client.post("/jobs", json={"model": STAGED, "inputs": ONE}, headers=tenant.headers)
     assert again.status_code == 202
 

@@ -15,7 +15,6 @@ import itertools
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import requests
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from tests.conftest import stop_process
+from tests.support import process_started, wait_until
 
 INSTALL = "tests/browser/install-chromium.sh"
 FLAGS = (
@@ -50,6 +50,7 @@ class Browser:
              f"--window-size={width},{height}", "about:blank"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        process_started()
         self.loop = asyncio.new_event_loop()
         self.ids = itertools.count(1)
         self.events: list[dict[str, Any]] = []
@@ -61,11 +62,11 @@ class Browser:
         self.send("Network.enable")
 
     def _devtools_port(self, path: Path, timeout: float = 60) -> int:
-        deadline = time.monotonic() + timeout
-        while not path.exists() or not path.read_text().strip():
+        def written() -> bool:
             assert self.proc.poll() is None, f"chromium exited with {self.proc.returncode}"
-            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
-            time.sleep(0.1)
+            return path.exists() and bool(path.read_text().strip())
+
+        wait_until(written, "chromium to open its DevTools port", timeout, interval=0.1)
         return int(path.read_text().split()[0])
 
     def send(self, method: str, **params: Any) -> dict[str, Any]:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,6 @@ import pytest
 import requests
 import sqlalchemy as sa
 from flask import Flask
-from werkzeug.serving import make_server
 
 from app import create_app
 from app.platform.database import Database
@@ -27,9 +24,10 @@ from app.platform.settings import ROOT, Settings
 from app.tenancy.keys import create_operator_key
 from app.web.context import container_of
 from tests.browser.chromium import Browser
-from tests.conftest import STAGED, WorkerProcess, free_port, insert_queued_job, make_tenant
+from tests.conftest import STAGED, WorkerProcess, insert_queued_job, make_tenant
 from tests.models import HUGE
 from tests.status.oracle import as_page, expected_lines, open_dead_letters, table_of
+from tests.support import LiveServer, starts_processes, wait_until
 
 DIGIT = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]
 # Every element with a number, as the browser rendered its text.
@@ -53,16 +51,12 @@ def served_app(settings: Settings) -> Iterator[Flask]:
 
 
 @pytest.fixture
-def base_url(served_app: Flask) -> Iterator[str]:
-    server = make_server("127.0.0.1", free_port(), served_app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(10)
+def base_url(served_app: Flask, serve: Callable[[Flask], LiveServer]) -> str:
+    return serve(served_app).url
 
 
 @pytest.fixture
+@starts_processes
 def browser(tmp_path: Path) -> Iterator[Browser]:
     chromium = Browser(tmp_path / "profile")
     yield chromium
@@ -164,10 +158,9 @@ def test_the_status_page_in_a_browser(
 
 
 def _wait(base_url: str, headers: dict[str, str], job_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while True:
+    def finished() -> dict[str, Any] | None:
         job: dict[str, Any] = requests.get(f"{base_url}/jobs/{job_id}", headers=headers,
                                            timeout=10).json()  # fmt: skip
-        if job["status"] not in ("queued", "running") or time.monotonic() > deadline:
-            return job
-        time.sleep(0.1)
+        return None if job["status"] in ("queued", "running") else job
+
+    return wait_until(finished, f"job {job_id} to finish", 60, interval=0.1)

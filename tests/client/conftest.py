@@ -5,34 +5,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from flask import Flask
-from werkzeug.serving import BaseWSGIServer, make_server
 
 from app import create_app
 from app.platform.settings import Settings
 from inference_client import Client
-from tests.conftest import TenantAuth, free_port
+from tests.conftest import TenantAuth
+from tests.support import live_server
 
 CHUNKED = "digits-chunked"  # digits cut into chunk jobs of 16 rows: batches of several chunks
-
-
-@contextmanager
-def serving(app: Flask) -> Iterator[str]:
-    """`app` on a free loopback port, one thread per request; yields its base URL."""
-    port = free_port()
-    httpd: BaseWSGIServer = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        httpd.shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -47,8 +32,8 @@ def client_app(settings: Settings, model_repository: Path) -> Flask:
 
 @pytest.fixture(scope="session")
 def base_url(client_app: Flask) -> Iterator[str]:
-    with serving(client_app) as url:
-        yield url
+    with live_server(client_app) as server:
+        yield server.url
 
 
 def key_of(tenant: TenantAuth) -> str:

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -40,8 +39,9 @@ from inference_client import (
     WebhookVerificationError,
     verify_webhook,
 )
-from tests.client.conftest import CHUNKED, serving
+from tests.client.conftest import CHUNKED
 from tests.conftest import TenantAuth, insert_queued_job
+from tests.support import live_server, wait_until
 
 RNG = np.random.default_rng(23)
 
@@ -186,9 +186,9 @@ def test_waiting_backs_off_on_429_and_honours_retry_after(
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     one_wait = create_app(settings.with_overrides(max_waits_per_tenant=1))
-    with serving(one_wait) as url, Client(url, api_key) as limited:
+    with live_server(one_wait) as server, Client(server.url, api_key) as limited:
         held = insert_queued_job(database, tenant.id)  # never run: its stream stays open
-        stream = requests.get(f"{url}/jobs/{held}/events", headers=tenant.headers,
+        stream = requests.get(f"{server.url}/jobs/{held}/events", headers=tenant.headers,
                               stream=True, timeout=30)  # fmt: skip
         assert stream.status_code == 200
         assert next(stream.iter_lines()).startswith(b"id: ")  # the tenant's one wait is held
@@ -203,10 +203,12 @@ def test_waiting_backs_off_on_429_and_honours_retry_after(
         caplog.set_level(logging.WARNING, logger="inference_client")
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(limited.wait, job.id, 120)
-            give_up = time.monotonic() + 60
-            while not any("429" in r.getMessage() for r in caplog.records):
-                assert time.monotonic() < give_up and not waiting.done()
-                time.sleep(0.1)
+
+            def backed_off() -> bool:
+                assert not waiting.done()
+                return any("429" in r.getMessage() for r in caplog.records)
+
+            wait_until(backed_off, "the client to log a 429 and back off", 60, interval=0.1)
             limited.cancel(str(held))  # its stream ends, and the wait gets its turn
             finished = waiting.result(timeout=120)
         stream.close()

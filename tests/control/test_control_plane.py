@@ -30,6 +30,7 @@ from tests.conftest import (
     WorkerProcess,
     insert_queued_job,
 )
+from tests.support import starts_processes, wait_until
 from tests.webhooks.test_webhooks import ScriptedReceiver
 
 BACKLOG = 3000
@@ -81,6 +82,7 @@ def status_of(database: Database, job_id: uuid.UUID) -> str:
 
 
 @pytest.fixture
+@starts_processes
 def busy_plane(
     plane: Settings, database: Database, tenant: TenantAuth, tmp_path: Path
 ) -> Iterator[Settings]:
@@ -105,14 +107,14 @@ def busy_plane(
     try:
         app = create_app(plane)
         container_of(app).dispatcher.wake("slow")
-        deadline = time.monotonic() + 60
-        with database.engine.connect() as conn:
-            while not conn.execute(sa.text(
-                "SELECT count(*) FROM jobs WHERE model = 'slow' AND status = 'running'"
-            )).scalar_one():  # fmt: skip
-                assert time.monotonic() < deadline, "the backlog never started"
-                time.sleep(0.2)
-                conn.rollback()
+
+        def started() -> bool:
+            with database.engine.connect() as conn:
+                return bool(conn.execute(sa.text(
+                    "SELECT count(*) FROM jobs WHERE model = 'slow' AND status = 'running'"
+                )).scalar_one())  # fmt: skip
+
+        wait_until(started, "the backlog to start", 60, interval=0.2)
         yield plane
     finally:
         beat.stop()
@@ -171,6 +173,7 @@ def test_sweeps_run_while_a_backlog_holds_every_inference_worker(
         receiver.server.shutdown()
 
 
+@pytest.mark.processes
 def test_beat_keeps_one_message_of_each_sweep_pending(
     plane: Settings, settings: Settings, tmp_path: Path
 ) -> None:

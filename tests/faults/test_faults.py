@@ -30,7 +30,7 @@ from tests.faults.harness import FaultStack, Tally
 from tests.faults.report import record
 from tests.models import HUGE, build_memhog
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.processes]
 
 ROWS = load_digits().data.tolist()
 ON, OFF = True, False

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from app.jobs.events import EventBus
 from app.platform.database import Database
 from tests.conftest import TenantAuth, insert_queued_job
+from tests.support import wait_until
 
 LISTENER = (
     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
@@ -64,20 +65,14 @@ def test_a_killed_listener_reconnects_and_wakes_its_waiters(
         [pid] = set(listener_pids(database)) - others
         with database.engine.connect() as conn:
             conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-        deadline = time.monotonic() + 5
-        while pid in listener_pids(database):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: pid not in listener_pids(database), "the listener gone", 5, 0.01)
         touch(database, job_id)  # while nobody listens: its NOTIFY is lost
         started = time.monotonic()
         woken = watch.wait(seen, 15)
         assert woken != seen, "a change made while the listener was down never woke its waiter"
         assert time.monotonic() - started < 10
 
-        deadline = time.monotonic() + 10
-        while not set(listener_pids(database)) - others:  # listening again
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: set(listener_pids(database)) - others, "listening again", 10)
         changed = threading.Event()
         threading.Timer(0.2, lambda: (touch(database, job_id), changed.set())).start()
         assert watch.wait(woken, 10) != woken, "the next change did not wake the waiter"

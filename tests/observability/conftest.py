@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.platform.database import engine_url
 from app.platform.settings import ROOT, Settings
 from tests.conftest import fresh_database, service_env
+from tests.support import process_started, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +62,6 @@ def scrape(url: str, token: str | None = None) -> Samples:
     return parse(response.text)
 
 
-def wait_until(check: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.1)
-
-
 class Service:
     """A service process (API under gunicorn, a Celery worker, beat) with its
     stdout and stderr in files of their own."""
@@ -79,6 +72,7 @@ class Service:
         self._out, self._err = self.stdout_path.open("wb"), self.stderr_path.open("wb")
         self.proc = subprocess.Popen(args, cwd=ROOT, env=service_env(settings, **env),
                                      stdout=self._out, stderr=self._err)  # fmt: skip
+        process_started()
 
     def lines(self) -> list[str]:
         return self.stderr_path.read_text(errors="replace").splitlines()

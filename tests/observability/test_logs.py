@@ -5,7 +5,6 @@ something writes one line."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,10 @@ from app.cli.launcher import api_command, beat_command, control_worker_command, 
 from app.platform.database import Database
 from app.platform.settings import Settings
 from tests.conftest import QUIET_WORKER, RUN_ID, free_port, insert_queued_job, make_tenant
-from tests.observability.conftest import Service, scrape, value, wait_until
+from tests.observability.conftest import Service, scrape, value
+from tests.support import wait_until
+
+pytestmark = pytest.mark.processes  # each test starts its services
 
 PIXELS = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]
 
@@ -48,7 +50,7 @@ def test_json_lines_follow_a_job_from_the_api_to_the_worker(
     try:
         worker.wait_for(" ready.")
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(base), "the API answers")
+        wait_until(lambda: _answers(base), "the API answers", 60)
         request_id = f"req-{uuid.uuid4().hex}"
         body = {"model": "digits", "inputs": {"pixels": PIXELS}}
         headers = {**tenant.headers, "X-Request-ID": request_id}
@@ -70,9 +72,9 @@ def test_json_lines_follow_a_job_from_the_api_to_the_worker(
             status = requests.get(f"{base}/jobs/{job_id}", headers=tenant.headers, timeout=10)
             return bool(status.json()["status"] == "succeeded")
 
-        wait_until(finished, "the job succeeded")
+        wait_until(finished, "the job succeeded", 60)
         wait_until(lambda: any(line.get("job_id") == job_id for line in worker.json_lines()),
-                   "the worker logged the job")  # fmt: skip
+                   "the worker logged the job", 60)  # fmt: skip
         submitted = scrape(f"{base}/metrics")
     finally:
         api.stop()
@@ -138,10 +140,10 @@ def test_an_idle_control_plane_logs_nothing_and_a_sweep_that_did_something_one_l
         def sweeps() -> float:
             return value(scrape(url), "inference_sweeps_total")
 
-        wait_until(lambda: sweeps() >= 2, "the first sweeps ran")  # startup is over
+        wait_until(lambda: sweeps() >= 2, "the first sweeps ran", 60)  # startup is over
         marks = len(control.lines()), len(beat.lines())
         before = sweeps()
-        time.sleep(5)
+        wait_until(lambda: sweeps() - before >= 5, "the sweeps to run while idle", 60)
         ran = sweeps() - before
         assert ran >= 5, "the sweeps did not run while idle"  # sweep-jobs and webhooks, each second
         assert _since(control, marks[0]) == [], f"{ran:g} idle sweeps logged"
@@ -160,8 +162,9 @@ def test_an_idle_control_plane_logs_nothing_and_a_sweep_that_did_something_one_l
                 ).scalar_one()
             return bool(status == "expired")
 
-        wait_until(expired, "the sweep expired the job")
-        time.sleep(2)  # more sweeps, which find nothing again
+        wait_until(expired, "the sweep expired the job", 60)
+        after = sweeps()  # more sweeps, which find nothing again
+        wait_until(lambda: sweeps() - after >= 4, "more sweeps after the one that expired", 60)
         lines: list[Any] = _since(control, marks[0])
         assert len(lines) == 1 and "sweep" in lines[0] and "'expired': 1" in lines[0], lines
         assert _since(beat, marks[1]) == []

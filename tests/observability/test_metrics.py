@@ -31,7 +31,8 @@ from tests.conftest import (
     make_tenant,
     wait_for_job,
 )
-from tests.observability.conftest import Service, parse, scrape, value, wait_until
+from tests.observability.conftest import Service, parse, scrape, value
+from tests.support import starts_processes, wait_until
 
 TOKEN = f"metrics-{uuid.uuid4().hex}"
 PIXELS = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]
@@ -68,6 +69,7 @@ def _worker(settings: Settings, folder: Path, name: str, queue: str, **env: str)
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def inference_worker(
     hooks: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Service, str, Path]]:
@@ -83,6 +85,7 @@ def inference_worker(
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def webhook_worker(hooks: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("webhook-worker")
     port = free_port()
@@ -211,7 +214,7 @@ def test_a_webhook_failure_is_counted_by_the_webhook_worker(
                         "AND status = 'failed'"), {"j": job_id}
             ).scalar_one() == 1  # fmt: skip
 
-    wait_until(failed, "the delivery failed")
+    wait_until(failed, "the delivery failed", 60, interval=0.1)
     with db.engine.connect() as conn:
         attempts, letters = conn.execute(sa.text(
             "SELECT (SELECT count(*) FROM webhook_attempts a JOIN webhook_deliveries d "

@@ -29,6 +29,7 @@ from app.runtime.sessions import SessionPool
 from app.schedules import paths, service
 from app.web.context import container_of
 from tests.conftest import BeatProcess, TenantAuth, WorkerProcess, make_tenant
+from tests.support import starts_processes, wait_until
 
 RNG = np.random.default_rng(5)
 EVERY_2_S = "* * * * * */2"  # six fields, seconds last: a compressed clock
@@ -56,6 +57,7 @@ def runs(client: FlaskClient, tenant: TenantAuth, schedule_id: str) -> list[dict
 
 
 @pytest.fixture
+@starts_processes
 def two_beats(settings: Settings, tmp_path: Path) -> Iterator[list[BeatProcess]]:
     # DEBUG: the test reads the ticks a beat sent, which it logs at DEBUG only.
     beats = [BeatProcess(settings, tmp_path, name, SCHEDULE_TICK_SECONDS="0.5", LOG_LEVEL="DEBUG")
@@ -86,11 +88,10 @@ def test_two_beats_fire_each_tick_once_and_runs_write_their_results(
     schedule = response.json
     assert response.headers["Location"] == f"/schedules/{schedule['id']}"
 
-    deadline = time.monotonic() + 90
-    while len([r for r in runs(client, tenant, schedule["id"])
-                if r["status"] not in ("queued", "running")]) < 4:  # fmt: skip
-        assert time.monotonic() < deadline, runs(client, tenant, schedule["id"])
-        time.sleep(0.2)
+    wait_until(lambda: len([r for r in runs(client, tenant, schedule["id"])
+                            if r["status"] not in ("queued", "running")]) >= 4,
+               lambda: f"four finished runs: {runs(client, tenant, schedule['id'])}", 90,
+               interval=0.2)  # fmt: skip
     paused = client.patch(f"/schedules/{schedule['id']}", json={"paused": True},
                           headers=tenant.headers)  # fmt: skip
     assert paused.status_code == 200 and paused.json["paused"] is True
@@ -123,9 +124,8 @@ def test_two_beats_fire_each_tick_once_and_runs_write_their_results(
     for run in finished:
         tick = datetime.fromisoformat(run["scheduled_for"])
         written = root / "scored" / f"nightly-{tick:%Y%m%dT%H%M%SZ}.npy"
-        while not written.exists():  # the next tick of a worker writes it
-            assert time.monotonic() < deadline, f"{written} not written"
-            time.sleep(0.2)
+        # the next tick of a worker writes it
+        wait_until(written.exists, f"{written} written", deadline - time.monotonic(), 0.2)
         results = np.load(written, allow_pickle=False)
         assert np.array_equal(results["label"], expected["label"])
         assert np.array_equal(results["probabilities"], expected["probabilities"])

@@ -234,6 +234,7 @@ def test_processes_starting_at_once_keep_one_secret(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["secret-key"]  # no drafts left
 
 
+@pytest.mark.processes
 def test_the_census_counts_the_workers_of_each_queue(
     settings: Settings, operator_key: str, tmp_path: Path
 ) -> None:

@@ -30,6 +30,7 @@ from app.web.context import container_of, current_session
 from app.webhooks import delivery, retry_after
 from app.webhooks.receiver import DuplicateDelivery, Receiver, WebhookVerificationError
 from tests.conftest import TenantAuth, WorkerProcess, make_tenant, wait_for_job
+from tests.support import starts_processes, wait_until
 
 BODY = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}
 SCHEDULE = "0,0.2,0.2,0.2,2.5"  # five attempts, quickly; Retry-After is honoured up to 2.5 s
@@ -131,6 +132,7 @@ def start_webhook_worker(hooks: Settings, log: Path) -> WorkerProcess:
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def webhook_worker(
     hooks: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
@@ -146,16 +148,19 @@ def app_(hooks: Settings, worker: Any, webhook_worker: WorkerProcess) -> Flask:
 
 def pump(app: Flask, until: Callable[[], bool], timeout: float = 30) -> None:
     """Run the webhook sweep (what beat does every second) until `until()` holds."""
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "condition not reached"
+
+    def swept() -> bool:
+        if until():
+            return True
         with app.app_context():
             settings = container_of(app).settings
             for delivery_id in delivery.take_due(current_session(), settings):
                 container_of(app).celery.send_task(
                     delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
                 )
-        time.sleep(0.1)
+        return False
+
+    wait_until(swept, "the deliveries' condition, sweeping as beat does", timeout, interval=0.1)
 
 
 def secret_of(database: Database, tenant: TenantAuth) -> str:
@@ -438,13 +443,6 @@ def in_thread(database: Database, settings: Settings, delivery_id: int) -> tuple
     return thread, result
 
 
-def wait_until(condition: Any, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 # 1. Stalling and flooding: one wall-clock budget per attempt, a capped read.
 
 
@@ -475,7 +473,7 @@ def test_a_flood_of_a_body_is_not_read(
     wait_for_job(app_.test_client(), tenant.headers, job["id"])
     pump(app_, lambda: deliveries(app_, tenant, job["id"])[0]["status"] == "delivered")
     assert [a["status_code"] for a in deliveries(app_, tenant, job["id"])[0]["log"]] == [500, 200]
-    wait_until(lambda: len(receiver.sent["/flood"]) == 2)
+    wait_until(lambda: len(receiver.sent["/flood"]) == 2, "the second reply to be sent", 10)
     assert receiver.sent["/flood"][0] < 16 * MiB, "the sender stopped reading and hung up"
 
 
@@ -601,10 +599,10 @@ def test_the_lease_starts_when_a_sender_takes_the_delivery(
     assert take(app_, slow, delivery_id)
     with database.sessionmaker() as session:
         assert delivery.deliver(session, slow, delivery_id, payloads.render) == "pending"
-    wait_until(lambda: take(app_, slow, delivery_id))
+    wait_until(lambda: take(app_, slow, delivery_id), "the retry to be due and taken", 10)
     expire_lease(database, delivery_id)  # the message sat in the queue
     thread, result = in_thread(database, slow, delivery_id)
-    wait_until(lambda: len(receiver.at("/late-message")) == 2)
+    wait_until(lambda: len(receiver.at("/late-message")) == 2, "the retry's POST", 10)
     retaken = take(app_, slow, delivery_id)  # the sweep, while the POST is under way
     thread.join()
     assert not retaken and result["status"] == "delivered"
@@ -622,7 +620,7 @@ def test_a_sender_that_lost_its_lease_writes_nothing(
     delivery_id = done_job(app_, tenant, f"{receiver.base}/stalled")
     assert take(app_, slow, delivery_id)
     thread, late = in_thread(database, slow, delivery_id)
-    wait_until(lambda: len(receiver.at("/stalled")) == 1)
+    wait_until(lambda: len(receiver.at("/stalled")) == 1, "A's POST", 10)
     expire_lease(database, delivery_id)  # A stalls
     assert take(app_, slow, delivery_id)
     with database.sessionmaker() as session:

@@ -1,0 +1,121 @@
+"""Scaffolding every test shares: a clock that moves when told, one way to wait
+for something another process (or thread) does, one live HTTP server, and the
+`processes` marker's bookkeeping.
+
+Waiting out a cache lifetime of the test's own process is never a sleep: give
+the app a `FakeClock` (`make_app(clock=clock)`) and `advance` it. A sleep stays
+only where time must really pass for another process (then `wait_until` polls
+for what it does), or where a test watches that nothing happens for a while.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from werkzeug.serving import make_server
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., object])
+
+POLL_INTERVAL_S = 0.05
+
+
+class FakeClock:
+    """A monotonic clock (seconds) that moves only by `advance`: a `Container`
+    built with it times every cache lifetime by it."""
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self._now = start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0, "a monotonic clock never goes back"
+        with self._lock:
+            self._now += seconds
+
+
+def wait_until(
+    condition: Callable[[], T | None],
+    what: str | Callable[[], str],
+    timeout: float = 30,
+    interval: float = POLL_INTERVAL_S,
+) -> T:
+    """Call `condition` every `interval` seconds until it returns something true,
+    and return that; after `timeout` seconds fail naming `what` we waited for (a
+    callable: called then, to say how far things got)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            said = what() if callable(what) else what
+            raise AssertionError(f"not within {timeout:g}s: {said}")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """The base URL, `http://127.0.0.1:<port>`."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """`127.0.0.1:<port>` (what Triton's client takes)."""
+        return f"{self.host}:{self.port}"
+
+
+@contextmanager
+def live_server(app: WSGIApplication) -> Iterator[LiveServer]:
+    """`app` over real HTTP: werkzeug's threaded server (a thread per request) on a
+    free loopback port, stopped on leaving. The `serve` fixture stops its servers
+    after the test; wider fixtures use this directly."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, name="live-server", daemon=True)
+    thread.start()
+    try:
+        yield LiveServer("127.0.0.1", server.server_port)
+    finally:
+        server.shutdown()
+        thread.join(10)
+        server.server_close()
+
+
+# The `processes` marker: a test that starts worker, server or browser processes
+# (itself or through a fixture) is left out of `make test-fast`.
+PROCESSES = "processes"
+PROCESS_FIXTURES: set[str] = set()
+_started = [0]
+
+
+def starts_processes(fixture: F) -> F:
+    """Mark a fixture (put under `@pytest.fixture`) as one that starts processes:
+    every test using it, even through other fixtures, gets the `processes` marker."""
+    PROCESS_FIXTURES.add(fixture.__name__)
+    return fixture
+
+
+def process_started() -> None:
+    """Called by whatever starts a worker, server or browser process, so a test
+    that starts one without the marker is caught."""
+    _started[0] += 1
+
+
+def processes_started() -> int:
+    return _started[0]
