@@ -193,8 +193,8 @@ class Container:
 
     @service
     def status(self) -> StatusBoard:
+        from app.status.census import WorkerCensus
         from app.status.service import StatusBoard
-        from app.status.workers import WorkerCensus
 
         settings = self.settings
         queues = (settings.jobs_queue, settings.webhooks_queue, settings.control_queue)

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import Row, text
 from sqlalchemy.orm import Session
 
-from app.status.workers import Census, WorkerCensus
+from app.status.census import Census, WorkerCensus
 
 WINDOW_S = 3600.0
 DEAD_LETTER_CAP = 10_000
