@@ -141,7 +141,6 @@ def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> None:
     if schedule is not None:
         raise Conflict(f"schedule {schedule!r} reads file {file_id}; change or delete it first")
     session.execute(delete(File).where(File.id == file_id))
-    session.commit()
 
 
 def first_part(session: Session, file_id: uuid.UUID) -> bytes:

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import IO
+from typing import IO, Any
 
 import redis
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from app.batches import files
+from app.batches import files, results
 from app.batches import service as batches
+from app.batches.representation import describe
 from app.dataplane.holds import Holds
 from app.dataplane.requests import (
     BatchRequest,
@@ -236,6 +237,47 @@ class DataPlane:
             logger.warning("batch %s: split not sent; the sweep sends it", batch.id)
         return batch
 
+    def batch(self, tenant: TenantRef, batch_id: uuid.UUID) -> dict[str, Any]:
+        """The tenant's batch with its progress counted from its chunks."""
+        session = self.database.session()
+        described = describe(session, batches.get(session, tenant.id, batch_id))
+        session.commit()
+        return described
+
+    def list_batches(self, tenant: TenantRef, limit: int) -> list[dict[str, Any]]:
+        """The tenant's newest batches, each with its progress."""
+        session = self.database.session()
+        found = [describe(session, b) for b in batches.list_batches(session, tenant.id, limit)]
+        session.commit()
+        return found
+
+    def cancel_batch(self, tenant: TenantRef, batch_id: uuid.UUID) -> dict[str, Any]:
+        """Stop a batch: queued chunks (and the rest of its split) at once, running
+        ones when they finish; Conflict once it has finished."""
+        session = self.database.session()
+        described = describe(session, batches.cancel(session, tenant.id, batch_id))
+        session.commit()
+        return described
+
+    def batch_results(
+        self, tenant: TenantRef, batch_id: uuid.UUID, fmt: str, output: str | None
+    ) -> tuple[Iterator[bytes], str]:
+        """The batch's outputs in input order as `fmt` (JSONL, or .npy of `output` or
+        of every output), and a file name; Conflict while unfinished or, for .npy,
+        with rows missing. The stream reads its chunks in sessions of its own."""
+        session = self.database.session()
+        batch = batches.get(session, tenant.id, batch_id)
+        card = self.models.card(batch.model, batch.model_version)
+        counted = batches.progress(session, batch)
+        results.check_ready(batch, counted.rows_failed, fmt)
+        chunks = results.chunks(self.database.sessionmaker, batch.id)
+        name = f"batch-{batch.id}"
+        session.commit()
+        if fmt == results.NPY:
+            names = results.npy_outputs(card, output)
+            return results.npy(names, counted.rows_done, chunks), name + ".npy"
+        return results.jsonl(card, chunks), name + ".jsonl"
+
     def start_split(self, batch_id: uuid.UUID) -> bool:
         """Ask a worker to cut a file batch; False if the broker refused (the sweep
         sends it again)."""
@@ -250,6 +292,24 @@ class DataPlane:
         )
         session.commit()
         return file
+
+    def file(self, tenant: TenantRef, file_id: uuid.UUID) -> File:
+        session = self.database.session()
+        found = files.get(session, tenant.id, file_id)
+        session.commit()
+        return found
+
+    def list_files(self, tenant: TenantRef) -> list[File]:
+        session = self.database.session()
+        found = files.list_files(session, tenant.id)
+        session.commit()
+        return found
+
+    def delete_file(self, tenant: TenantRef, file_id: uuid.UUID) -> None:
+        """Delete an upload; Conflict while a batch or a schedule reads it."""
+        session = self.database.session()
+        files.remove(session, tenant.id, file_id)
+        session.commit()
 
     def replay_dead_letter(self, tenant: TenantRef, letter_id: int, actor: str) -> uuid.UUID:
         """Put the letter's job back in the queue, same id; Conflict if it cannot be."""

@@ -9,7 +9,7 @@ from typing import Any
 from flask import Response, request, stream_with_context
 from marshmallow import Schema, fields, validate
 
-from app.batches import results, service
+from app.batches import results
 from app.batches.representation import BatchSchema, describe
 from app.batches.service import BATCH_EVENTS
 from app.dataplane import BatchRequest, Webhook
@@ -86,9 +86,7 @@ def submit(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
 @authenticated
 @blp.arguments(BatchListArgsSchema(), location="query")
 def list_batches(args: dict[str, Any]) -> dict[str, Any]:
-    session = current_session()
-    batches = service.list_batches(session, current_tenant().id, args["limit"])
-    return {"items": [describe(session, batch) for batch in batches]}
+    return {"items": plane().list_batches(current_tenant(), args["limit"])}
 
 
 @blp.get("/<uuid:batch_id>")
@@ -96,8 +94,7 @@ def list_batches(args: dict[str, Any]) -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND", description="No such batch for this tenant")
 @authenticated
 def get_batch(batch_id: uuid.UUID) -> dict[str, Any]:
-    session = current_session()
-    return describe(session, service.get(session, current_tenant().id, batch_id))
+    return plane().batch(current_tenant(), batch_id)
 
 
 @blp.post("/<uuid:batch_id>/cancel")
@@ -106,8 +103,7 @@ def get_batch(batch_id: uuid.UUID) -> dict[str, Any]:
 @blp.alt_response(409, response="CONFLICT", description="The batch has already finished")
 @authenticated
 def cancel_batch(batch_id: uuid.UUID) -> dict[str, Any]:
-    session = current_session()
-    return describe(session, service.cancel(session, current_tenant().id, batch_id))
+    return plane().cancel_batch(current_tenant(), batch_id)
 
 
 @blp.get("/<uuid:batch_id>/results")
@@ -126,21 +122,9 @@ def cancel_batch(batch_id: uuid.UUID) -> dict[str, Any]:
 @authenticated
 @blp.arguments(ResultsArgsSchema(), location="query")
 def batch_results(args: dict[str, Any], batch_id: uuid.UUID) -> Response:
-    session = current_session()
-    batch = service.get(session, current_tenant().id, batch_id)
-    card = services().models.card(batch.model, batch.model_version)
     fmt = request.accept_mimetypes.best_match([results.JSONL, results.NPY], results.JSONL)
-    counted = service.progress(session, batch)
-    results.check_ready(batch, counted.rows_failed, fmt)
-    chunks = results.chunks(services().database.sessionmaker, batch.id)
-    name = f"batch-{batch.id}"
-    if fmt == results.NPY:
-        names = results.npy_outputs(card, args["output"])
-        body = results.npy(names, counted.rows_done, chunks)
-        name += ".npy"
-    else:
-        body, name = results.jsonl(card, chunks), name + ".jsonl"
-    session.close()  # the stream reads in sessions of its own
+    body, name = plane().batch_results(current_tenant(), batch_id, fmt, args["output"])
+    services().database.end_scope()  # the stream reads in sessions of its own
     return Response(
         stream_with_context(body), mimetype=fmt,
         headers={"Content-Disposition": f'attachment; filename="{name}"'},

@@ -12,7 +12,7 @@ from app.batches import files
 from app.platform.tables import File
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
-from app.web.context import current_session, plane, services
+from app.web.context import plane, services
 
 blp = Blueprint("files", __name__, url_prefix="/files", description="Input files for batches")
 
@@ -65,7 +65,7 @@ def upload(args: dict[str, Any]) -> tuple[File, int, dict[str, str]]:
 @blp.response(200, FileListSchema)
 @authenticated
 def list_files() -> dict[str, Any]:
-    return {"items": files.list_files(current_session(), current_tenant().id)}
+    return {"items": plane().list_files(current_tenant())}
 
 
 @blp.get("/<uuid:file_id>")
@@ -73,7 +73,7 @@ def list_files() -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND", description="No such file for this tenant")
 @authenticated
 def get_file(file_id: uuid.UUID) -> File:
-    return files.get(current_session(), current_tenant().id, file_id)
+    return plane().file(current_tenant(), file_id)
 
 
 @blp.delete("/<uuid:file_id>")
@@ -82,4 +82,4 @@ def get_file(file_id: uuid.UUID) -> File:
 @blp.alt_response(409, response="CONFLICT", description="A batch is still reading it")
 @authenticated
 def delete_file(file_id: uuid.UUID) -> None:
-    files.remove(current_session(), current_tenant().id, file_id)
+    plane().delete_file(current_tenant(), file_id)
