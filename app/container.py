@@ -187,8 +187,8 @@ class Container:
 
         return DataPlane(
             self.settings, self.database, self.models, self.events, self.inserter,
-            self.dispatcher, self.admission, self.quotas, self.holds,
-            sessions=lambda: self.runtime.sessions,
+            self.dispatcher, self.admission, self.quotas, self.holds, self.api_keys,
+            self.status, sessions=lambda: self.runtime.sessions,
         )  # fmt: skip
 
     @service

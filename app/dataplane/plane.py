@@ -42,14 +42,15 @@ from app.jobs.events import EventBus
 from app.jobs.inserts import JobInserter
 from app.jobs.quotas import SYNC_PRIORITY, Quotas
 from app.models.cards import ModelCard
-from app.models.registry import ModelRepository
+from app.models.registry import PUBLIC, ModelRepository
 from app.observability import metrics
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Batch, File, Job, Schedule
+from app.platform.tables import Batch, DeadLetter, File, Job, Schedule
 from app.runtime.sessions import SessionPool
 from app.schedules import service as schedules
-from app.tenancy.keys import TenantRef
+from app.status.service import Status, StatusBoard, read_status
+from app.tenancy.keys import Caller, KeyCache, TenantRef
 from app.webhooks import delivery
 
 logger = logging.getLogger(__name__)
@@ -69,12 +70,26 @@ class DataPlane:
         admission: Admission,
         quotas: Quotas,
         holds: Holds,
+        api_keys: KeyCache,
+        status: StatusBoard,
         sessions: Callable[[], SessionPool],
     ) -> None:
         self.settings, self.database, self.models = settings, database, models
         self.events, self.inserter, self.dispatcher = events, inserter, dispatcher
         self.admission, self.quotas, self.holds = admission, quotas, holds
+        self.api_keys, self.status_board = api_keys, status
         self._sessions = sessions  # ONNX Runtime sessions, for inline models only
+
+    # -- callers ------------------------------------------------------------------
+
+    def authenticate(self, api_key: str) -> Caller | None:
+        """The caller of an API key (its kind and tenant); None for an unknown,
+        revoked or expired key. Cached per process for API_KEY_CACHE_SECONDS."""
+        return self.api_keys.caller(self.database.session(), api_key)
+
+    def authenticate_hash(self, key_hash: str) -> Caller | None:
+        """As `authenticate`, by the key's hash (what a signed-in page keeps)."""
+        return self.api_keys.caller_by_hash(self.database.session(), key_hash)
 
     # -- jobs ---------------------------------------------------------------------
 
@@ -335,6 +350,22 @@ class DataPlane:
                 transitions.mark_unsent(session, job_ids)
                 session.commit()
 
+    def dead_letters(
+        self, tenant: TenantRef, filters: dead_letters.Filters, limit: int, before: int | None
+    ) -> tuple[list[DeadLetter], int | None]:
+        """The tenant's dead letters, newest first, and the next page's cursor."""
+        session = self.database.session()
+        page = dead_letters.list_letters(session, tenant.id, filters, limit, before)
+        session.commit()
+        return page
+
+    def dead_letter(self, tenant: TenantRef | None, letter_id: int) -> DeadLetter:
+        """A tenant's dead letter; with no tenant (an operator), any tenant's."""
+        session = self.database.session()
+        letter = dead_letters.get(session, tenant.id if tenant else None, letter_id)
+        session.commit()
+        return letter
+
     def purge_dead_letter(self, tenant: TenantRef, letter_id: int, actor: str) -> None:
         """Delete a letter (audited); its job stays as it ended."""
         session = self.database.session()
@@ -467,3 +498,12 @@ class DataPlane:
         report = usage.report(session, tenant.id, start, end)
         session.commit()
         return report
+
+    def status(self, *, operator: bool) -> Status:
+        """The status page's numbers: aggregates of the public models for anyone, the
+        whole board with the newest dead letters for an operator."""
+        session = self.database.session()
+        public_models = set(self.models.names(PUBLIC))
+        status = read_status(session, self.status_board, public_models, operator=operator)
+        session.commit()
+        return status

@@ -56,9 +56,10 @@ def list_letters(
     return page, (page[-1].id if len(letters) > limit else None)
 
 
-def get(session: Session, tenant_id: int, letter_id: int) -> DeadLetter:
+def get(session: Session, tenant_id: int | None, letter_id: int) -> DeadLetter:
+    """The tenant's letter (`tenant_id` None: any tenant's, for operators)."""
     letter = session.get(DeadLetter, letter_id)
-    if letter is None or letter.tenant_id != tenant_id:
+    if letter is None or (tenant_id is not None and letter.tenant_id != tenant_id):
         raise NotFound(f"no dead letter with id {letter_id}")
     return letter
 

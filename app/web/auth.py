@@ -13,8 +13,8 @@ from flask_smorest import Blueprint
 from app.errors import Forbidden
 from app.models.registry import PUBLIC
 from app.observability import logs
-from app.tenancy.keys import OPERATOR, Caller, KeyCache, TenantRef
-from app.web.context import current_session, services
+from app.tenancy.keys import OPERATOR, Caller, TenantRef
+from app.web.context import plane
 from app.web.problems import Problem
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,8 +45,7 @@ def _caller() -> Caller:
             "send the header `Authorization: Bearer <api key>`",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    keys: KeyCache = services().api_keys
-    caller = keys.caller(current_session(), key.strip())
+    caller = plane().authenticate(key.strip())
     if caller is None:
         raise Problem(
             "unauthorized",

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import NotFound
-from app.jobs import dead_letters
 from app.jobs.dead_letters import Filters
 from app.platform.tables import DeadLetter
 from app.web.auth import authenticated, current_actor, current_tenant, operator_only
 from app.web.blueprint import Blueprint
-from app.web.context import current_session, plane
+from app.web.context import plane
 from app.web.schemas import (
     BulkReplaySchema,
     DeadLetterListArgsSchema,
@@ -36,8 +34,8 @@ def _filters(args: dict[str, Any]) -> Filters:
 @blp.arguments(DeadLetterListArgsSchema(), location="query")
 @blp.response(200, DeadLetterPageSchema)
 def list_letters(args: dict[str, Any]) -> dict[str, Any]:
-    items, next_cursor = dead_letters.list_letters(
-        current_session(), current_tenant().id, _filters(args), args["limit"], args.get("cursor")
+    items, next_cursor = plane().dead_letters(
+        current_tenant(), _filters(args), args["limit"], args.get("cursor")
     )
     return {"items": items, "next_cursor": next_cursor}
 
@@ -47,7 +45,7 @@ def list_letters(args: dict[str, Any]) -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND")
 @authenticated
 def get_letter(letter_id: int) -> DeadLetter:
-    return dead_letters.get(current_session(), current_tenant().id, letter_id)
+    return plane().dead_letter(current_tenant(), letter_id)
 
 
 @blp.get("/<int:letter_id>/traceback")
@@ -57,9 +55,7 @@ def get_letter(letter_id: int) -> DeadLetter:
 def letter_traceback(letter_id: int) -> dict[str, Any]:
     """An operator's view of any tenant's failure: the traceback names the
     service's own files and lines, which tenants are not shown."""
-    letter = current_session().get(DeadLetter, letter_id)
-    if letter is None:
-        raise NotFound(f"no dead letter with id {letter_id}")
+    letter = plane().dead_letter(None, letter_id)
     return {"id": letter.id, "tenant_id": letter.tenant_id, "traceback": letter.traceback}
 
 

@@ -36,15 +36,14 @@ from flask.sessions import SecureCookieSessionInterface
 from werkzeug.wrappers import Response
 
 from app.errors import Forbidden
-from app.models.registry import PUBLIC
 from app.platform.kept_secrets import kept_secret
 from app.platform.settings import Settings
 from app.status.representation import StatusSchema, status_dict
-from app.status.service import Status, StatusBoard, read_status
-from app.tenancy.keys import OPERATOR, KeyCache, hash_key
+from app.status.service import Status
+from app.tenancy.keys import OPERATOR, hash_key
 from app.web.auth import optional_operator
 from app.web.blueprint import Blueprint
-from app.web.context import current_session, services
+from app.web.context import plane, services
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +97,7 @@ def _is_operator() -> bool:
     digest = session.get(SESSION_KEY)
     if not isinstance(digest, str):
         return False
-    keys: KeyCache = services().api_keys
-    caller = keys.caller_by_hash(current_session(), digest)
+    caller = plane().authenticate_hash(digest)
     if caller is None or caller.kind != OPERATOR:
         session.pop(SESSION_KEY, None)  # revoked or expired since: signed out
         return False
@@ -107,9 +105,7 @@ def _is_operator() -> bool:
 
 
 def _status() -> Status:
-    board: StatusBoard = services().status
-    public_models = set(services().models.names(PUBLIC))
-    return read_status(current_session(), board, public_models, operator=_is_operator())
+    return plane().status(operator=_is_operator())
 
 
 def _links() -> dict[str, str | None]:
@@ -160,8 +156,7 @@ def sign_in() -> Response:
     """Post an operator key; a 303 back to the page either way (a message says why not)."""
     _same_origin()
     key = request.form.get("key", "").strip()
-    keys: KeyCache = services().api_keys
-    caller = keys.caller(current_session(), key) if 0 < len(key) <= MAX_KEY_CHARS else None
+    caller = plane().authenticate(key) if 0 < len(key) <= MAX_KEY_CHARS else None
     if caller is None:
         flash("That key is not valid, was revoked or has expired.")
     elif caller.kind != OPERATOR:
