@@ -25,11 +25,42 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from celery import Celery, Task
+from kombu.transport import redis as kombu_redis
 
 from app.observability import logs
 from app.platform.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+
+def keep_unacked_when_the_connection_is_gone() -> None:
+    """Stop a worker from exiting when Redis goes away while it holds a message.
+
+    kombu 5.7's Redis channel, closed after the broker dropped, puts its unacknowledged
+    messages back through a connection it has already let go of; that raises
+    AttributeError ('NoneType' object has no attribute 'hostname'), which Celery's
+    worker treats as unrecoverable, and it exits (the fault suite's Redis kill caught
+    the control worker so; the sweeps, and so the republishing, then stopped). The
+    messages are still in Redis's unacked set, which `restore_visible` brings back
+    after the visibility timeout, and jobs live in PostgreSQL: the restore at close can
+    be skipped when there is no connection left to make it with."""
+    qos = kombu_redis.QoS
+    if getattr(qos.restore_unacked, "keeps_unacked", False):
+        return
+    restore = qos.restore_unacked
+
+    def restore_unacked(self: Any, client: Any = None) -> Any:
+        if client is None and self.channel.connection.client is None:
+            logger.warning(
+                "broker connection gone: %d unacknowledged message(s) stay in Redis's "
+                "unacked set until the visibility timeout restores them",
+                len(self._delivered),
+            )
+            return None
+        return restore(self, client)
+
+    restore_unacked.keeps_unacked = True  # type: ignore[attr-defined]
+    qos.restore_unacked = restore_unacked  # type: ignore[method-assign]
 
 
 def make_celery(
@@ -40,6 +71,7 @@ def make_celery(
 ) -> Celery:
     """`unit_of_work` wraps every task (its database scope); `services` (the
     process's container) is what tasks reach as `self.app.services`."""
+    keep_unacked_when_the_connection_is_gone()
     if settings.broker_visibility_timeout_seconds <= settings.job_time_limit_seconds:
         logger.warning(
             "BROKER_VISIBILITY_TIMEOUT_SECONDS (%g) should exceed JOB_TIME_LIMIT_SECONDS (%g): "

@@ -261,6 +261,16 @@ class FaultStack:
             self.start_worker(f"worker{i}", concurrency)
         self.start_beat()
 
+    def keep_logs(self, where: Path) -> None:
+        """After a failed scenario: its processes' logs copied to `where` (the stack's
+        own folder goes), and their tails printed into the test's report."""
+        where.mkdir(parents=True, exist_ok=True)
+        for name, service in self.services.items():
+            if service.log_path.exists():
+                shutil.copy(service.log_path, where / service.log_path.name)
+                print(f"----- {name} (last lines; whole log in {where}) -----")
+                print(service.log_tail(4000))
+
     def close(self) -> None:
         for service in self.services.values():
             service.kill()

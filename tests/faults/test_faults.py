@@ -45,7 +45,9 @@ def slow(seconds: float) -> dict[str, Any]:
 
 
 @pytest.fixture
-def make_stack(model_repository: Path) -> Iterator[Callable[..., FaultStack]]:
+def make_stack(
+    model_repository: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., FaultStack]]:
     stacks: list[FaultStack] = []
 
     def make(guards_off: str = "", **env: str) -> FaultStack:
@@ -55,7 +57,10 @@ def make_stack(model_repository: Path) -> Iterator[Callable[..., FaultStack]]:
         return stack
 
     yield make
+    report = getattr(request.node, "rep_call", None)
     for stack in stacks:
+        if report is not None and report.failed:
+            stack.keep_logs(ROOT / "var" / "test" / "fault-logs" / request.node.name)
         stack.close()
 
 
