@@ -1,25 +1,29 @@
-"""The Celery app's guard against kombu's restore at close on a lost connection."""
+"""The Celery app's guard for kombu channels whose broker connection is gone."""
 
 from __future__ import annotations
 
+import pytest
+import redis
 from kombu import Connection
 
-from app.platform.broker import keep_unacked_when_the_connection_is_gone
+from app.platform.broker import closed_channels_raise_connection_errors
 from app.platform.settings import Settings
 
 
-def test_a_channel_closing_without_a_connection_keeps_its_unacked_messages(
-    settings: Settings,
-) -> None:
-    # As a worker's channel is when Redis went away with a message in hand: its pools
-    # gone, its connection let go of, one delivery unacknowledged. Without the guard,
-    # kombu raises AttributeError here and the worker exits ("Unrecoverable error").
-    keep_unacked_when_the_connection_is_gone()
+def test_a_channel_without_its_connection_raises_a_connection_error(settings: Settings) -> None:
+    # As a worker's channel is when Redis went away with messages in hand: its pools
+    # gone, its connection let go of. Putting the unacknowledged message back, or
+    # acknowledging a task that finished after the loss, raised AttributeError there,
+    # and Celery's worker exited ("Unrecoverable error"); a connection error it handles.
+    closed_channels_raise_connection_errors()
     with Connection(settings.broker_url) as conn:
         channel = conn.default_channel
+        assert redis.exceptions.ConnectionError in conn.connection_errors
         channel.qos._delivered["a-delivery"] = None
         channel._disconnect_pools()
         channel.connection.client = None
-        assert channel.qos.restore_unacked() is None
-        assert "a-delivery" in channel.qos._delivered  # left for restore_visible
+        with pytest.raises(redis.exceptions.ConnectionError):
+            channel.qos.restore_unacked()  # the restore at close
+        with pytest.raises(redis.exceptions.ConnectionError):
+            channel.qos.ack("a-delivery")  # a late acknowledgement
         channel.qos._delivered.clear()

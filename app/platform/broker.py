@@ -24,6 +24,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+import redis
 from celery import Celery, Task
 from kombu.transport import redis as kombu_redis
 
@@ -33,34 +34,31 @@ from app.platform.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-def keep_unacked_when_the_connection_is_gone() -> None:
-    """Stop a worker from exiting when Redis goes away while it holds a message.
+def closed_channels_raise_connection_errors() -> None:
+    """Stop a worker from exiting when Redis goes away while it holds messages.
 
-    kombu 5.7's Redis channel, closed after the broker dropped, puts its unacknowledged
-    messages back through a connection it has already let go of; that raises
-    AttributeError ('NoneType' object has no attribute 'hostname'), which Celery's
-    worker treats as unrecoverable, and it exits (the fault suite's Redis kill caught
-    the control worker so; the sweeps, and so the republishing, then stopped). The
-    messages are still in Redis's unacked set, which `restore_visible` brings back
-    after the visibility timeout, and jobs live in PostgreSQL: the restore at close can
-    be skipped when there is no connection left to make it with."""
-    qos = kombu_redis.QoS
-    if getattr(qos.restore_unacked, "keeps_unacked", False):
+    A kombu 5.7 Redis channel whose connection was let go of (after the broker
+    dropped) still builds a client when asked to: to put its unacknowledged messages
+    back as it closes, or to acknowledge a task that finished after the loss (a thread
+    pool cannot cancel it). Building it reads the connection it no longer has and
+    raises AttributeError, which is not one of the connection errors Celery tolerates
+    there, so the worker exits ("Unrecoverable error"; the fault suite's Redis kill
+    caught the control worker so, and with it the sweeps). Here such a channel raises
+    redis' ConnectionError instead, which Celery handles as the lost connection it is:
+    the messages stay in Redis's unacked set until `restore_visible` brings them back,
+    and jobs live in PostgreSQL anyway."""
+    channel = kombu_redis.Channel
+    if getattr(channel._connparams, "raises_when_closed", False):
         return
-    restore = qos.restore_unacked
+    connparams = channel._connparams
 
-    def restore_unacked(self: Any, client: Any = None) -> Any:
-        if client is None and self.channel.connection.client is None:
-            logger.warning(
-                "broker connection gone: %d unacknowledged message(s) stay in Redis's "
-                "unacked set until the visibility timeout restores them",
-                len(self._delivered),
-            )
-            return None
-        return restore(self, client)
+    def _connparams(self: Any, asynchronous: bool = False) -> Any:
+        if self.connection is None or self.connection.client is None:
+            raise redis.exceptions.ConnectionError("the channel's broker connection is closed")
+        return connparams(self, asynchronous)
 
-    restore_unacked.keeps_unacked = True  # type: ignore[attr-defined]
-    qos.restore_unacked = restore_unacked  # type: ignore[method-assign]
+    _connparams.raises_when_closed = True  # type: ignore[attr-defined]
+    channel._connparams = _connparams  # type: ignore[method-assign]
 
 
 def make_celery(
@@ -71,7 +69,7 @@ def make_celery(
 ) -> Celery:
     """`unit_of_work` wraps every task (its database scope); `services` (the
     process's container) is what tasks reach as `self.app.services`."""
-    keep_unacked_when_the_connection_is_gone()
+    closed_channels_raise_connection_errors()
     if settings.broker_visibility_timeout_seconds <= settings.job_time_limit_seconds:
         logger.warning(
             "BROKER_VISIBILITY_TIMEOUT_SECONDS (%g) should exceed JOB_TIME_LIMIT_SECONDS (%g): "
