@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from app.jobs.transitions import Outcome, claim, finish
 from app.platform.database import Database
 from app.web.context import container_of, services
 from tests.conftest import TenantAuth, insert_queued_job, load_job, outputs_of, packed
+from tests.support import FakeClock
 
 PIXELS = {"pixels": [[0.0] * 64]}
 
@@ -84,7 +85,10 @@ def test_concurrent_claims_have_one_winner(
 
 
 def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
-    app: Flask, ctx: None, database: Database, tenant: TenantAuth, monkeypatch: pytest.MonkeyPatch
+    make_app: Callable[..., Flask],
+    clock: FakeClock,
+    tenant: TenantAuth,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     statements: list[str] = []
 
@@ -98,11 +102,13 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
         return True
 
     monkeypatch.setattr("app.jobs.dispatch.Dispatcher.wake", wake)
-    container = container_of(app)
+    # Its own app on a clock that stands still: no cached reading expires mid-test.
+    container = container_of(make_app(clock=clock))
     engine = container.database.engine  # the data plane's, and its job writer's
     with container.database.scope() as session:  # the queue bound's reading, taken at most
         container.admission.admit(session, "digits", 0)  # every 0.5 s per model
         container.quotas.admit_jobs(session, tenant.id, 0)  # and the tenant's quotas
+        container.models.resolve("digits")  # and the shared model states, every 2 s
         telemetry.tenant_name(session, tenant.id)  # and its name, once per worker process
     event.listen(engine, "before_cursor_execute", record)
     try:
@@ -111,7 +117,7 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
             assert [q.split()[0] for q in statements] == ["INSERT"]
             assert woken == ["digits"]
             statements.clear()
-            runner.execute(session, services().runtime, [job.id])
+            runner.execute(session, container.runtime, [job.id])
     finally:
         event.remove(engine, "before_cursor_execute", record)
     # Two round trips: the claim, then the finish (one statement that also writes a
