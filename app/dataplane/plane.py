@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import IO, Any
 
@@ -227,10 +226,6 @@ class DataPlane:
         due = service.events_due(session, job_id, after)
         session.commit()
         return self.holds.acquire(tenant.id) if due else None
-
-    def holding(self, tenant: TenantRef) -> AbstractContextManager[None]:
-        """One of the tenant's waits, for a door that waits on its own."""
-        return self.holds.holding(tenant.id)
 
     # -- batches, files, dead letters ----------------------------------------------
     # (Their services still commit inside; moving those commits up here is next.)
