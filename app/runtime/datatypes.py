@@ -7,6 +7,7 @@ and its bytes, as Triton does); `tokenize` pipeline steps read them.
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -77,3 +78,34 @@ def decode_bytes(data: bytes | memoryview, count: int, offset: int = 0) -> tuple
         items[i] = bytes(view[offset : offset + length])
         offset += length
     return items, offset
+
+
+def from_raw(datatype: str, shape: list[int], data: bytes | memoryview) -> np.ndarray:
+    """A tensor sent as raw bytes (KServe v2's binary extension over HTTP,
+    `raw_input_contents` over gRPC): little-endian values, or length-prefixed
+    BYTES elements. ValueError says what does not fit: the datatype, the shape,
+    or a size that is not the shape's."""
+    if datatype not in V2_TO_NUMPY:
+        raise ValueError(f"binary data needs a datatype of {', '.join(V2_TO_NUMPY)}; "
+                         f"got {datatype!r}")  # fmt: skip
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ValueError("shape must be a list of non-negative integers")
+    count = math.prod(shape)
+    if is_bytes(datatype):
+        try:
+            items, end = decode_bytes(data, count)
+        except ValueError as exc:
+            raise ValueError(f"binary data does not fit shape {shape}: {exc}") from None
+        if end != len(data):
+            raise ValueError(
+                f"data of {len(data)} bytes does not fit shape {shape} of BYTES "
+                f"({len(data) - end} bytes after the last element)"
+            )
+        return items.reshape(shape)
+    dtype = V2_TO_NUMPY[datatype].newbyteorder("<")
+    if len(data) != count * dtype.itemsize:
+        raise ValueError(
+            f"data of {len(data)} bytes does not fit shape {shape} of {datatype} "
+            f"({count * dtype.itemsize} bytes)"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)

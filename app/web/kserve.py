@@ -16,7 +16,6 @@ checks the tensors against the model's card, like any job's inputs.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ import numpy as np
 
 from app.errors import InvalidRequest
 from app.models.cards import ModelCard
-from app.runtime.datatypes import V2_TO_NUMPY, decode_bytes, encode_bytes, is_bytes
+from app.runtime.datatypes import V2_TO_NUMPY, encode_bytes, from_raw, is_bytes
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY = "application/octet-stream"
@@ -145,35 +144,13 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
 
 
 def _from_bytes(tensor: dict[str, Any], data: bytes, index: int) -> np.ndarray:
-    where = f"inputs[{index}]"
-    datatype, shape = tensor.get("datatype"), tensor.get("shape")
-    if datatype not in V2_TO_NUMPY:
-        known = ", ".join(V2_TO_NUMPY)
-        raise _invalid(where, f"binary data needs a datatype of {known}; got {datatype!r}")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise _invalid(where, "shape must be a list of non-negative integers")
-    if is_bytes(datatype):
-        try:
-            items, end = decode_bytes(data, math.prod(shape))
-        except ValueError as exc:
-            raise _invalid(where, f"binary data does not fit shape {shape}: {exc}") from None
-        if end != len(data):
-            raise _invalid(
-                where,
-                f"binary_data_size {len(data)} does not fit shape {shape} of BYTES "
-                f"({len(data) - end} bytes after the last element)",
-            )
-        return items.reshape(shape)
-    dtype = V2_TO_NUMPY[datatype].newbyteorder("<")
-    if len(data) != math.prod(shape) * dtype.itemsize:
-        raise _invalid(
-            where,
-            f"binary_data_size {len(data)} does not fit shape {shape} of {datatype} "
-            f"({math.prod(shape) * dtype.itemsize} bytes)",
-        )
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    shape = tensor.get("shape")
+    try:
+        if not isinstance(shape, list):
+            raise ValueError("shape must be a list of non-negative integers")
+        return from_raw(str(tensor.get("datatype")), shape, data)
+    except ValueError as exc:
+        raise _invalid(f"inputs[{index}]", str(exc)) from None
 
 
 def _requested_outputs(raw: Any) -> dict[str, bool] | None:
