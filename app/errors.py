@@ -125,6 +125,13 @@ class DeadlinePassed(DomainError):
     code = "sync-timeout"
 
 
+class CallerLeft(DomainError):
+    """The caller of a sync call went away (a cancelled gRPC call) before its job
+    finished; the job was cancelled. Nobody is left to tell: doors just stop."""
+
+    code = "caller-left"
+
+
 class InferenceFailed(DomainError):
     """The job ended without outputs; `error_code` says why and `fault` whose it
     is: `input` (the request's own), `limits` (its cancel or deadline) or

@@ -12,8 +12,10 @@ may wake workers. The services below it never commit.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from datetime import datetime
 from typing import IO, Any
 
@@ -33,7 +35,7 @@ from app.dataplane.requests import (
     ScheduleFields,
     Wait,
 )
-from app.errors import Conflict, NotFound, Unavailable
+from app.errors import CallerLeft, Conflict, DomainError, NotFound, Unavailable
 from app.jobs import dead_letters, idempotency, service, sync, transitions, usage
 from app.jobs.admission import Admission
 from app.jobs.dispatch import Dispatcher
@@ -141,32 +143,83 @@ class DataPlane:
             transitions.mark_unsent(session, [job.id for job in jobs])
             session.commit()
 
-    def infer(self, tenant: TenantRef, request: InferRequest) -> sync.Answer:
+    def infer(
+        self,
+        tenant: TenantRef,
+        request: InferRequest,
+        *,
+        leaving: Callable[[Callable[[], None]], object] | None = None,
+    ) -> sync.Answer:
         """Outputs for `request` within its timeout, holding one of the tenant's waits.
 
         Raises InputsDoNotFit before anything runs, InferenceFailed when the model
         failed the request, DeadlinePassed (naming the job) when it is unfinished.
+        A door whose caller can go away early passes `leaving`, how to hear of it
+        (gRPC's `context.add_callback`): the wait then ends, the job is cancelled,
+        and CallerLeft is raised.
         """
+        with self.holds.holding(tenant.id):
+            call = self.start_call(tenant, request)
+            if call.done is not None:
+                return call.done
+            assert call.job_id is not None
+            with closing(self.follow_calls(tenant)) as calls:
+                calls.add(call)
+                if leaving is not None:
+                    leaving(calls.leave)
+                while not calls.left:
+                    for _, ended in calls.finished(call.timeout_s):
+                        if isinstance(ended, DomainError):
+                            raise ended
+                        return ended
+            self.cancel_jobs(tenant, [call.job_id])
+            raise CallerLeft(f"the caller left before job {call.job_id} finished; cancelled")
+
+    def start_call(self, tenant: TenantRef, request: InferRequest) -> sync.Call:
+        """Check a sync call and submit its job, ahead of every async job of its
+        model, without waiting for it (an inline model runs now: the call comes
+        back done). For a door that follows many calls at once (`follow_calls`)."""
         settings = self.settings
         timeout_s = min(
             request.timeout_s or settings.sync_timeout_seconds, settings.max_wait_seconds
         )
-        with self.holds.holding(tenant.id):
-            card = self.models.resolve(request.model, request.version, tenant.name)
-            if sync.runs_inline(card):
-                arrays = service.check_inputs(card, request.inputs)
-                session = self.database.session()
-                self.quotas.admit_jobs(session, tenant.id, 0)  # counted, though no job is made
-                session.commit()
-                return sync.run_inline(self._sessions(), card, arrays)
-            job_request = JobRequest(
-                card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY
-            )  # a caller waits: ahead of every async job of its model
-            job = self._submit(tenant, card, job_request)
-            job = service.wait_until_finished(
-                self.database.session(), self.events, tenant.id, job.id, timeout_s
-            )
-            return sync.answer(card, job, timeout_s)
+        give_up_at = time.monotonic() + timeout_s
+        card = self.models.resolve(request.model, request.version, tenant.name)
+        if sync.runs_inline(card):
+            arrays = service.check_inputs(card, request.inputs)
+            session = self.database.session()
+            self.quotas.admit_jobs(session, tenant.id, 0)  # counted, though no job is made
+            session.commit()
+            done = sync.run_inline(self._sessions(), card, arrays)
+            return sync.Call(card, None, timeout_s, give_up_at, done)
+        job_request = JobRequest(
+            card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY,
+            deadline=request.deadline,
+        )  # fmt: skip
+        job = self._submit(tenant, card, job_request)
+        self.database.session().commit()  # the admission reads' transaction: a wait holds none
+        return sync.Call(card, job.id, timeout_s, give_up_at)
+
+    def follow_calls(self, tenant: TenantRef) -> sync.Calls:
+        """A follower for many of the tenant's calls (`start_call`): add each, then
+        take them back as they end. Close it when done."""
+        return sync.Calls(self.database.sessionmaker, self.events.subscribe(), tenant.id)
+
+    def hold(self, tenant: TenantRef) -> Callable[[], None]:
+        """One of the tenant's waits, for a door that keeps a caller waiting for
+        long (a gRPC stream); TooManyWaits beyond its share. Returns its release."""
+        return self.holds.acquire(tenant.id)
+
+    def cancel_jobs(self, tenant: TenantRef, job_ids: list[uuid.UUID]) -> int:
+        """Cancel those of the tenant's jobs that are still unfinished (a caller that
+        went away): queued ones at once, running ones at their next checkpoint.
+        Finished and unknown ones are left as they are. Returns how many were."""
+        if not job_ids:
+            return 0
+        session = self.database.session()
+        cancelled = transitions.request_cancel_many(session, tenant.id, job_ids)
+        session.commit()
+        return cancelled
 
     def get(self, tenant: TenantRef, job_id: uuid.UUID) -> Job:
         """The tenant's job with its outputs; another tenant's is NotFound."""

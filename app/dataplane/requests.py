@@ -45,12 +45,14 @@ class JobRequest:
 @dataclass(frozen=True, slots=True)
 class InferRequest:
     """A sync call: its outputs within `timeout_s` (None: SYNC_TIMEOUT_SECONDS;
-    at most MAX_WAIT_SECONDS either way)."""
+    at most MAX_WAIT_SECONDS either way). `deadline` ends its job `expired` if
+    unfinished by then (a gRPC call's deadline: nobody waits for it after)."""
 
     model: str
     inputs: Any
     version: str | None = None
     timeout_s: float | None = None
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,15 +13,21 @@ The data plane (`app.dataplane`) composes these.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session, undefer
 
 from app.errors import DeadlinePassed, DomainError, InferenceFailed
+from app.jobs.events import Subscription
 from app.models.cards import ModelCard
-from app.platform.tables import Job
+from app.platform.tables import TERMINAL_STATUSES, Job
 from app.runtime import engine
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import from_json, unpack
@@ -34,6 +40,116 @@ class Answer:
     card: ModelCard
     outputs: dict[str, np.ndarray]
     job_id: uuid.UUID | None  # None when the model ran inline
+
+
+@dataclass(frozen=True)
+class Call:
+    """A sync call under way: its model, its job (None when the model ran inline:
+    then `done` holds the answer), how long its caller waits, and until when
+    (`time.monotonic()`)."""
+
+    card: ModelCard
+    job_id: uuid.UUID | None
+    timeout_s: float
+    give_up_at: float
+    done: Answer | None = None
+
+
+Ended = Answer | DomainError
+
+
+class Calls:
+    """Many sync calls of one caller followed at once (a gRPC stream's, or the
+    one call of a unary request): one subscription on the event bus for all
+    their jobs, and one query per wake-up for those that finished. Reads only;
+    it owns no transaction.
+
+    `leave()` (from any thread: the caller went away) ends the current and every
+    later `finished` at once; `left` says it happened."""
+
+    def __init__(
+        self, new_session: Callable[[], Session], subscription: Subscription, tenant_id: int
+    ) -> None:
+        self._new_session, self._subscription = new_session, subscription
+        self._tenant_id = tenant_id
+        self._calls: dict[uuid.UUID, Call] = {}
+        self._lock = threading.Lock()  # one thread adds calls while another takes them back
+        self.left = False
+
+    def add(self, call: Call) -> None:
+        assert call.job_id is not None, "an inline call has its answer already"
+        with self._lock:
+            self._calls[call.job_id] = call
+        self._subscription.add(call.job_id)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def jobs(self) -> list[uuid.UUID]:
+        """The jobs of the calls not handed back yet."""
+        with self._lock:
+            return list(self._calls)
+
+    def wake(self) -> None:
+        """End the current `finished` now (another thread has news for its caller)."""
+        self._subscription.poke()
+
+    def leave(self) -> None:
+        self.left = True
+        self._subscription.poke()
+
+    def finished(self, timeout_s: float) -> list[tuple[Call, Ended]]:
+        """The calls that ended, each with its answer or error, waiting up to
+        `timeout_s` for the first (less once the caller left); a call whose
+        caller's time ran out ends with DeadlinePassed (its job goes on)."""
+        now = time.monotonic()
+        with self._lock:
+            first_late = min((c.give_up_at for c in self._calls.values()), default=now + timeout_s)
+        wait_s = 0.0 if self.left else max(0.0, min(timeout_s, first_late - now))
+        changed = self._subscription.wait(wait_s)
+        now = time.monotonic()
+        with self._lock:
+            late = {job_id for job_id, call in self._calls.items() if call.give_up_at <= now}
+            calls = {
+                job_id: self._calls[job_id] for job_id in (changed | late) & self._calls.keys()
+            }
+        ended: list[tuple[Call, Ended]] = []
+        for job in self._read(calls, now) if calls else ():
+            late.discard(job.id)
+            ended.append((calls[job.id], _ended(calls[job.id], job)))  # unfinished: too late
+        for job_id in late:  # gone from the table (purged): it cannot end any more
+            ended.append((calls[job_id], late_error(job_id, None, calls[job_id].timeout_s)))
+        with self._lock:
+            for call, _ in ended:
+                self._calls.pop(call.job_id, None)  # type: ignore[arg-type]
+        self._subscription.discard([call.job_id for call, _ in ended if call.job_id])
+        return ended
+
+    def close(self) -> None:
+        self._subscription.close()
+
+    def _read(self, calls: dict[uuid.UUID, Call], now: float) -> list[Job]:
+        """Of these calls' jobs, those that finished, and those whose caller's time
+        ran out by `now` (whatever their status)."""
+        query = (
+            select(Job)
+            .where(Job.id.in_(list(calls)), Job.tenant_id == self._tenant_id)
+            .options(undefer(Job.output_data))
+        )
+        with self._new_session() as session:
+            jobs = list(session.scalars(query))
+        return [
+            job
+            for job in jobs
+            if job.status in TERMINAL_STATUSES or calls[job.id].give_up_at <= now
+        ]
+
+
+def _ended(call: Call, job: Job) -> Ended:
+    try:
+        return answer(call.card, job, call.timeout_s)
+    except DomainError as exc:
+        return exc
 
 
 def runs_inline(card: ModelCard) -> bool:
@@ -72,14 +188,22 @@ def _outputs(card: ModelCard, job: Job) -> dict[str, np.ndarray]:
     return from_json(card.outputs, job.outputs or {})
 
 
+def late_error(job_id: uuid.UUID, status: str | None, timeout_s: float) -> DeadlinePassed:
+    """The job of a call whose caller stopped waiting (its status, where read); it
+    goes on."""
+    now = f"it is {status} and goes on" if status else "it goes on"
+    extra: dict[str, Any] = {"job_status": status} if status else {}
+    return DeadlinePassed(
+        f"job {job_id} did not finish within {timeout_s:g} s; {now}: GET /jobs/{job_id} "
+        "(with ?wait=30) for its result",
+        job_id=str(job_id),
+        **extra,
+    )
+
+
 def _outcome_error(job: Job, timeout_s: float) -> DomainError:
     if job.status in ("queued", "running"):
-        return DeadlinePassed(
-            f"job {job.id} did not finish within {timeout_s:g} s; it is {job.status} and "
-            f"goes on: GET /jobs/{job.id} (with ?wait=30) for its result",
-            job_id=str(job.id),
-            job_status=job.status,
-        )
+        return late_error(job.id, job.status, timeout_s)
     detail = f"job {job.id} ended {job.status}"
     if job.error_code:
         detail += f" ({job.error_code}: {job.error_message})"

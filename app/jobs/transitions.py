@@ -431,3 +431,20 @@ def request_cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> str |
     )
     status = session.execute(statement, {"id": job_id, "tenant": tenant_id}).scalar()
     return status
+
+
+_REQUEST_CANCEL_MANY = text(
+    """
+    UPDATE jobs SET cancel_requested_at = now(),
+           status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+           finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END
+    WHERE id = ANY(:ids) AND tenant_id = :tenant AND status IN ('queued', 'running')
+    """
+).bindparams(bindparam("ids", type_=UUIDS))
+
+
+def request_cancel_many(session: Session, tenant_id: int, job_ids: list[uuid.UUID]) -> int:
+    """`request_cancel` for many of a tenant's jobs in one statement; how many were
+    queued or running."""
+    result = session.execute(_REQUEST_CANCEL_MANY, {"ids": job_ids, "tenant": tenant_id})
+    return int(result.rowcount)  # type: ignore[attr-defined]
