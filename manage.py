@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The service's command line: up, worker, db, create-api-key, models, schedules, bench."""
+"""The service's command line: up, worker, grpc, db, create-api-key, models, schedules, bench."""
 
 from __future__ import annotations
 
@@ -81,6 +81,15 @@ def worker(concurrency: int | None, hostname: str, celery_args: tuple[str, ...])
     queues = ",".join(settings.inference_queues)
     argv = worker_command(queues, processes, hostname, *celery_args)
     os.execv(argv[0], argv)  # celery takes this process: signals reach it directly
+
+
+@cli.command()
+def grpc() -> None:
+    """Run the gRPC door (KServe v2 / Triton's GRPCInferenceService) on
+    GRPC_HOST:GRPC_PORT until SIGTERM or Ctrl-C (`make run` starts it)."""
+    from app.grpc.__main__ import main
+
+    main()
 
 
 @cli.group()

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = {"postgres", "redis", "migrate", "api", "worker", "beat", "flower"}
+SERVICES = {"postgres", "redis", "migrate", "api", "grpc", "worker", "beat", "flower"}
 
 
 def _compose() -> dict[str, Any]:

@@ -145,13 +145,31 @@ def test_each_process_tree_counts_its_metrics_apart_and_workers_serve_theirs(
     subject._start_children()
     children = {child.name: child for child in subject.children}
     dirs = {name: c.env.get("PROMETHEUS_MULTIPROC_DIR") for name, c in children.items()}
-    counted = ("api", "worker", "webhooks", "control")
+    counted = ("api", "grpc", "worker", "webhooks", "control")
     assert dirs == {n: str(tmp_path / "metrics" / n) if n in counted else None for n in children}
     ports = {name: c.env.get("WORKER_METRICS_PORT") for name, c in children.items()}
-    assert ports == {"api": None, "worker": "9300", "webhooks": "9301", "control": "9302",
-                     "beat": None, "flower": None}  # fmt: skip
-    assert all("--quiet" in c.args for name, c in children.items() if name != "api")
+    assert ports == {"api": None, "grpc": None, "worker": "9300", "webhooks": "9301",
+                     "control": "9302", "beat": None, "flower": None}  # fmt: skip
+    assert children["grpc"].env["GRPC_METRICS_PORT"] == "9303"  # the next one
+    assert children["grpc"].args[-2:] == ["-m", "app.grpc"]
+    assert all("--quiet" in c.args for name, c in children.items() if name not in ("api", "grpc"))
     assert "--config" in children["api"].args
+
+
+def test_the_grpc_door_starts_on_its_port_unless_it_is_zero(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    subject = Launcher(Settings(var_dir=tmp_path, grpc_port=8123))
+    monkeypatch.setattr(subject, "_spawn", lambda child: None)
+    subject.first_key = subject.first_secret = None
+    subject._start_children()
+    assert [c.name for c in subject.children][:2] == ["api", "grpc"]  # stopped right after the API
+    subject._announce(True)
+    assert "gRPC (KServe v2, tritonclient.grpc): 127.0.0.1:8123" in capsys.readouterr().out
+    without = Launcher(Settings(var_dir=tmp_path, grpc_port=0))
+    monkeypatch.setattr(without, "_spawn", lambda child: None)
+    without._start_children()
+    assert "grpc" not in [c.name for c in without.children]
 
 
 def test_a_stale_metrics_file_is_gone_when_its_child_starts_again(tmp_path: Path) -> None:

@@ -66,6 +66,12 @@ def api_command(bind: str) -> list[str]:
     ]  # fmt: skip
 
 
+def grpc_command() -> list[str]:
+    """The gRPC door (app.grpc): KServe v2 on GRPC_HOST:GRPC_PORT, a thread pool over
+    its own container; it loads no model (the workers run every job)."""
+    return [sys.executable, "-m", "app.grpc"]
+
+
 def worker_command(
     queue: str, concurrency: int, hostname: str, *extra: str, app: str = ENTRY_POINT
 ) -> list[str]:
@@ -170,27 +176,35 @@ class Launcher:
 
     def _worker_metrics_ports(self) -> dict[str, int]:
         """WORKER_METRICS_PORT for the inference worker, the next two for the webhook
-        and control workers (none when it is unset)."""
+        and control workers, the one after for the gRPC door, unless GRPC_METRICS_PORT
+        names its own (none when WORKER_METRICS_PORT is unset)."""
         base = self.settings.worker_metrics_port
-        return {name: base + i for i, name in enumerate(WORKERS)} if base else {}
+        if not base:
+            return {}
+        ports = {name: base + i for i, name in enumerate(WORKERS)}
+        if self.settings.grpc_port:
+            ports["grpc"] = self.settings.grpc_metrics_port or base + len(WORKERS)
+        return ports
 
     def _check_ports(self) -> None:
         metrics_ports = [
-            (f"{name} worker's metrics", port, "WORKER_METRICS_PORT")
+            (_metrics_of(name), self.host, port, "WORKER_METRICS_PORT")
             for name, port in self._worker_metrics_ports().items()
         ]
-        for name, port, variable in (
-            ("API", self.port, "PORT"),
-            ("Flower", self.flower_port, "FLOWER_PORT"),
+        grpc = self.settings.grpc_host, self.settings.grpc_port
+        for name, host, port, variable in (
+            ("API", self.host, self.port, "PORT"),
+            *([("gRPC", *grpc, "GRPC_PORT")] if grpc[1] else []),
+            ("Flower", self.host, self.flower_port, "FLOWER_PORT"),
             *metrics_ports,
         ):
             with socket.socket() as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    probe.bind((self.host, port))
+                    probe.bind((host, port))
                 except OSError as exc:
                     raise LaunchError(
-                        f"the {name} port {self.host}:{port} is not free ({exc.strerror}); "
+                        f"the {name} port {host}:{port} is not free ({exc.strerror}); "
                         f"stop what uses it or choose another with {variable}=..."
                     ) from None
 
@@ -233,6 +247,7 @@ class Launcher:
         json_logs = self.settings.log_format == "json"
         self.children = [
             Child("api", api_command(f"{self.host}:{self.port}"), api_env),
+            *([Child("grpc", grpc_command())] if self.settings.grpc_port else []),
             Child("worker", worker_command(queue, concurrency, "worker@%h", "--task-events")),
             # Webhook delivery waits on the network: threads, apart from inference.
             Child("webhooks", worker_command(self.settings.webhooks_queue, 8, "webhooks@%h",
@@ -246,9 +261,12 @@ class Launcher:
         ]  # fmt: skip
         ports = self._worker_metrics_ports()
         for child in self.children:
-            if child.name in ("api", *WORKERS):  # each its own multi-process metrics
+            if child.name in ("api", "grpc", *WORKERS):  # each its own multi-process metrics
                 child.env[metrics_dir.ENV] = str(self.settings.var_dir / "metrics" / child.name)
-            if child.name in ports:
+            if child.name == "grpc" and "grpc" in ports:
+                child.env["GRPC_METRICS_PORT"] = str(ports["grpc"])
+                child.env["WORKER_METRICS_HOST"] = self.host
+            elif child.name in ports:
                 child.env["WORKER_METRICS_PORT"] = str(ports[child.name])
                 child.env["WORKER_METRICS_HOST"] = self.host
             if json_logs and child.args[: len(CELERY)] == CELERY:
@@ -291,9 +309,11 @@ class Launcher:
             )
         else:
             login = "login from FLOWER_BASIC_AUTH"
+        grpc = self.settings.grpc_port and f"{self.settings.grpc_host}:{self.settings.grpc_port}"
         lines = [
             "",
             f"Inference service {status}: API {base}  (docs {base}/docs, status page {base}/)",
+            *([f"gRPC (KServe v2, tritonclient.grpc): {grpc}"] if grpc else []),
             f"Flower {self._flower_url()}  ({login})",
         ]
         if self.first_key:
@@ -349,6 +369,10 @@ class Launcher:
             embedded.stop_redis(self.redis)
             logger.info("stopped embedded Redis")
         # The embedded PostgreSQL stops when this process, its last handle, exits.
+
+
+def _metrics_of(child: str) -> str:
+    return f"{child} worker's metrics" if child in WORKERS else f"{child} door's metrics"
 
 
 def _wait(name: str, proc: subprocess.Popen[bytes], timeout: float) -> None:

@@ -49,6 +49,21 @@ _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 JOBS_SUBMITTED = Counter(
     "inference_jobs_submitted", "Jobs accepted by the jobs and sync doors", ["model", "tenant"]
 )
+# gRPC door
+GRPC_REQUESTS = Counter(
+    "inference_grpc_requests",
+    "gRPC calls by method and status code (a stream counts once, when it ends)",
+    ["method", "code"],
+)
+GRPC_SECONDS = Histogram(
+    "inference_grpc_seconds", "Time from a gRPC call's start to its status", ["method"],
+    buckets=_WAIT,
+)  # fmt: skip
+GRPC_STREAM_REQUESTS = Counter(
+    "inference_grpc_stream_requests",
+    "Requests on ModelStreamInfer streams, by the code of their answer",
+    ["code"],
+)
 # Inference worker
 JOBS_FINISHED = Counter(
     "inference_jobs_finished",

@@ -309,6 +309,37 @@ class Settings(BaseSettings):
     max_wait_seconds: float = Field(
         default=60.0, description="The cap on `Prefer: wait=N` and on a sync call's own timeout."
     )
+    grpc_host: str = Field(
+        default="127.0.0.1",
+        description="The address the gRPC door (KServe v2 / Triton's GRPCInferenceService) "
+        "binds: loopback by default, like the API; 0.0.0.0 to serve other machines.",
+    )
+    grpc_port: int = Field(
+        default=8001, description="The gRPC door's port (Triton's default); 0 = no gRPC door."
+    )
+    grpc_threads: int = Field(
+        default=32,
+        description="Threads of the gRPC server: a unary inference call or an open stream "
+        "holds one while it waits. Waiting calls are bounded by MAX_WAITS (keep it below "
+        "this), so health and metadata calls always find one.",
+    )
+    grpc_max_message_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        description="The largest gRPC message the door takes or sends (grpcio's default is "
+        "4 MiB); a larger request answers RESOURCE_EXHAUSTED. Clients need the same limit "
+        "for large outputs.",
+    )
+    grpc_stream_max_in_flight: int = Field(
+        default=256,
+        description="Requests of one ModelStreamInfer stream under way at once; beyond it "
+        "the server stops reading the stream until answers go out (flow control, not "
+        "refusal).",
+    )
+    grpc_metrics_port: int = Field(
+        default=0,
+        description="The gRPC door serves its metrics (Prometheus text) on this port; 0 = "
+        "none. `make run` gives it WORKER_METRICS_PORT + 3 when that is set.",
+    )
     ort_provider: Annotated[str, Lower] = Field(
         default="auto", description="`auto` (CUDA when it works, else CPU), `cuda` or `cpu`."
     )

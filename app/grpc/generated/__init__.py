@@ -1,0 +1,1 @@
+"""Generated from app/grpc/protos by `python -m app.grpc.codegen`: do not edit."""

@@ -1,0 +1,95 @@
+"""The gRPC server: the inference service and the standard health service.
+
+`python -m app.grpc` runs it (`make run` starts it on GRPC_PORT, 8001 as
+Triton's), over a container of its own like every other process. Threads,
+not processes: calls wait on jobs (the workers own the models), and waiting
+calls are bounded per tenant and in all (MAX_WAITS_PER_TENANT, MAX_WAITS)
+below GRPC_THREADS, so health and metadata calls always find a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from app.container import Container
+from app.grpc.door import Door
+from app.grpc.generated import grpc_service_pb2 as pb
+from app.grpc.servicer import Servicer
+
+logger = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+HEALTH_CHECK_S = 5.0
+
+
+@dataclass
+class Running:
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+    container: Container
+
+    def check_health(self) -> bool:
+        """SERVING while the data plane is ready (database, broker, a model), for the
+        whole server ("") and the inference service alike."""
+        try:
+            with self.container.database.scope():
+                checks = self.container.dataplane.readiness()
+            ready = all(value == "ok" for value in checks.values())
+        except Exception:  # a check that cannot run is a "no"
+            logger.exception("readiness check failed")
+            ready = False
+        state = health_pb2.HealthCheckResponse.SERVING if ready else (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )  # fmt: skip
+        for name in ("", SERVICE.full_name):
+            self.health.set(name, state)
+        return ready
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Refuse new calls, give those under way `grace_s` to end."""
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+
+
+def start(container: Container, host: str | None = None, port: int | None = None) -> Running:
+    """Serve on `host:port` (GRPC_HOST, GRPC_PORT by default; port 0: any free one)."""
+    settings = container.settings
+    size = settings.grpc_max_message_bytes
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=settings.grpc_threads, thread_name_prefix="grpc"),
+        options=[
+            ("grpc.max_receive_message_length", size),
+            ("grpc.max_send_message_length", size),
+            # A second server on a port in use fails to start, instead of sharing it.
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    servicer = Servicer(container)
+    server.add_generic_rpc_handlers([Door(SERVICE, pb, servicer.rpcs(), servicer.authenticate)])
+    checker = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    address = f"{host or settings.grpc_host}:{settings.grpc_port if port is None else port}"
+    bound = server.add_insecure_port(address)
+    if not bound:
+        raise OSError(f"the gRPC door cannot listen on {address}")
+    server.start()
+    running = Running(server, bound, checker, container)
+    running.check_health()
+    return running
+
+
+def serve(container: Container, stop: threading.Event) -> None:
+    """Serve until `stop` is set, checking health every HEALTH_CHECK_S."""
+    running = start(container)
+    logger.info("gRPC door on %s:%d", container.settings.grpc_host, running.port)
+    while not stop.wait(HEALTH_CHECK_S):
+        running.check_health()
+    logger.info("gRPC door stopping")
+    running.stop()

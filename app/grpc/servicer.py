@@ -1,0 +1,173 @@
+"""The RPCs this server answers, each a translation onto one data-plane operation.
+
+Health and server metadata are open; model metadata is open too, and a key,
+when sent, shows what its tenant is granted (as on the HTTP door); inference
+needs a tenant's key. Every inference request is a job with its record,
+exactly as a call on `/v2/models/<m>/infer`: `GET /jobs/<id>` and `/usage`
+show it, and its id comes back in the response's `parameters["job_id"]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from app.container import Container
+from app.errors import Unavailable, UnknownModel
+from app.grpc import codec
+from app.grpc.calls import check_outputs, infer_request, leaving
+from app.grpc.door import Access, Rpc
+from app.grpc.generated import grpc_service_pb2 as pb
+from app.grpc.generated import model_config_pb2 as config_pb
+from app.grpc.stream import CallStream
+from app.models.cards import ModelCard
+from app.models.registry import PUBLIC
+from app.tenancy.keys import Caller, TenantRef
+
+SERVER_NAME = "inference-jobs"
+SERVER_VERSION = "0.1.0"
+
+_CONFIG_TYPES = {
+    "BOOL": config_pb.TYPE_BOOL, "UINT8": config_pb.TYPE_UINT8, "INT8": config_pb.TYPE_INT8,
+    "INT16": config_pb.TYPE_INT16, "INT32": config_pb.TYPE_INT32, "INT64": config_pb.TYPE_INT64,
+    "FP16": config_pb.TYPE_FP16, "FP32": config_pb.TYPE_FP32, "FP64": config_pb.TYPE_FP64,
+    "BYTES": config_pb.TYPE_STRING,
+}  # fmt: skip
+
+
+class Servicer:
+    def __init__(self, container: Container) -> None:
+        self.container = container
+        self.plane = container.dataplane
+        self.settings = container.settings
+
+    def rpcs(self) -> dict[str, Rpc]:
+        """What each RPC runs, and who may call it."""
+        return {
+            "ServerLive": Rpc(self.server_live, Access.OPEN),
+            "ServerReady": Rpc(self.server_ready, Access.OPEN),
+            "ServerMetadata": Rpc(self.server_metadata, Access.OPEN),
+            "ModelReady": Rpc(self.model_ready, Access.OPTIONAL),
+            "ModelMetadata": Rpc(self.model_metadata, Access.OPTIONAL),
+            "ModelConfig": Rpc(self.model_config, Access.OPTIONAL),
+            "ModelInfer": Rpc(self.model_infer, Access.TENANT),
+            "ModelStreamInfer": Rpc(self.model_stream_infer, Access.TENANT),
+        }
+
+    def authenticate(self, key: str) -> Caller | None:
+        with self.container.database.scope():
+            caller = self.plane.authenticate(key)
+        return None if caller is None or caller.expired() else caller
+
+    # -- health and metadata -----------------------------------------------------
+
+    def server_live(self, _request: Any, _context: Any, _caller: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    def server_ready(self, _request: Any, _context: Any, _caller: Any) -> pb.ServerReadyResponse:
+        with self.container.database.scope():
+            checks = self.plane.readiness()
+        return pb.ServerReadyResponse(ready=all(v == "ok" for v in checks.values()))
+
+    def server_metadata(
+        self, _request: Any, _context: Any, _caller: Any
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=[])
+
+    def model_ready(
+        self, request: pb.ModelReadyRequest, _context: Any, caller: Caller | None
+    ) -> pb.ModelReadyResponse:
+        """Ready or not, as Triton answers (an unknown model is not ready, no error)."""
+        try:
+            self.plane.model_ready(_visibility(caller), request.name, request.version or None)
+        except (UnknownModel, Unavailable):
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    def model_metadata(
+        self, request: pb.ModelMetadataRequest, _context: Any, caller: Caller | None
+    ) -> pb.ModelMetadataResponse:
+        card = self.plane.model(_visibility(caller), request.name, request.version or None)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=card.name,
+            versions=[card.version],
+            platform=card.platform,
+            inputs=[tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in card.inputs],
+            outputs=[tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in card.outputs],
+        )
+
+    def model_config(
+        self, request: pb.ModelConfigRequest, _context: Any, caller: Caller | None
+    ) -> pb.ModelConfigResponse:
+        card = self.plane.model(_visibility(caller), request.name, request.version or None)
+        return pb.ModelConfigResponse(config=_config(card))
+
+    # -- inference ---------------------------------------------------------------
+
+    def model_infer(
+        self, request: pb.ModelInferRequest, context: grpc.ServicerContext, caller: Caller | None
+    ) -> pb.ModelInferResponse:
+        tenant = _tenant(caller)
+        call = codec.decode(request)
+        with self.container.database.scope():
+            card = self.plane.model(tenant.name, call.model, call.version)
+            check_outputs(card, call)
+            answer = self.plane.infer(
+                tenant, infer_request(call, context), leaving=leaving(context)
+            )
+        parameters = {"job_id": str(answer.job_id)} if answer.job_id else {}
+        return codec.encode(answer.card, call, answer.outputs, parameters)
+
+    def model_stream_infer(
+        self,
+        requests: Iterator[pb.ModelInferRequest],
+        context: grpc.ServicerContext,
+        caller: Caller | None,
+    ) -> Iterator[pb.ModelStreamInferResponse]:
+        stream = CallStream(self.container, _tenant(caller), context)
+        return stream.run(requests)
+
+
+def _tenant(caller: Caller | None) -> TenantRef:
+    assert caller is not None and caller.tenant is not None, "Access.TENANT lets none other in"
+    return caller.tenant
+
+
+def _visibility(caller: Caller | None) -> str | None:
+    """What models the caller sees: its tenant's, every model for an operator,
+    the open ones without a key."""
+    if caller is None:
+        return PUBLIC
+    return caller.tenant.name if caller.tenant else None
+
+
+def _config(card: ModelCard) -> config_pb.ModelConfig:
+    """Triton's model configuration for `card`: with a batch dimension, the
+    dims leave it out (Triton's convention) and max_batch_size says its bound."""
+    batching = card.batching.max_batch_size
+    skip = 1 if batching > 0 else 0
+    config = config_pb.ModelConfig(
+        name=card.name,
+        platform=card.platform,
+        backend="onnxruntime",
+        max_batch_size=batching,
+        input=[
+            config_pb.ModelInput(
+                name=s.name, data_type=_CONFIG_TYPES[s.datatype], dims=s.shape[skip:]
+            )
+            for s in card.inputs
+        ],
+        output=[
+            config_pb.ModelOutput(
+                name=s.name, data_type=_CONFIG_TYPES[s.datatype], dims=s.shape[skip:]
+            )
+            for s in card.outputs
+        ],
+    )
+    if batching > 0:
+        delay_us = int(card.batching.max_queue_delay_ms * 1000)
+        config.dynamic_batching.max_queue_delay_microseconds = delay_us
+    return config

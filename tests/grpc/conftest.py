@@ -1,0 +1,44 @@
+"""The gRPC door, served in this process on a free loopback port over the test
+run's database, Redis and real worker processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import tritonclient.grpc as triton
+
+from app.container import Container
+from app.grpc.server import Running, start
+from app.platform.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def grpc_server(settings: Settings) -> Iterator[Running]:
+    running = start(Container(settings), "127.0.0.1", 0)
+    yield running
+    running.stop(0)
+    running.container.close()
+
+
+@pytest.fixture
+def serve_grpc(settings: Settings) -> Iterator[Callable[..., Running]]:
+    """`serve_grpc(**overrides)`: a server of its own settings for one test."""
+    servers: list[Running] = []
+
+    def make(**overrides: Any) -> Running:
+        servers.append(start(Container(settings.with_overrides(**overrides)), "127.0.0.1", 0))
+        return servers[-1]
+
+    yield make
+    for running in servers:
+        running.stop(0)
+        running.container.close()
+
+
+@pytest.fixture
+def triton_client(grpc_server: Running) -> Iterator[triton.InferenceServerClient]:
+    client = triton.InferenceServerClient(f"127.0.0.1:{grpc_server.port}")
+    yield client
+    client.close()
