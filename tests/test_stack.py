@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.stack, pytest.mark.processes]
 class Stack:
     def __init__(self, var_dir: Path) -> None:
         self.var_dir = var_dir
-        self.port, self.flower_port = free_port(), free_port()
+        self.port, self.flower_port, self.grpc_port = free_port(), free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {
             k: v
@@ -45,6 +45,7 @@ class Stack:
             VAR_DIR=str(var_dir),
             PORT=str(self.port),
             FLOWER_PORT=str(self.flower_port),
+            GRPC_PORT=str(self.grpc_port),
             PYTHONUNBUFFERED="1",
         )
         self.proc: subprocess.Popen[str] | None = None
@@ -121,6 +122,13 @@ def walkthrough() -> str:
     return match.group(1)
 
 
+def grpc_example() -> str:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- grpc-example.*?-->\s*```python\n(.*?)```", readme, re.S)
+    assert match, "README.md has no gRPC example"
+    return match.group(1)
+
+
 def children_of(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
@@ -158,6 +166,23 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         assert run.stdout.strip().endswith("digit: 0"), run.stdout
         job = json.loads((tmp_path / "result.json").read_text())
         assert job["status"] == "succeeded"
+
+        # The README's gRPC example, through Triton's client, against the gRPC door.
+        assert f"gRPC (KServe v2, tritonclient.grpc): 127.0.0.1:{stack.grpc_port}" in banner
+        example = tmp_path / "grpc_example.py"
+        example.write_text(grpc_example())
+        grpc_run = subprocess.run(
+            [sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True,
+            timeout=60, env={**os.environ, "API_KEY": api_key,
+                             "GRPC_TARGET": f"127.0.0.1:{stack.grpc_port}"},
+        )  # fmt: skip
+        assert grpc_run.returncode == 0, grpc_run.stderr + grpc_run.stdout
+        digit, job_line = re.search(r"digit: (\d) job: (\S+)", grpc_run.stdout).groups()  # type: ignore[union-attr]
+        grpc_job = requests.get(f"{stack.base}/jobs/{job_line}", timeout=10,
+                                headers={"Authorization": f"Bearer {api_key}"}).json()  # fmt: skip
+        assert grpc_job["status"] == "succeeded" and grpc_job["outputs"]["label"] == [int(digit)]
+        assert "stream: {'row-0': " in grpc_run.stdout and "'row-2': " in grpc_run.stdout
+        assert "error" not in grpc_run.stdout
 
         # create-api-key against the embedded database of the running service.
         cli = subprocess.run(
