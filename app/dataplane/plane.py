@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from datetime import datetime
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import redis
 from sqlalchemy.exc import SQLAlchemyError
@@ -35,7 +35,14 @@ from app.dataplane.requests import (
     ScheduleFields,
     Wait,
 )
-from app.errors import CallerLeft, Conflict, DomainError, NotFound, Unavailable
+from app.errors import (
+    CallerLeft,
+    Conflict,
+    DomainError,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+)
 from app.jobs import dead_letters, idempotency, service, sync, transitions, usage
 from app.jobs.admission import Admission
 from app.jobs.dispatch import Dispatcher
@@ -137,6 +144,89 @@ class DataPlane:
         metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
         return job
 
+    def submit_many(
+        self,
+        tenant: TenantRef,
+        requests: Sequence[JobRequest],
+        *,
+        staged: Callable[[Session, list[Job]], object] | None = None,
+    ) -> list[Job | DomainError]:
+        """Many jobs at once, in request order: each checked on its own (a bad one is
+        its own error in the list; the others go on), then one quota count for all,
+        one queue-bound count per model, one INSERT, one commit and one wake-up per
+        model. `staged` runs in the transaction, just before it commits: a door's own
+        rows beside the jobs. No idempotency keys here (each would take a lock)."""
+        outcomes: list[Job | DomainError | None] = [None] * len(requests)
+        checked: list[tuple[int, ModelCard, dict[str, Any]]] = []
+        for index, request in enumerate(requests):
+            try:
+                if request.idempotency_key is not None:
+                    raise InvalidRequest(
+                        "an idempotency key is taken by a single submit only",
+                        errors={"idempotency_key": ["not here"]},
+                    )
+                card = self.models.resolve(request.model, request.version, tenant.name)
+                arrays = service.check_inputs(card, request.inputs)
+                if request.webhook is not None:
+                    service.check_webhook(request.webhook, self.settings)
+                checked.append((index, card, arrays))
+            except DomainError as exc:
+                outcomes[index] = exc
+        if checked:
+            self._stage_many(tenant, requests, checked, outcomes, staged)
+        done = [outcome for outcome in outcomes if outcome is not None]
+        assert len(done) == len(requests), "each request has its job or its error"
+        return done
+
+    def _stage_many(
+        self,
+        tenant: TenantRef,
+        requests: Sequence[JobRequest],
+        checked: list[tuple[int, ModelCard, dict[str, Any]]],
+        outcomes: list[Job | DomainError | None],
+        staged: Callable[[Session, list[Job]], object] | None,
+    ) -> None:
+        session = self.database.session()
+        admitted: list[tuple[int, ModelCard, dict[str, Any]]] = []
+        # Refusals keep nothing: per priority the tenant's quotas, per model its bound.
+        for group in _grouped(checked, lambda item: requests[item[0]].priority):
+            try:
+                priority = requests[group[0][0]].priority
+                self.quotas.admit_jobs(session, tenant.id, len(group), priority=priority)
+                admitted += group
+            except DomainError as exc:
+                for index, _, _ in group:
+                    outcomes[index] = exc
+        values: list[dict[str, Any]] = []
+        order: list[int] = []  # the request of each row
+        for group in _grouped(admitted, lambda item: item[1].name):
+            try:
+                self.admission.admit(session, group[0][1].name, len(group))
+            except DomainError as exc:
+                for index, _, _ in group:
+                    outcomes[index] = exc
+                continue
+            for index, card, arrays in group:
+                request = requests[index]
+                values.append(service.job_values(
+                    card, arrays, tenant.id, priority=request.priority,
+                    deadline=request.deadline, webhook=request.webhook,
+                    max_attempts=self.settings.job_max_attempts,
+                ))  # fmt: skip
+                order.append(index)
+        if not values:
+            session.commit()
+            return
+        jobs = service.stage_many(session, values)
+        if staged is not None:
+            staged(session, jobs)
+        session.commit()
+        for index, job in zip(order, jobs, strict=True):
+            outcomes[index] = job
+            metrics.JOBS_SUBMITTED.labels(job.model, tenant.name).inc()
+        for woken in _grouped(jobs, lambda job: job.model):
+            self._wake(session, woken)
+
     def _wake(self, session: Session, jobs: list[Job]) -> None:
         """After the commit: wake the jobs' model, or leave them to the sweep."""
         if jobs and not self.dispatcher.wake(jobs[0].model):
@@ -200,10 +290,50 @@ class DataPlane:
         self.database.session().commit()  # the admission reads' transaction: a wait holds none
         return sync.Call(card, job.id, timeout_s, give_up_at)
 
-    def follow_calls(self, tenant: TenantRef) -> sync.Calls:
+    def start_calls(
+        self, tenant: TenantRef, requests: Sequence[InferRequest]
+    ) -> list[sync.Call | DomainError]:
+        """`start_call` for many calls at once (a stream's requests that arrived
+        together): their jobs in one `submit_many`, each call's error its own."""
+        settings = self.settings
+        now = time.monotonic()
+        started: list[sync.Call | DomainError | None] = [None] * len(requests)
+        queued: list[tuple[int, ModelCard, float]] = []
+        jobs: list[JobRequest] = []
+        for index, request in enumerate(requests):
+            try:
+                card = self.models.resolve(request.model, request.version, tenant.name)
+                if sync.runs_inline(card):
+                    started[index] = self.start_call(tenant, request)
+                    continue
+            except DomainError as exc:
+                started[index] = exc
+                continue
+            timeout_s = min(
+                request.timeout_s or settings.sync_timeout_seconds, settings.max_wait_seconds
+            )
+            queued.append((index, card, timeout_s))
+            jobs.append(JobRequest(
+                card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY,
+                deadline=request.deadline,
+            ))  # fmt: skip
+        for (index, card, timeout_s), job in zip(
+            queued, self.submit_many(tenant, jobs), strict=True
+        ):
+            started[index] = (
+                job if isinstance(job, DomainError)
+                else sync.Call(card, job.id, timeout_s, now + timeout_s)
+            )  # fmt: skip
+        done = [call for call in started if call is not None]
+        assert len(done) == len(requests), "each call is started or has its error"
+        return done
+
+    def follow_calls(self, tenant: TenantRef, gather_s: float = 0.0) -> sync.Calls:
         """A follower for many of the tenant's calls (`start_call`): add each, then
-        take them back as they end. Close it when done."""
-        return sync.Calls(self.database.sessionmaker, self.events.subscribe(), tenant.id)
+        take them back as they end. Close it when done. `gather_s`: how long to let
+        changes gather after the first before reading them (for many calls: fewer
+        reads, each answer that much later)."""
+        return sync.Calls(self.database.engine, self.events.subscribe(), tenant.id, gather_s)
 
     def hold(self, tenant: TenantRef) -> Callable[[], None]:
         """One of the tenant's waits, for a door that keeps a caller waiting for
@@ -555,3 +685,14 @@ class DataPlane:
         status = read_status(session, self.status_board, public_models, operator=operator)
         session.commit()
         return status
+
+
+T = TypeVar("T")
+
+
+def _grouped(items: list[T], key: Callable[[T], Any]) -> list[list[T]]:
+    """`items` in groups of equal `key`, each group in the order its items came."""
+    groups: dict[Any, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return list(groups.values())

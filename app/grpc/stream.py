@@ -1,8 +1,9 @@
 """ModelStreamInfer: many requests on one bidirectional stream, each answered as
 its job finishes, matched by the request's `id`.
 
-A reader thread takes requests off the stream and starts each as a sync call
-(a job, ahead of async work); the RPC's own thread follows all of them at once
+A reader thread takes requests off the stream; a submitter starts them as sync
+calls (jobs, ahead of async work), as many at once as arrived while the last
+ones were being started; the RPC's own thread follows all of them at once
 (`DataPlane.follow_calls`) and writes each answer when its job ends. A request
 that cannot start (unknown model, inputs that do not fit, a full queue) is
 answered at once with `error_message`, and the stream goes on, as Triton does;
@@ -41,6 +42,8 @@ from app.tenancy.keys import TenantRef
 logger = logging.getLogger(__name__)
 
 POLL_S = 1.0  # the longest the answering thread waits before it looks again
+GATHER_S = 0.005  # changes gathered before a read: answers in batches, fewer reads
+SUBMIT_BATCH = 64  # requests started together at most
 # A request as the door hands it over: parsed, or refused when it is not a message.
 Request = pb.ModelInferRequest | Refused
 
@@ -54,19 +57,20 @@ class CallStream:
         self._slots = threading.Semaphore(container.settings.grpc_stream_max_in_flight)
         self._ready: queue.SimpleQueue[pb.ModelStreamInferResponse] = queue.SimpleQueue()
         self._requests: dict[uuid.UUID, codec.Call] = {}  # a job's request, to answer it
+        self._arrived: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
         self._reading = True
         self._calls: Calls
 
     def run(self, requests: Iterator[Request]) -> Iterator[pb.ModelStreamInferResponse]:
         release = self.plane.hold(self.tenant)  # TooManyWaits: RESOURCE_EXHAUSTED, nothing read
-        calls = self._calls = self.plane.follow_calls(self.tenant)
+        calls = self._calls = self.plane.follow_calls(self.tenant, GATHER_S)
         try:
             if not self.context.add_callback(calls.leave):
                 return  # over before it began
-            reader = threading.Thread(
-                target=self._read, args=(requests, calls), name="grpc-stream-reader", daemon=True
-            )
-            reader.start()
+            for target, args, name in ((self._read, (requests, calls), "reader"),
+                                       (self._submit, (calls,), "submitter")):  # fmt: skip
+                threading.Thread(target=target, args=args, name=f"grpc-stream-{name}",
+                                 daemon=True).start()  # fmt: skip
             yield from self._answer(calls)
         finally:  # also when the server closes this generator: the caller is gone
             if calls.jobs():
@@ -77,6 +81,7 @@ class CallStream:
     # -- the reader's side -----------------------------------------------------------
 
     def _read(self, requests: Iterator[Request], calls: Calls) -> None:
+        """Take requests off the stream while slots are free; the submitter starts them."""
         try:
             for request in requests:
                 while not self._slots.acquire(timeout=POLL_S):
@@ -84,35 +89,73 @@ class CallStream:
                         return
                 if calls.left:
                     return
-                self._start(request, calls)
+                self._arrived.put(request)
         except Exception as exc:  # the stream broke (a cancel reads as an error here)
             if not calls.left:
                 logger.info("stream of %s ended while reading: %s", self.tenant.name, exc)
         finally:
+            self._arrived.put(None)  # no more
+
+    def _submit(self, calls: Calls) -> None:
+        """Start what arrived, as many requests at once as came while the last
+        ones were being started (one insert, one commit for all of them)."""
+        try:
+            more = True
+            while more and not calls.left:
+                batch: list[Request] = []
+                item = self._arrived.get()
+                while item is not None:
+                    batch.append(item)
+                    if len(batch) >= SUBMIT_BATCH:
+                        break
+                    try:
+                        item = self._arrived.get_nowait()
+                    except queue.Empty:
+                        break
+                more = item is not None
+                self._start(batch, calls)
+        except Exception:  # never leave the stream waiting on a dead submitter
+            logger.exception("the stream of %s could not start its requests", self.tenant.name)
+            calls.leave()
+        finally:
             self._reading = False
             calls.wake()
 
-    def _start(self, request: Request, calls: Calls) -> None:
-        """Start one request's call, or answer it now (an error, an inline model)."""
-        if isinstance(request, Refused):  # not a message at all: nothing names it
-            self._post(_failure("", "", request.status, None))
+    def _start(self, batch: list[Request], calls: Calls) -> None:
+        """Start each request's call, or answer it now (an error, an inline model)."""
+        decoded: list[tuple[pb.ModelInferRequest, codec.Call]] = []
+        for request in batch:
+            if isinstance(request, Refused):  # not a message at all: nothing names it
+                self._post(_failure("", "", request.status, None))
+                continue
+            call: codec.Call | None = None
+            try:
+                call = codec.decode(request)
+                check_outputs(self.plane.model(self.tenant.name, call.model, call.version), call)
+            except Exception as exc:
+                self._post(_error(request, exc))
+                continue
+            decoded.append((request, call))
+        if not decoded:
             return
-        call: codec.Call | None = None
         try:
-            call = codec.decode(request)
             with self.container.database.scope():
-                card = self.plane.model(self.tenant.name, call.model, call.version)
-                check_outputs(card, call)
-                started = self.plane.start_call(self.tenant, infer_request(call, self.context))
-        except Exception as exc:
-            self._post(_error(request, call, exc))
+                started = self.plane.start_calls(
+                    self.tenant, [infer_request(call, self.context) for _, call in decoded]
+                )
+        except Exception as exc:  # none of them started (the database did not answer)
+            for request, _ in decoded:
+                self._post(_error(request, exc))
             return
-        if started.done is not None:
-            self._post(_answered(call, started.done, started))
-            return
-        assert started.job_id is not None
-        self._requests[started.job_id] = call
-        calls.add(started)
+        for (request, call), result in zip(decoded, started, strict=True):
+            if isinstance(result, DomainError):
+                self._post(_error(request, result))
+            elif result.done is not None:
+                self._post(_answered(call, result.done, result))
+            else:
+                assert result.job_id is not None
+                self._requests[result.job_id] = call
+                calls.add(result)
 
     def _post(self, response: pb.ModelStreamInferResponse) -> None:
         """An answer the reader made itself: out at once, its slot free again."""
@@ -161,9 +204,7 @@ def _answered(
     return pb.ModelStreamInferResponse(infer_response=response)
 
 
-def _error(
-    request: pb.ModelInferRequest, call: codec.Call | None, exc: Exception
-) -> pb.ModelStreamInferResponse:
+def _error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
     if isinstance(exc, DomainError):
         mapped = status.of(exc)
     elif database_unavailable(exc):

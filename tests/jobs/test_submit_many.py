@@ -1,0 +1,118 @@
+"""DataPlane.submit_many: many jobs in one transaction, each request's outcome in
+its place; a bad request is its own error and never the others'."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+from sqlalchemy.orm import Session
+
+from app.dataplane import InferRequest, JobRequest
+from app.errors import DomainError, InputsDoNotFit, InvalidRequest, QueueFull, UnknownModel
+from app.platform.database import Database
+from app.platform.tables import Job, Tenant
+from app.web.context import container_of
+from tests.conftest import STAGED, TenantAuth, make_tenant
+
+ROW = {"pixels": [[1.0] * 64]}
+
+
+def jobs_of(database: Database, tenant_id: int) -> list[Job]:
+    with database.sessionmaker() as session:
+        query = sa.select(Job).where(Job.tenant_id == tenant_id).order_by(Job.created_at)
+        return list(session.scalars(query))
+
+
+def test_each_request_gets_its_job_or_its_own_error_in_order(
+    app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    plane = container_of(app).dataplane
+    requests = [
+        JobRequest(STAGED, ROW, priority=3),
+        JobRequest("no-such-model", ROW),
+        JobRequest(STAGED, {"pixels": [[1.0] * 63]}),
+        JobRequest(STAGED, ROW, idempotency_key="k"),
+        JobRequest(STAGED, {"pixels": [[2.0] * 64, [3.0] * 64]}),
+    ]
+    with container_of(app).database.scope():
+        outcomes = plane.submit_many(tenant.ref, requests)
+    assert len(outcomes) == len(requests)
+    first, unknown, misfit, keyed, second = outcomes
+    assert isinstance(unknown, UnknownModel)
+    assert isinstance(misfit, InputsDoNotFit) and "pixels" in misfit.extra["errors"]
+    assert isinstance(keyed, InvalidRequest) and "idempotency" in keyed.detail
+    assert isinstance(first, Job) and isinstance(second, Job)
+    assert first.priority == 3 and second.batch_rows == 2
+    stored = {job.id: job for job in jobs_of(database, tenant.id)}
+    assert set(stored) == {first.id, second.id}  # only the good ones were kept
+    assert all(job.status == "queued" and job.created_at for job in stored.values())
+
+
+def test_a_group_refused_by_a_quota_leaves_the_others(app: Flask, database: Database) -> None:
+    tenant = make_tenant(database)
+    with database.sessionmaker() as session:
+        session.execute(sa.update(Tenant).where(Tenant.id == tenant.id).values(max_priority=2))
+        session.commit()
+    plane = container_of(app).dataplane
+    with container_of(app).database.scope():
+        outcomes = plane.submit_many(
+            tenant.ref, [JobRequest(STAGED, ROW, priority=9), JobRequest(STAGED, ROW, priority=1)]
+        )
+    refused, kept = outcomes
+    assert isinstance(refused, InvalidRequest) and "allowance" in refused.detail
+    assert isinstance(kept, Job) and [j.id for j in jobs_of(database, tenant.id)] == [kept.id]
+
+
+def test_a_full_queue_refuses_its_models_requests_only(
+    make_app: Callable[..., Flask], database: Database, tenant: TenantAuth
+) -> None:
+    app = make_app(max_queued_per_model=2)
+    plane = container_of(app).dataplane
+    with container_of(app).database.scope():
+        outcomes = plane.submit_many(
+            tenant.ref, [JobRequest("slow", {"x": [[0.1] * 64], "steps": [1]})] * 50
+        )
+    refused = [o for o in outcomes if isinstance(o, DomainError)]
+    assert refused and all(isinstance(o, QueueFull) for o in refused)
+    assert not [o for o in outcomes if isinstance(o, Job)]  # the whole group, or none of it
+
+
+def test_staged_rows_commit_with_the_jobs_or_not_at_all(
+    app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    plane = container_of(app).dataplane
+    seen: list[int] = []
+
+    def beside(session: Session, jobs: list[Job]) -> None:
+        seen.append(session.scalar(sa.select(sa.func.count()).where(
+            Job.tenant_id == tenant.id)) or 0)  # fmt: skip
+        raise RuntimeError("the door's own rows could not be written")
+
+    with container_of(app).database.scope(), pytest.raises(RuntimeError):
+        plane.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 3, staged=beside)
+    assert seen == [3]  # in the same transaction as the jobs...
+    assert jobs_of(database, tenant.id) == []  # ...which was never committed
+
+
+def test_start_calls_starts_each_call_or_says_why(
+    app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    plane = container_of(app).dataplane
+    with container_of(app).database.scope():
+        calls = plane.start_calls(
+            tenant.ref,
+            [
+                InferRequest(STAGED, ROW),
+                InferRequest("nope", ROW),
+                InferRequest(STAGED, ROW, timeout_s=2),
+            ],
+        )
+    good, bad, timed = calls
+    assert isinstance(bad, UnknownModel)
+    assert not isinstance(good, DomainError) and not isinstance(timed, DomainError)
+    assert good.job_id and timed.job_id and timed.timeout_s == 2
+    priorities = {job.id: job.priority for job in jobs_of(database, tenant.id)}
+    assert priorities == {good.job_id: 10, timed.job_id: 10}  # ahead of async work
