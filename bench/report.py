@@ -22,6 +22,8 @@ WORKLOADS = {
     "e": "(e) after idle",
     "f": "(f) sync infer",
     "g": "(g) batch",
+    "h": "(h) gRPC unary infer",
+    "i": "(i) gRPC stream infer",
 }
 BATCH_RSS_GOAL_MB = 500
 # (e): a lone job may wait the card's batching delay (digits: 2 ms), one batch,
@@ -116,6 +118,9 @@ def targets(
     add("first job after idle starts within T + one batch, s (e)",
         service_e["max_queued_s"] if service_e else None, IDLE_START_GOAL_S,
         higher=False)  # fmt: skip
+    add("gRPC stream calls/s >= 2x the HTTP sync door's (i vs f)",
+        ratio(find(results, SERVICE, "i"), find(results, SERVICE, "f"), "jobs_per_s"),
+        2.0)  # fmt: skip
     service_g = find(results, SERVICE, "g")
     add("batch rows/s >= 50% of raw ORT on the same rows (g)",
         service_g["share_of_raw_ort"] if service_g else None, 0.5)  # fmt: skip

@@ -81,11 +81,12 @@ def _ensure_models(repository: Path, heavy: str) -> str | None:
 def _bodies(plan: Plan) -> Bodies:
     from sklearn.datasets import load_digits
 
+    from bench.grpc_load import infer_messages
     from bench.load import infer_bodies, job_bodies
 
     rows = load_digits().data.tolist()
     heavy = job_bodies(plan.heavy_model, rows, plan.heavy_rows) if plan.heavy_model else []
-    return Bodies(job_bodies("digits", rows, 1), heavy, infer_bodies(rows))
+    return Bodies(job_bodies("digits", rows, 1), heavy, infer_bodies(rows), infer_messages(rows))
 
 
 def _raw_ort(ctx: Context, plan: Plan, rows: list[dict[str, Any]]) -> None:

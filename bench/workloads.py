@@ -14,6 +14,10 @@
 (g) batch: one .npy of N digits rows as one batch, results read back as .npy
     (contenders with a batch door only); rows/s against raw ORT, peak RSS
     (see bench/batch.py).
+(h) gRPC unary: the calls of (f) as KServe v2 `ModelInfer` on the gRPC door, one
+    at a time from each of C clients (contenders with a gRPC door only).
+(i) gRPC stream: the same calls on C `ModelStreamInfer` streams, each keeping
+    STREAM_WINDOW requests in flight; calls/s to the last answer.
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -60,6 +64,7 @@ class Bodies:
     digits: Sequence[bytes]
     heavy: Sequence[bytes]
     sync: Sequence[bytes]  # KServe v2 infer requests, one digits row each
+    grpc: Sequence[bytes] = ()  # the same as serialized gRPC ModelInferRequests
 
 
 def _measure_closed(
@@ -210,6 +215,34 @@ def sync_calls(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any] |
     }
 
 
+STREAM_WINDOW = 16  # requests in flight on each gRPC stream in (i)
+
+
+def grpc_calls(c: HttpContender, bodies: Bodies, plan: Plan, streaming: bool) -> dict[str, Any]:
+    """(h) or (i): the sync calls of (f) over the gRPC door; each a job, as in (f)."""
+    from bench import grpc_load
+
+    assert c.grpc_endpoint is not None
+    clients = plan.clients[0]
+    cpu0 = c.meter.sample()
+    if streaming:
+        result = grpc_load.stream(c.grpc_endpoint, bodies.grpc, plan.jobs, clients, STREAM_WINDOW)
+        variant = f"{clients} streams x {STREAM_WINDOW} in flight, ModelStreamInfer"
+    else:
+        result = grpc_load.unary(c.grpc_endpoint, bodies.grpc, plan.jobs, clients)
+        variant = f"{clients} clients, ModelInfer"
+    cpu1 = c.meter.sample()
+    span = result.last_answer - result.first_send
+    return {
+        "workload": "i" if streaming else "h",
+        "variant": variant,
+        "jobs": result.accepted,
+        "jobs_per_s": rounded(result.accepted / span if span > 0 else None),
+        **result.summary(),
+        "cpu_ms_per_job": per_job_ms(cpu0, cpu1, result.accepted),
+    }
+
+
 def run_all(
     c: HttpContender, bodies: Bodies, plan: Plan, repeat: int, rows: list[dict[str, Any]]
 ) -> None:
@@ -244,6 +277,9 @@ def run_all(
     sync = sync_calls(c, bodies, plan)
     if sync:
         record(sync)
+    if c.grpc_endpoint is not None and bodies.grpc:
+        record(grpc_calls(c, bodies, plan, streaming=False))
+        record(grpc_calls(c, bodies, plan, streaming=True))
     if plan.batch_rows:
         from bench.batch import batch_rows
         from bench.peers.raw_ort import model_file

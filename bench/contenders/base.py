@@ -8,11 +8,15 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from bench.completion import JobStore
 from bench.cpu import RoleMeter
 from bench.infra import Servers
 from bench.load import Endpoint
+
+if TYPE_CHECKING:
+    from bench.grpc_load import GrpcEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,7 @@ class HttpContender(abc.ABC):
         self.endpoint: Endpoint | None = None
         self.sync_endpoint: Endpoint | None = None  # (f), where the contender has one
         self.batch_port: int | None = None  # (g): /files and /batches, where it has them
+        self.grpc_endpoint: GrpcEndpoint | None = None  # (h), (i), where it has a gRPC door
         self.store: JobStore | None = None
         self.meter = RoleMeter()
 

@@ -23,6 +23,8 @@ def classify(cmdline: list[str]) -> str | None:
     text = " ".join(cmdline)
     if "gunicorn" in text:
         return "api"
+    if "app.grpc" in cmdline:
+        return "grpc"
     if "celery" not in text:
         return None
     if "flower" in cmdline:
@@ -36,7 +38,9 @@ def classify(cmdline: list[str]) -> str | None:
 
 class Service(HttpContender):
     name = "service"
-    description = "this service: manage.py up (gunicorn API, Celery workers, beat, Flower)"
+    description = (
+        "this service: manage.py up (gunicorn API, the gRPC door, Celery workers, beat, Flower)"
+    )
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -49,11 +53,12 @@ class Service(HttpContender):
         redis_db = servers.service_redis()
         if servers.embedded_redis:
             redis_db.client().flushdb()  # the bench's own Redis: nothing to keep
-        port, flower_port = procs.free_port(), procs.free_port()
+        port, flower_port, grpc_port = procs.free_port(), procs.free_port(), procs.free_port()
         env = procs.child_env(
             DATABASE_URL=self.database.url,
             REDIS_URL=redis_db.base_url,
             VAR_DIR=str(ROOT / "var" / "bench" / "service"),
+            GRPC_PORT=str(grpc_port),
         )
         log = self.log_path("up")
         self.proc = procs.spawn(
@@ -71,6 +76,9 @@ class Service(HttpContender):
         self.endpoint = Endpoint(port, "/jobs", "id", auth)
         self.sync_endpoint = Endpoint(port, "/v2/models/digits/infer", "id", auth)
         self.batch_port = port
+        from bench.grpc_load import GrpcEndpoint
+
+        self.grpc_endpoint = GrpcEndpoint(f"127.0.0.1:{grpc_port}", api_key)
         self.store = PostgresJobs(self.database)
         self.meter.trees = {self.proc.pid: "launcher", **self.ctx.shared_trees()}
         self.meter.classify = classify
