@@ -27,15 +27,16 @@ class Holds:
         with self._lock:
             if self._held[tenant_id] >= self.per_tenant:
                 raise TooManyWaits(
-                    f"you already have {self.per_tenant} event streams, long-polls or sync calls "
-                    "open on this server (MAX_WAITS_PER_TENANT); close one, or poll without "
-                    "waiting", retry_after=1, limit=self.per_tenant,
+                    f"you already have {self.per_tenant} event streams, long-polls, sync calls "
+                    "or gRPC streams open on this server (MAX_WAITS_PER_TENANT; on the gRPC "
+                    "door GRPC_MAX_WAITS_PER_TENANT); close one, or poll without waiting",
+                    retry_after=1, limit=self.per_tenant,
                 )  # fmt: skip
             if sum(self._held.values()) >= self.total:
                 raise TooManyWaits(
-                    f"this server already holds {self.total} waiting requests (MAX_WAITS); "
-                    "retry shortly, or poll without waiting", retry_after=1,
-                    limit=self.total,
+                    f"this server already holds {self.total} waiting requests (MAX_WAITS; on "
+                    "the gRPC door GRPC_MAX_WAITS); retry shortly, or poll without waiting",
+                    retry_after=1, limit=self.total,
                 )  # fmt: skip
             self._held[tenant_id] += 1
         released = threading.Event()

@@ -13,10 +13,14 @@ from types import FrameType
 
 from app.container import Container
 from app.observability import logs, metrics_dir
+from app.platform.embedded import resolve_urls
+from app.platform.settings import Settings
 
 
 def main() -> None:
-    container = Container.from_env()
+    from app.grpc.server import door_settings
+
+    container = Container(door_settings(resolve_urls(Settings.from_env())))
     settings = container.settings
     logs.setup(settings.log_level, settings.log_format)
     if settings.grpc_metrics_port:

@@ -3,8 +3,8 @@
 `python -m app.grpc` runs it (`make run` starts it on GRPC_PORT, 8001 as
 Triton's), over a container of its own like every other process. Threads,
 not processes: calls wait on jobs (the workers own the models), and waiting
-calls are bounded per tenant and in all (MAX_WAITS_PER_TENANT, MAX_WAITS)
-below GRPC_THREADS, so health and metadata calls always find a thread.
+calls are bounded per tenant and in all (GRPC_MAX_WAITS_PER_TENANT,
+GRPC_MAX_WAITS) below GRPC_THREADS, so health and metadata calls always find a thread.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from app.container import Container
 from app.grpc.door import Door
 from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.servicer import Servicer
+from app.platform.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,14 @@ class Running:
         """Refuse new calls, give those under way `grace_s` to end."""
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
+
+
+def door_settings(settings: Settings) -> Settings:
+    """The settings of the gRPC door's process: its waits bounded by GRPC_MAX_WAITS
+    and GRPC_MAX_WAITS_PER_TENANT (MAX_WAITS and its share size an API process)."""
+    return settings.with_overrides(
+        max_waits=settings.grpc_max_waits, max_waits_per_tenant=settings.grpc_max_waits_per_tenant
+    )
 
 
 def start(container: Container, host: str | None = None, port: int | None = None) -> Running:

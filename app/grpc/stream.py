@@ -10,7 +10,7 @@ answered at once with `error_message`, and the stream goes on, as Triton does;
 so is one whose job failed or ran out of time.
 
 Bounds, so one caller cannot take the door from the others: the stream holds
-one of its tenant's waits (MAX_WAITS_PER_TENANT) for its life, and at most
+one of its tenant's waits (GRPC_MAX_WAITS_PER_TENANT) for its life, and at most
 GRPC_STREAM_MAX_IN_FLIGHT of its requests are under way; beyond that the
 reader stops reading, and HTTP/2 flow control holds the client back. When the
 client cancels or the connection drops, the stream's unfinished jobs are

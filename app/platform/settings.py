@@ -318,10 +318,18 @@ class Settings(BaseSettings):
         default=8001, description="The gRPC door's port (Triton's default); 0 = no gRPC door."
     )
     grpc_threads: int = Field(
-        default=32,
+        default=64,
         description="Threads of the gRPC server: a unary inference call or an open stream "
-        "holds one while it waits. Waiting calls are bounded by MAX_WAITS (keep it below "
-        "this), so health and metadata calls always find one.",
+        "holds one while it waits. Keep GRPC_MAX_WAITS below it, so health and metadata "
+        "calls always find one.",
+    )
+    grpc_max_waits: int = Field(
+        default=48,
+        description="Unary inference calls and open streams the gRPC door's process lets "
+        "wait at once (its MAX_WAITS: one process, where the API has two).",
+    )
+    grpc_max_waits_per_tenant: int = Field(
+        default=24, description="One tenant's share of GRPC_MAX_WAITS."
     )
     grpc_max_message_bytes: int = Field(
         default=64 * 1024 * 1024,

@@ -10,13 +10,13 @@ import pytest
 import tritonclient.grpc as triton
 
 from app.container import Container
-from app.grpc.server import Running, start
+from app.grpc.server import Running, door_settings, start
 from app.platform.settings import Settings
 
 
 @pytest.fixture(scope="module")
 def grpc_server(settings: Settings) -> Iterator[Running]:
-    running = start(Container(settings), "127.0.0.1", 0)
+    running = start(Container(door_settings(settings)), "127.0.0.1", 0)
     yield running
     running.stop(0)
     running.container.close()
@@ -28,7 +28,8 @@ def serve_grpc(settings: Settings) -> Iterator[Callable[..., Running]]:
     servers: list[Running] = []
 
     def make(**overrides: Any) -> Running:
-        servers.append(start(Container(settings.with_overrides(**overrides)), "127.0.0.1", 0))
+        own = door_settings(settings).with_overrides(**overrides)
+        servers.append(start(Container(own), "127.0.0.1", 0))
         return servers[-1]
 
     yield make

@@ -134,7 +134,7 @@ def test_a_stream_holds_one_of_its_tenants_waits(
     clients[2].start_stream(refused, headers=key_of(tenant))  # a third: one too many
     wait_until(lambda: refused.errors, "the third stream to be refused", 30)
     assert "RESOURCE_EXHAUSTED" in str(refused.errors[0].status())
-    assert "MAX_WAITS_PER_TENANT" in str(refused.errors[0].message())
+    assert "GRPC_MAX_WAITS_PER_TENANT" in str(refused.errors[0].message())
     clients[3].start_stream(kept[3], headers=key_of(other))  # another tenant is not held back
     clients[3].async_stream_infer("digits", [row_input(3)], request_id="other")
     wait_until(lambda: "other" in kept[3].results, "the other tenant's answer", 30)
