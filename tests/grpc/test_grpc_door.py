@@ -23,11 +23,13 @@ from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.generated import grpc_service_pb2_grpc as pb_grpc
 from app.grpc.server import Running
 from app.models.cards import ModelCard
+from app.observability import metrics
 from app.platform.database import Database
 from app.platform.tables import Job, Tenant
 from app.runtime.sessions import SessionPool
 from app.tenancy.keys import create_operator_key
 from tests.conftest import TenantAuth, make_tenant
+from tests.support import wait_until
 
 RNG = np.random.default_rng(11)
 PIXELS = (RNG.random((5, 64)) * 16).astype(np.float32)
@@ -303,3 +305,54 @@ def test_an_oversize_request_is_refused_and_the_server_goes_on(
     result = client.infer("digits", [pixels_input()], headers=key_of(tenant))
     assert result.as_numpy("label").shape == (5,)
     client.close()
+
+
+def test_a_unary_call_the_client_cancels_cancels_its_job(
+    stub: pb_grpc.GRPCInferenceServiceStub, tenant: TenantAuth, database: Database, worker: Any
+) -> None:
+    request = pb.ModelInferRequest(model_name="slow")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 64])
+    request.inputs.add(name="steps", datatype="INT64", shape=[1])
+    request.raw_input_contents.extend(
+        [np.full((1, 64), 0.1, np.float32).tobytes(), np.array([int(3 / 2e-6)], "<i8").tobytes()]
+    )  # about 3 s of work
+    future = stub.ModelInfer.future(request, metadata=list(key_of(tenant).items()), timeout=60)
+
+    def job() -> Job | None:
+        with database.sessionmaker() as session:
+            return session.scalar(select(Job).where(Job.tenant_id == tenant.id))
+
+    wait_until(job, "the call's job", 10)
+    future.cancel()
+    ended = wait_until(
+        lambda: (found := job()) and found.status not in ("queued", "running") and found,
+        "the job to end",
+        30,
+    )
+    assert ended.status == "cancelled" and ended.cancel_requested_at is not None
+
+
+def test_calls_are_counted_by_method_and_code(
+    triton_client: triton.InferenceServerClient, tenant: TenantAuth, worker: Any
+) -> None:
+    def count(method: str, code: str) -> float:
+        return metrics.GRPC_REQUESTS.labels(method, code)._value.get()  # type: ignore[no-any-return]
+
+    before = count("ModelInfer", "OK"), count("ModelInfer", "NOT_FOUND")
+    triton_client.infer("digits", [pixels_input()], headers=key_of(tenant))
+    with pytest.raises(InferenceServerException):
+        triton_client.infer("no-such-model", [pixels_input()], headers=key_of(tenant))
+    assert (count("ModelInfer", "OK"), count("ModelInfer", "NOT_FOUND")) == (
+        before[0] + 1,
+        before[1] + 1,
+    )
+
+
+def test_health_says_not_serving_while_the_database_is_away(serve_grpc: Any, settings: Any) -> None:
+    unreachable = "postgresql://nobody@127.0.0.1:1/none"
+    running = serve_grpc(database_url=unreachable)
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        ready = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(pb.ServerReadyRequest())
+        assert not ready.ready
