@@ -117,6 +117,7 @@ class Door(grpc.GenericRpcHandler):
                 caller = self._caller(context, rpc.access)
                 yield from rpc.run(_parsing(request_type, raw), context, caller)
             except GeneratorExit:  # the caller went away; the stream cleaned up after itself
+                _count(name, grpc.StatusCode.CANCELLED, started)
                 raise
             except BaseException as exc:
                 _fail(context, name, exc, started)
