@@ -148,9 +148,11 @@ def test_each_process_tree_counts_its_metrics_apart_and_workers_serve_theirs(
     counted = ("api", "worker", "webhooks", "control")
     assert dirs == {n: str(tmp_path / "metrics" / n) if n in counted else None for n in children}
     ports = {name: c.env.get("WORKER_METRICS_PORT") for name, c in children.items()}
-    assert ports == {"api": None, "worker": "9300", "webhooks": "9301", "control": "9302",
-                     "beat": None, "flower": None}  # fmt: skip
-    assert all("--quiet" in c.args for name, c in children.items() if name != "api")
+    assert ports == {"api": None, "streams": None, "worker": "9300", "webhooks": "9301",
+                     "control": "9302", "beat": None, "flower": None}  # fmt: skip
+    assert all(
+        "--quiet" in c.args for name, c in children.items() if name not in ("api", "streams")
+    )
     assert "--config" in children["api"].args
 
 

@@ -101,6 +101,17 @@ SWEEP_JOBS = Counter(
     "Jobs the sweep moved: requeued_after_lost_worker, expired, woken_for",
     ["action"],
 )
+# Stream consumer (its own endpoint: STREAMS_METRICS_PORT; lag is in the API's gauges)
+STREAM_ENTRIES = Counter(
+    "inference_stream_entries",
+    "Input entries the stream door handled: accepted (a new job), redelivered (its job "
+    "existed), dead_lettered, deferred (a full queue or quota: read again later)",
+    ["tenant", "outcome"],
+)
+STREAM_RESULTS = Counter(
+    "inference_stream_results", "Output entries appended by the stream door, by the job's status",
+    ["status"],
+)  # fmt: skip
 
 
 def registry() -> CollectorRegistry:
