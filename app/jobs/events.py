@@ -19,7 +19,7 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -58,15 +58,6 @@ class EventBus:
         self._listener = LazyThread(self._listen_forever, "job-events")
         self._listening = threading.Event()
         self._backoff = 0.5
-        self._subscribers: list[Callable[[list[str] | None], None]] = []
-
-    def subscribe(self, listener: Callable[[list[str] | None], None]) -> None:
-        """Call `listener` (on the listener's thread; it must be quick) with the ids
-        of the jobs each NOTIFY names, and with None after a reconnect, when changes
-        may have gone unheard. For a reader that follows many jobs at once (the
-        stream door's publisher), where `watching` one job at a time does not fit."""
-        self._subscribers.append(listener)
-        self._ensure_listening()
 
     @contextmanager
     def watching(self, job_id: uuid.UUID) -> Iterator[Watch]:
@@ -95,10 +86,6 @@ class EventBus:
             return self._changes[key]
 
     def _changed(self, payloads: list[str]) -> None:
-        if self._subscribers:
-            ids = [key for payload in payloads for key in payload.split(",")]
-            for listener in self._subscribers:
-                listener(ids)
         with self._condition:
             woken = False
             for payload in payloads:
@@ -111,8 +98,6 @@ class EventBus:
 
     def _wake_all(self) -> None:
         """Every waiter re-reads its job: changes may have gone by unheard."""
-        for listener in self._subscribers:
-            listener(None)
         with self._condition:
             for key in self._changes:
                 self._changes[key] += 1

@@ -45,7 +45,7 @@ def run(container: Container, *, checkpoint: Callable[[str], None] | None = None
     engine = container.logs
     stage = checkpoint or unstaged
     publisher = Publisher(
-        container.dataplane, container.database, engine, container.events, container.guards,
+        container.dataplane, container.database, engine, container.guards,
         settings.streams_dedupe_seconds, checkpoint=stage,
     )  # fmt: skip
     name = consumer_name()
