@@ -22,7 +22,10 @@ WORKLOADS = {
     "e": "(e) after idle",
     "f": "(f) sync infer",
     "g": "(g) batch",
+    "h": "(h) stream door",
 }
+# (h): the stream door against the async HTTP door (a) of the same run.
+STREAM_GOAL = 1.5
 BATCH_RSS_GOAL_MB = 500
 # (e): a lone job may wait the card's batching delay (digits: 2 ms), one batch,
 # and the wake-up's trip through Redis and Celery; 20 ms leaves room for those.
@@ -116,6 +119,8 @@ def targets(
     add("first job after idle starts within T + one batch, s (e)",
         service_e["max_queued_s"] if service_e else None, IDLE_START_GOAL_S,
         higher=False)  # fmt: skip
+    add(f"stream door jobs/s >= {STREAM_GOAL}x the async HTTP door (h / a)",
+        ratio(find(results, SERVICE, "h"), service_a, "jobs_per_s"), STREAM_GOAL)  # fmt: skip
     service_g = find(results, SERVICE, "g")
     add("batch rows/s >= 50% of raw ORT on the same rows (g)",
         service_g["share_of_raw_ort"] if service_g else None, 0.5)  # fmt: skip
@@ -186,7 +191,7 @@ def markdown(data: dict[str, Any]) -> str:
             shown += f" ({_fmt(row['rows_per_s'], 0)} rows/s{share})"
         tb = _match(results, TEXTBOOK, row)
         x_tb = per_s / tb["jobs_per_s"] if tb and tb.get("jobs_per_s") and per_s else None
-        single_row = row["workload"] in ("a", "c", "noop")
+        single_row = row["workload"] in ("a", "c", "h", "noop")
         x_noop = per_s / noop["tasks_per_s"] if noop and per_s and single_row else None
         post = row.get("post_ms") or {}
         latency = f"{_fmt(post.get('p50'))} / {_fmt(post.get('p99'))}" if post else "-"

@@ -82,10 +82,12 @@ def _bodies(plan: Plan) -> Bodies:
     from sklearn.datasets import load_digits
 
     from bench.load import infer_bodies, job_bodies
+    from bench.stream import entry_fields
 
     rows = load_digits().data.tolist()
     heavy = job_bodies(plan.heavy_model, rows, plan.heavy_rows) if plan.heavy_model else []
-    return Bodies(job_bodies("digits", rows, 1), heavy, infer_bodies(rows))
+    stream = entry_fields(rows, 2 * plan.jobs)
+    return Bodies(job_bodies("digits", rows, 1), heavy, infer_bodies(rows), stream)
 
 
 def _raw_ort(ctx: Context, plan: Plan, rows: list[dict[str, Any]]) -> None:

@@ -14,6 +14,9 @@
 (g) batch: one .npy of N digits rows as one batch, results read back as .npy
     (contenders with a batch door only); rows/s against raw ORT, peak RSS
     (see bench/batch.py).
+(h) stream: 2N one-row entries appended to a stream binding's input log by a
+    producer, timed to the last result in its output log (contenders with a
+    stream door only; see bench/stream.py).
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -25,7 +28,7 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench import load
@@ -33,6 +36,7 @@ from bench.completion import PostgresJobs, wait_until_done
 from bench.contenders.base import HttpContender
 from bench.cpu import per_job_ms
 from bench.stats import rounded
+from bench.stream import stream_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ class Bodies:
     digits: Sequence[bytes]
     heavy: Sequence[bytes]
     sync: Sequence[bytes]  # KServe v2 infer requests, one digits row each
+    stream: list[tuple[bytes, bytes]] = field(default_factory=list)  # (h): (id, inputs)
 
 
 def _measure_closed(
@@ -244,6 +249,9 @@ def run_all(
     sync = sync_calls(c, bodies, plan)
     if sync:
         record(sync)
+    stream = stream_jobs(c, bodies.stream, plan.drain_timeout_s)
+    if stream:
+        record(stream)
     if plan.batch_rows:
         from bench.batch import batch_rows
         from bench.peers.raw_ort import model_file

@@ -3,6 +3,7 @@ its own fresh database and everything else at its defaults."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import sys
 from app.platform.settings import ROOT
 from bench import procs
 from bench.completion import PostgresJobs
-from bench.contenders.base import Context, HttpContender
+from bench.contenders.base import Context, HttpContender, StreamDoor
 from bench.infra import Database
 from bench.load import Endpoint
 
@@ -23,6 +24,8 @@ def classify(cmdline: list[str]) -> str | None:
     text = " ".join(cmdline)
     if "gunicorn" in text:
         return "api"
+    if "app.streams" in text:
+        return "streams"
     if "celery" not in text:
         return None
     if "flower" in cmdline:
@@ -36,7 +39,9 @@ def classify(cmdline: list[str]) -> str | None:
 
 class Service(HttpContender):
     name = "service"
-    description = "this service: manage.py up (gunicorn API, Celery workers, beat, Flower)"
+    description = (
+        "this service: manage.py up (gunicorn API, stream consumer, Celery workers, beat, Flower)"
+    )
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -71,6 +76,7 @@ class Service(HttpContender):
         self.endpoint = Endpoint(port, "/jobs", "id", auth)
         self.sync_endpoint = Endpoint(port, "/v2/models/digits/infer", "id", auth)
         self.batch_port = port
+        self.stream = _bind(port, auth, redis_db.base_url)
         self.store = PostgresJobs(self.database)
         self.meter.trees = {self.proc.pid: "launcher", **self.ctx.shared_trees()}
         self.meter.classify = classify
@@ -81,3 +87,19 @@ class Service(HttpContender):
             procs.stop(self.proc, signal.SIGINT, timeout=60)
         if self.database is not None:
             self.ctx.servers.drop_database(self.database)
+
+
+def _bind(port: int, auth: dict[str, str], redis_url: str) -> StreamDoor:
+    """A stream binding of digits for (h): the service's consumer (a child of
+    `manage.py up`) reads its input log."""
+    body = json.dumps({"model": "digits", "input": "bench-requests", "output": "bench-results"})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/streams", body, {"Content-Type": "application/json", **auth})
+        answer = conn.getresponse()
+        binding = json.loads(answer.read())
+    finally:
+        conn.close()
+    if answer.status != 201:
+        raise RuntimeError(f"POST /streams answered {answer.status}: {binding}")
+    return StreamDoor(redis_url, binding["input"], binding["output"])
