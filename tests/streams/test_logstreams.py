@@ -114,4 +114,3 @@ def test_on_6_2_a_long_lag_is_counted_up_to_its_cap(embedded_redis: str) -> None
         assert state is not None and (state.lag, state.lag_capped) == (LAG_COUNT_CAP, True)
     finally:
         engine.client.delete(log)
-
