@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import or_, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.bindings import names
 from app.errors import Conflict, InvalidRequest
 from app.models.registry import ModelRepository
+from app.platform.database import flush_unique
 from app.platform.tables import StreamBinding, Tenant
 from app.tenancy.keys import TenantRef
 from app.tenancy.owned import owned
@@ -116,15 +116,10 @@ def _apply(
 
 
 def _flush_unique(session: Session, binding: StreamBinding) -> None:
-    """Write the binding now, in a savepoint: an input log another binding already
-    reads is a Conflict, and the caller's transaction goes on."""
-    try:
-        with session.begin_nested():
-            session.flush()
-    except IntegrityError:
-        raise Conflict(
-            f"{binding.input} is already the input of a binding; GET /streams lists yours",
-        ) from None
+    """Write the binding now: an input log another binding reads is a Conflict."""
+    flush_unique(session, lambda: Conflict(
+        f"{binding.input} is already the input of a binding; GET /streams lists yours"
+    ))  # fmt: skip
 
 
 def get(

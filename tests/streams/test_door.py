@@ -158,6 +158,17 @@ def test_two_consumer_processes_share_one_group_without_doubling_an_entry(
     for start in range(0, count, 300):  # a steady producer, so both consumers find entries
         produce(logs, binding["input"], [request(i) for i in range(start, start + 300)])
         time.sleep(0.05)
+    one_job_and_one_result_each(logs, database, binding, tenant, count)
+    accepted = [_accepted(port, tenant.name) for port in ports]
+    assert sum(accepted) == count and min(accepted) > 0, accepted  # both took a share
+    assert all(c.proc.poll() is None for c in consumers)
+
+
+def one_job_and_one_result_each(
+    logs: RedisLogs, database: Database, binding: dict[str, Any], tenant: TenantAuth, count: int
+) -> None:
+    """Requests r0..r<count-1>: one output entry each, one entry record each, each
+    with a job of its own, and no other job of the tenant."""
     results = wait_for_results(logs, binding["output"], count, timeout=180)
     assert Counter(r["id"] for r in results) == Counter(f"r{i}" for i in range(count))
     records = entry_records(database, binding["id"])
@@ -166,9 +177,6 @@ def test_two_consumer_processes_share_one_group_without_doubling_an_entry(
         jobs = conn.scalar(sa.text("SELECT count(*) FROM jobs WHERE tenant_id = :t"),
                            {"t": tenant.id})  # fmt: skip
     assert jobs == count
-    accepted = [_accepted(port, tenant.name) for port in ports]
-    assert sum(accepted) == count and min(accepted) > 0, accepted  # both took a share
-    assert all(c.proc.poll() is None for c in consumers)
 
 
 def _accepted(port: int, tenant: str) -> float:
@@ -194,14 +202,7 @@ def test_a_consumer_sigkilled_mid_run_and_restarted_makes_one_job_and_one_result
     taken = len(entry_records(database, binding["id"]))
     assert taken < count, "the consumer finished before it could be killed"
     start_consumer("second")
-    results = wait_for_results(logs, binding["output"], count, timeout=180)
-    assert Counter(r["id"] for r in results) == Counter(f"r{i}" for i in range(count))
-    records = entry_records(database, binding["id"])
-    assert len(records) == count and len({r.job_id for r in records}) == count
-    with database.engine.connect() as conn:
-        jobs = conn.scalar(sa.text("SELECT count(*) FROM jobs WHERE tenant_id = :t"),
-                           {"t": tenant.id})  # fmt: skip
-    assert jobs == count
+    one_job_and_one_result_each(logs, database, binding, tenant, count)
 
 
 def test_the_door_works_on_the_embedded_redis_6_2_over_a_unix_socket(
