@@ -47,7 +47,9 @@ _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 # API
 JOBS_SUBMITTED = Counter(
-    "inference_jobs_submitted", "Jobs accepted by the jobs and sync doors", ["model", "tenant"]
+    "inference_jobs_submitted",
+    "Jobs accepted by the jobs, sync and stream doors",
+    ["model", "tenant"],
 )
 # Inference worker
 JOBS_FINISHED = Counter(

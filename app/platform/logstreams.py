@@ -16,7 +16,8 @@ from the entries after the group's last delivered id, up to LAG_COUNT_CAP.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +34,11 @@ if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
 end
 return false
 """
+
+
+class LogGone(Exception):
+    """A log or its group vanished while it was read (deleted by its owner): ensure
+    the group again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +116,7 @@ class RedisLogs:
     def from_url(cls, url: str) -> RedisLogs:
         """`redis://` or `unix://`; bytes come back as bytes (a producer may write
         anything: it must never break a read)."""
-        return cls(redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5))
+        return cls(redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5))
 
     def ensure_group(self, log: str, group: str) -> None:
         try:
@@ -126,19 +132,24 @@ class RedisLogs:
             return {}
         block_ms = max(1, int(block_s * 1000)) if block_s > 0 else None
         streams: dict[Any, Any] = dict.fromkeys(logs, ">")
-        reply: Any = self.client.xreadgroup(group, consumer, streams, count=count, block=block_ms)
+        with _gone():
+            reply: Any = self.client.xreadgroup(
+                group, consumer, streams, count=count, block=block_ms
+            )
         return {_text(name): _entries(rows) for name, rows in reply or []}
 
     def read_pending(self, group: str, consumer: str, log: str, count: int) -> list[LogEntry]:
-        reply: Any = self.client.xreadgroup(group, consumer, {log: "0"}, count=count)
+        with _gone():
+            reply: Any = self.client.xreadgroup(group, consumer, {log: "0"}, count=count)
         return [e for _, rows in reply or [] for e in _entries(rows)]
 
     def claim_idle(
         self, group: str, consumer: str, log: str, idle_s: float, count: int
     ) -> list[LogEntry]:
-        reply: Any = self.client.xautoclaim(
-            log, group, consumer, int(idle_s * 1000), start_id="0-0", count=count
-        )
+        with _gone():
+            reply: Any = self.client.xautoclaim(
+                log, group, consumer, int(idle_s * 1000), start_id="0-0", count=count
+            )
         rows = reply[1] if reply else []
         found = _entries([r for r in rows if r[1] is not None])
         if len(found) < len(rows):  # Redis 6.2 claims deleted entries as bare nils
@@ -215,6 +226,17 @@ class RedisLogs:
             return GroupState(length, None if lag is None else int(lag), False, pending, behind_s)
         capped = len(after) > LAG_COUNT_CAP
         return GroupState(length, min(len(after), LAG_COUNT_CAP), capped, pending, behind_s)
+
+
+@contextmanager
+def _gone() -> Iterator[None]:
+    """NOGROUP (the key was deleted, and its group with it) as LogGone."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        if str(exc).startswith("NOGROUP"):
+            raise LogGone(str(exc)) from None
+        raise
 
 
 def _text(value: str | bytes) -> str:

@@ -40,7 +40,7 @@ from app.errors import DomainError, QueueFull, QuotaExceeded
 from app.jobs.guards import Guards
 from app.observability import metrics
 from app.platform.database import Database
-from app.platform.logstreams import LogEngine, LogEntry
+from app.platform.logstreams import LogEngine, LogEntry, LogGone
 from app.platform.settings import Settings
 from app.streams import codec, unstaged
 
@@ -90,6 +90,10 @@ class Consumer:
         while not stop.is_set():
             try:
                 self.round()
+            except LogGone as exc:  # a log was deleted, its group with it: make them again
+                logger.warning("%s; making the consumer groups again", exc)
+                self.bindings.clear()
+                self._refresh_at = 0.0
             except Exception:  # the database or Redis went away: their entries stay pending
                 logger.exception("stream consumer round failed; trying again")
                 stop.wait(FAILED_RETRY_S)

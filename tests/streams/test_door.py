@@ -117,6 +117,23 @@ def test_poison_entries_go_to_the_dead_letter_log_and_never_block_the_others(
     assert state is not None and state.pending == 0  # the poison was acknowledged too
 
 
+def test_an_input_log_deleted_and_appended_again_is_read_again(
+    client: FlaskClient, tenant: TenantAuth, logs: RedisLogs, consumer: ConsumerProcess,
+) -> None:  # fmt: skip
+    """A producer may DEL its log (and the group goes with it): the consumer makes
+    the group again and reads what is appended afterwards; other logs go on."""
+    binding = bind(client, tenant)
+    other = bind(client, tenant, input="other-in", output="other-out")
+    produce(logs, binding["input"], [request(i) for i in range(10)])
+    wait_for_results(logs, binding["output"], 10)
+    logs.client.delete(binding["input"])
+    produce(logs, binding["input"], [request(i) for i in range(10, 20)])
+    produce(logs, other["input"], [request(i) for i in range(5)])
+    results = wait_for_results(logs, binding["output"], 20, timeout=60)
+    assert Counter(r["id"] for r in results) == Counter(f"r{i}" for i in range(20))
+    assert len(wait_for_results(logs, other["output"], 5)) == 5
+
+
 def test_a_full_quota_is_lag_not_refusal(
     client: FlaskClient, tenant: TenantAuth, database: Database, logs: RedisLogs,
     consumer: ConsumerProcess, app: Flask,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.platform import embedded
-from app.platform.logstreams import LAG_COUNT_CAP, RedisLogs
+from app.platform.logstreams import LAG_COUNT_CAP, LogGone, RedisLogs
 from app.platform.settings import Settings
 
 
@@ -114,3 +114,13 @@ def test_on_6_2_a_long_lag_is_counted_up_to_its_cap(embedded_redis: str) -> None
         assert state is not None and (state.lag, state.lag_capped) == (LAG_COUNT_CAP, True)
     finally:
         engine.client.delete(log)
+
+
+def test_a_deleted_log_is_reported_as_gone(engine: RedisLogs, log: str) -> None:
+    engine.ensure_group(log, "g")
+    engine.client.delete(log)
+    engine.append_many(log, [{"n": "1"}])  # the producer's XADD makes it again, groupless
+    with pytest.raises(LogGone):
+        engine.read_new("g", "a", [log], 10, 0.05)
+    with pytest.raises(LogGone):
+        engine.read_pending("g", "a", log, 10)
