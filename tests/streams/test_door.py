@@ -65,6 +65,8 @@ def test_10000_entries_make_10000_jobs_and_results_equal_to_onnx_runtime(
     assert len(records) == count and len({r.job_id for r in records}) == count
     assert {r.status for r in records} == {"succeeded"} and all(r.published_at for r in records)
     assert {str(r.job_id) for r in records} == {r["job_id"] for r in results}
+    marks = [f"inference:stream-sent:{r.job_id}" for r in records]
+    assert logs.client.exists(*marks) == 0  # released once recorded: nothing kept in Redis
     # Ordinary jobs of the tenant: GET /jobs/<id> shows the same outputs.
     sample = by_id["r1234"]
     job = client.get(f"/jobs/{sample['job_id']}", headers=tenant.headers).json
