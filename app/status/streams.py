@@ -20,9 +20,9 @@ import redis
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, Row, text
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from app.observability.metrics import read_at_scrape
 from app.platform.logstreams import GroupState, LogEngine
 
 logger = logging.getLogger(__name__)
@@ -113,17 +113,12 @@ class StreamCollector(Collector):
         up = GaugeMetricFamily(
             "inference_streams_up", "1 if the stream gauges could be read (PostgreSQL and Redis)"
         )
-        try:
-            with self.engine.connect() as conn:
-                conn.execute(text("SET LOCAL statement_timeout = 5000"))
-                rows = conn.execute(_BINDINGS, {"limit": MAX_LINES}).all()
-                conn.rollback()
-        except SQLAlchemyError as exc:
-            logger.warning("metrics: stream gauges not read: %s", type(exc).__name__)
+        read = read_at_scrape(self.engine, "stream gauges", _BINDINGS, limit=MAX_LINES)
+        if read is None:
             up.add_metric([], 0)
             yield up
             return
-        lines = _with_states(rows, self.logs, self.group)
+        lines = _with_states(read[0], self.logs, self.group)
         up.add_metric([], 1 if all(line.reachable for line in lines) else 0)
         yield up
         labels = ["tenant", "stream"]
