@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The service's command line: up, worker, grpc, db, create-api-key, models, schedules, bench."""
+"""The service's command line: up, worker, grpc, db, create-api-key, models, schedules,
+streams, bench."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import click
 
 from app.cli.schedules import schedules as schedules_command
+from app.cli.streams import streams as streams_command
 from app.container import Container
 from app.observability import logs
 from app.platform.settings import Settings
@@ -446,6 +448,7 @@ def submit(
 
 cli.add_command(bench_command)
 cli.add_command(schedules_command)
+cli.add_command(streams_command)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from app.models.registry import ModelRepository
     from app.observability.metrics import QueueCollector
     from app.platform.database import Database
+    from app.platform.logstreams import LogEngine
     from app.status.service import StatusBoard
+    from app.status.streams import StreamCollector
     from app.tenancy.keys import KeyCache
 
 T = TypeVar("T")
@@ -195,12 +197,16 @@ class Container:
     def status(self) -> StatusBoard:
         from app.status.census import WorkerCensus
         from app.status.service import StatusBoard
+        from app.status.streams import read_streams
 
         settings = self.settings
         queues = (settings.jobs_queue, settings.webhooks_queue, settings.control_queue)
         ttl = settings.status_cache_seconds
         census = WorkerCensus(self.celery, settings.redis_url, queues, ttl, clock=self.clock)
-        return StatusBoard(census, settings.retention_seconds, ttl, clock=self.clock)
+        return StatusBoard(
+            census, settings.retention_seconds, ttl, clock=self.clock,
+            streams=lambda session: read_streams(session, self.logs, settings.streams_group),
+        )  # fmt: skip
 
     @service
     def queue_metrics(self) -> QueueCollector:
@@ -208,6 +214,20 @@ class Container:
 
         models = self.models
         return QueueCollector(self.database.engine, lambda: {card.name for card in models.all()})
+
+    @service
+    def logs(self) -> LogEngine:
+        """The stream door's logs (Redis Streams at STREAMS_REDIS_URL, else REDIS_URL)."""
+        from app.platform.logstreams import RedisLogs
+
+        return RedisLogs.from_url(self.settings.logs_url)
+
+    @service
+    def stream_metrics(self) -> StreamCollector:
+        """The stream bindings' lag, read when the API is scraped."""
+        from app.status.streams import StreamCollector
+
+        return StreamCollector(self.database.engine, self.logs, self.settings.streams_group)
 
     def after_fork(self) -> None:
         """In a forked child: fresh database connections (never the parent's sockets)."""

@@ -24,7 +24,10 @@ WORKLOADS = {
     "g": "(g) batch",
     "h": "(h) gRPC unary infer",
     "i": "(i) gRPC stream infer",
+    "j": "(j) stream door",
 }
+# (j): the stream door against the async HTTP door (a) of the same run.
+STREAM_GOAL = 1.5
 BATCH_RSS_GOAL_MB = 500
 # (e): a lone job may wait the card's batching delay (digits: 2 ms), one batch,
 # and the wake-up's trip through Redis and Celery; 20 ms leaves room for those.
@@ -121,6 +124,8 @@ def targets(
     add("gRPC stream calls/s >= 2x the HTTP sync door's (i vs f)",
         ratio(find(results, SERVICE, "i"), find(results, SERVICE, "f"), "jobs_per_s"),
         2.0)  # fmt: skip
+    add(f"stream door jobs/s >= {STREAM_GOAL}x the async HTTP door (j / a)",
+        ratio(find(results, SERVICE, "j"), service_a, "jobs_per_s"), STREAM_GOAL)  # fmt: skip
     service_g = find(results, SERVICE, "g")
     add("batch rows/s >= 50% of raw ORT on the same rows (g)",
         service_g["share_of_raw_ort"] if service_g else None, 0.5)  # fmt: skip
@@ -191,7 +196,7 @@ def markdown(data: dict[str, Any]) -> str:
             shown += f" ({_fmt(row['rows_per_s'], 0)} rows/s{share})"
         tb = _match(results, TEXTBOOK, row)
         x_tb = per_s / tb["jobs_per_s"] if tb and tb.get("jobs_per_s") and per_s else None
-        single_row = row["workload"] in ("a", "c", "noop")
+        single_row = row["workload"] in ("a", "c", "j", "noop")
         x_noop = per_s / noop["tasks_per_s"] if noop and per_s and single_row else None
         post = row.get("post_ms") or {}
         latency = f"{_fmt(post.get('p50'))} / {_fmt(post.get('p99'))}" if post else "-"

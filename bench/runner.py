@@ -83,10 +83,14 @@ def _bodies(plan: Plan) -> Bodies:
 
     from bench.grpc_load import infer_messages
     from bench.load import infer_bodies, job_bodies
+    from bench.stream import entry_fields
 
     rows = load_digits().data.tolist()
     heavy = job_bodies(plan.heavy_model, rows, plan.heavy_rows) if plan.heavy_model else []
-    return Bodies(job_bodies("digits", rows, 1), heavy, infer_bodies(rows), infer_messages(rows))
+    stream = entry_fields(rows, 2 * plan.jobs)
+    return Bodies(
+        job_bodies("digits", rows, 1), heavy, infer_bodies(rows), stream, infer_messages(rows)
+    )
 
 
 def _raw_ort(ctx: Context, plan: Plan, rows: list[dict[str, Any]]) -> None:

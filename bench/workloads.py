@@ -18,6 +18,9 @@
     at a time from each of C clients (contenders with a gRPC door only).
 (i) gRPC stream: the same calls on C `ModelStreamInfer` streams, each keeping
     STREAM_WINDOW requests in flight; calls/s to the last answer.
+(j) stream door: 2N one-row entries appended to a stream binding's input log by a
+    producer, timed to the last result in its output log (contenders with a
+    stream door only; see bench/stream.py).
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -29,7 +32,7 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench import load
@@ -37,6 +40,7 @@ from bench.completion import PostgresJobs, wait_until_done
 from bench.contenders.base import HttpContender
 from bench.cpu import per_job_ms
 from bench.stats import rounded
+from bench.stream import stream_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +68,8 @@ class Bodies:
     digits: Sequence[bytes]
     heavy: Sequence[bytes]
     sync: Sequence[bytes]  # KServe v2 infer requests, one digits row each
-    grpc: Sequence[bytes] = ()  # the same as serialized gRPC ModelInferRequests
+    stream: list[tuple[bytes, bytes]] = field(default_factory=list)  # (j): (id, inputs)
+    grpc: Sequence[bytes] = ()  # (h), (i): the rows as serialized gRPC ModelInferRequests
 
 
 def _measure_closed(
@@ -280,6 +285,9 @@ def run_all(
     if c.grpc_endpoint is not None and bodies.grpc:
         record(grpc_calls(c, bodies, plan, streaming=False))
         record(grpc_calls(c, bodies, plan, streaming=True))
+    stream = stream_jobs(c, bodies.stream, plan.drain_timeout_s)
+    if stream:
+        record(stream)
     if plan.batch_rows:
         from bench.batch import batch_rows
         from bench.peers.raw_ort import model_file

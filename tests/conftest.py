@@ -137,6 +137,8 @@ def settings(database_url: str, redis_url: str, model_repository: Path) -> Setti
         jobs_queue=f"test-{RUN_ID}",
         control_queue=f"test-{RUN_ID}-control",
         data_dir=TEST_VAR / f"data-{RUN_ID}",
+        # The stream door's logs of this run only (deleted at its end: see stream_logs).
+        streams_prefix=f"streams-{RUN_ID}",
         # Tests make many apps, none of which is ever stopped: each keeps at most four
         # idle connections, so the suite stays below the server's 100.
         db_pool_size=4,
@@ -332,6 +334,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         MODEL_REPOSITORY=str(settings.model_repository),
         VAR_DIR=str(settings.var_dir),
         DATA_DIR=str(settings.data_dir),
+        STREAMS_PREFIX=settings.streams_prefix,
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)

@@ -61,9 +61,19 @@ def test_the_service_keeps_every_guard_and_only_the_fault_suite_turns_some_off(
 ) -> None:
     service = "from workers.worker import container"
     faults = "from tests.faults.worker import container"
-    every = "True Guards(claim=True, finish=True, lease=True, cap=True, republish=True, retry=True)"
+    every = (
+        "True Guards(claim=True, finish=True, lease=True, cap=True, republish=True, retry=True, "
+        "ack=True, redelivery=True, dedupe=True)"
+    )
     assert _guards_after(service, settings, FAULTS_GUARDS_OFF="lease", GUARDS_OFF="lease") == every
     assert _guards_after(faults, settings) == every
     assert _guards_after(faults, settings, FAULTS_GUARDS_OFF=" lease, retry") == (
-        "True Guards(claim=True, finish=True, lease=False, cap=True, republish=True, retry=False)"
+        "True Guards(claim=True, finish=True, lease=False, cap=True, republish=True, retry=False, "
+        "ack=True, redelivery=True, dedupe=True)"
     )
+
+
+def test_the_stream_consumer_imports_nothing_of_the_http_door(settings: Settings) -> None:
+    modules = _modules_after("import app.streams.process", settings)
+    assert "app.streams.consumer" in modules and "app.streams.publisher" in modules
+    assert not {m for m in modules if m == "app.web" or m.startswith("app.web.")}

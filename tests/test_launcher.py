@@ -148,11 +148,13 @@ def test_each_process_tree_counts_its_metrics_apart_and_workers_serve_theirs(
     counted = ("api", "grpc", "worker", "webhooks", "control")
     assert dirs == {n: str(tmp_path / "metrics" / n) if n in counted else None for n in children}
     ports = {name: c.env.get("WORKER_METRICS_PORT") for name, c in children.items()}
-    assert ports == {"api": None, "grpc": None, "worker": "9300", "webhooks": "9301",
-                     "control": "9302", "beat": None, "flower": None}  # fmt: skip
+    assert ports == {"api": None, "grpc": None, "streams": None, "worker": "9300",
+                     "webhooks": "9301", "control": "9302", "beat": None,
+                     "flower": None}  # fmt: skip
     assert children["grpc"].env["GRPC_METRICS_PORT"] == "9303"  # the next one
     assert children["grpc"].args[-2:] == ["-m", "app.grpc"]
-    assert all("--quiet" in c.args for name, c in children.items() if name not in ("api", "grpc"))
+    quiet = [c for name, c in children.items() if name not in ("api", "grpc", "streams")]
+    assert all("--quiet" in c.args for c in quiet)
     assert "--config" in children["api"].args
 
 

@@ -1,4 +1,5 @@
-"""`manage.py up`: set everything up, run API, workers, beat and Flower, supervise them.
+"""`manage.py up`: set everything up, run API, stream consumer, workers, beat and
+Flower, supervise them.
 
 The children run in their own process sessions, so Ctrl-C reaches only this
 launcher, which then stops them in order (API first, so no new jobs arrive;
@@ -89,6 +90,12 @@ def inference_queues(settings: Settings, named: set[str]) -> str:
     if settings.worker_queues:
         return ",".join(settings.worker_queues)
     return ",".join(dict.fromkeys([*settings.inference_queues, *sorted(named)]))
+
+
+def streams_command() -> list[str]:
+    """The stream door's consumer (`python -m app.streams`): reads the bindings' input
+    logs, writes their results; more of them share the work (one consumer group)."""
+    return [sys.executable, "-m", "app.streams"]
 
 
 def control_worker_command(
@@ -247,7 +254,9 @@ class Launcher:
         json_logs = self.settings.log_format == "json"
         self.children = [
             Child("api", api_command(f"{self.host}:{self.port}"), api_env),
+            # Stopped right after the API: no new jobs from any door while workers finish.
             *([Child("grpc", grpc_command())] if self.settings.grpc_port else []),
+            Child("streams", streams_command()),
             Child("worker", worker_command(queue, concurrency, "worker@%h", "--task-events")),
             # Webhook delivery waits on the network: threads, apart from inference.
             Child("webhooks", worker_command(self.settings.webhooks_queue, 8, "webhooks@%h",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from datetime import datetime
@@ -26,9 +27,15 @@ from sqlalchemy.orm import Session
 from app.batches import files, results
 from app.batches import service as batches
 from app.batches.representation import describe
+from app.bindings import entries
+from app.bindings import service as bindings
+from app.bindings.entries import EntryOutcome, Finished
+from app.bindings.service import ActiveBinding
 from app.dataplane.holds import Holds
 from app.dataplane.requests import (
     BatchRequest,
+    BindingFields,
+    EntryRequest,
     InferRequest,
     JobQuery,
     JobRequest,
@@ -47,14 +54,14 @@ from app.jobs import dead_letters, idempotency, service, sync, transitions, usag
 from app.jobs.admission import Admission
 from app.jobs.dispatch import Dispatcher
 from app.jobs.events import EventBus
-from app.jobs.inserts import JobInserter
-from app.jobs.quotas import SYNC_PRIORITY, Quotas
+from app.jobs.inserts import INSERT_JOBS, JobInserter
+from app.jobs.quotas import SYNC_PRIORITY, Quotas, check_priority
 from app.models.cards import ModelCard
 from app.models.registry import PUBLIC, ModelRepository
 from app.observability import metrics
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Batch, DeadLetter, File, Job, Schedule
+from app.platform.tables import Batch, DeadLetter, File, Job, Schedule, StreamBinding
 from app.runtime.sessions import SessionPool
 from app.schedules import service as schedules
 from app.status.service import Status, StatusBoard, read_status
@@ -685,6 +692,175 @@ class DataPlane:
         status = read_status(session, self.status_board, public_models, operator=operator)
         session.commit()
         return status
+
+    # -- stream bindings and the log door ------------------------------------------
+
+    def create_binding(self, tenant: TenantRef, fields: BindingFields) -> StreamBinding:
+        """Bind a model to an input and an output log under the tenant's prefix;
+        consumers start reading it within STREAMS_REFRESH_SECONDS."""
+        session = self.database.session()
+        prefix = self.settings.streams_prefix
+        binding = bindings.create(session, self.models, prefix, tenant, dict(fields))
+        session.commit()
+        return binding
+
+    def update_binding(
+        self, tenant: TenantRef, binding_id: uuid.UUID, changes: BindingFields
+    ) -> StreamBinding:
+        session = self.database.session()
+        prefix = self.settings.streams_prefix
+        binding = bindings.update(session, self.models, prefix, tenant, binding_id, dict(changes))
+        session.commit()
+        return binding
+
+    def delete_binding(self, tenant: TenantRef, binding_id: uuid.UUID) -> None:
+        """Its jobs stay; its logs and consumer group stay too (they are the tenant's)."""
+        session = self.database.session()
+        bindings.delete(session, tenant.id, binding_id)
+        session.commit()
+
+    def get_binding(self, tenant: TenantRef, binding_id: uuid.UUID) -> StreamBinding:
+        session = self.database.session()
+        binding = bindings.get(session, tenant.id, binding_id)
+        session.commit()
+        return binding
+
+    def list_bindings(self, tenant: TenantRef) -> list[StreamBinding]:
+        session = self.database.session()
+        found = bindings.list_bindings(session, tenant.id)
+        session.commit()
+        return found
+
+    def active_bindings(self) -> list[ActiveBinding]:
+        """Every unpaused binding, for the stream consumers."""
+        session = self.database.session()
+        found = bindings.active(session)
+        session.commit()
+        return found
+
+    def accept_entries(
+        self,
+        binding: ActiveBinding,
+        requests: Sequence[EntryRequest],
+        *,
+        find_redelivered: bool = True,
+    ) -> list[EntryOutcome]:
+        """Turn a batch of input entries into jobs, in one transaction; what became
+        of each, in order.
+
+        An entry that already made a job (a redelivery) gets that job back; one
+        whose model is unknown or whose inputs do not fit gets its error (a dead
+        letter for the door) and the others go on. The new jobs are admitted
+        together against the tenant's quotas and each model's queue bound: when
+        full, QuotaExceeded or QueueFull for the whole batch and nothing is kept,
+        so the door leaves the entries unacknowledged and reads again after
+        `retry_after`. The jobs go in with one multi-row INSERT beside their
+        entries' records, then each model's workers are woken once: ordinary
+        jobs, micro-batched by the workers like any others. `find_redelivered`
+        is the guard the fault suite turns off.
+        """
+        session = self.database.session()
+        tenant = binding.tenant
+        ids = [request.entry_id for request in requests]
+        known = entries.accepted(session, binding.id, ids) if find_redelivered else {}
+        limits = self.quotas.limits(session, tenant.id)
+        outcomes: dict[str, EntryOutcome] = {}
+        cards: dict[tuple[str, str | None], ModelCard | DomainError] = {}
+        staged: list[tuple[EntryRequest, dict[str, Any]]] = []
+        for request in requests:
+            if request.entry_id in known:
+                outcomes[request.entry_id] = EntryOutcome(
+                    request.entry_id, known[request.entry_id], redelivered=True
+                )
+                continue
+            try:
+                card = self._entry_card(binding, request, cards)
+                arrays = service.check_inputs(card, request.inputs)
+                check_priority(request.priority, limits)
+            except DomainError as exc:  # this entry's own fault: a dead letter
+                outcomes[request.entry_id] = EntryOutcome(request.entry_id, error=exc)
+                continue
+            values = service.job_values(
+                card, arrays, tenant.id, priority=request.priority, deadline=None,
+                webhook=None, max_attempts=self.settings.job_max_attempts,
+            )  # fmt: skip
+            staged.append((request, values))
+        by_model = Counter(values["model"] for _, values in staged)
+        if staged:  # refusals keep nothing: QuotaExceeded names the limit, QueueFull the bound
+            self.quotas.admit_jobs(session, tenant.id, len(staged))
+            for model, count in by_model.items():
+                self.admission.admit(session, model, count)
+        rows = [(r.entry_id, r.request_id, values["id"]) for r, values in staged]
+        new = entries.record(session, binding.id, rows)
+        made = [values for r, values in staged if r.entry_id in new or not find_redelivered]
+        if made:
+            session.connection().execute(INSERT_JOBS, made)
+        for request, values in staged:
+            if request.entry_id in new:
+                outcomes[request.entry_id] = EntryOutcome(request.entry_id, values["id"])
+        raced = [r.entry_id for r, _ in staged if r.entry_id not in new]
+        for entry_id, job_id in entries.accepted(session, binding.id, raced).items():
+            outcomes[entry_id] = EntryOutcome(entry_id, job_id, redelivered=True)
+        session.commit()
+        for model in by_model:
+            woken = [values["id"] for values in made if values["model"] == model]
+            if woken and not self.dispatcher.wake(model):
+                transitions.mark_unsent(session, woken)
+                session.commit()
+            metrics.JOBS_SUBMITTED.labels(model, tenant.name).inc(len(woken))
+        return [outcomes[entry_id] for entry_id in ids]
+
+    def _entry_card(
+        self,
+        binding: ActiveBinding,
+        request: EntryRequest,
+        cards: dict[tuple[str, str | None], ModelCard | DomainError],
+    ) -> ModelCard:
+        """The entry's model: its binding's, unless it names another; looked up once
+        per batch."""
+        if request.model:
+            key = (request.model, request.version)
+        else:
+            key = (binding.model, request.version or binding.version)
+        if key not in cards:
+            try:
+                cards[key] = self.models.resolve(key[0], key[1], binding.tenant.name)
+            except DomainError as exc:
+                cards[key] = exc
+        found = cards[key]
+        if isinstance(found, DomainError):
+            raise found
+        return found
+
+    def publish_results(
+        self,
+        send: Callable[[list[Finished]], None],
+        *,
+        job_ids: Sequence[uuid.UUID] | None = None,
+        limit: int = 512,
+    ) -> list[Finished]:
+        """The outbox of the stream door: take up to `limit` entries whose job ended
+        and whose result is not yet in its output log (of `job_ids` only, when
+        given), locked so no other publisher takes them; `send` appends their
+        output entries; then they are marked published, in the same transaction.
+        If `send` raises, nothing is marked and the next call takes them again."""
+        session = self.database.session()
+        done = entries.finished(session, limit, job_ids)
+        if done:
+            send(done)
+            entries.mark_published(session, [item.job_id for item in done])
+        session.commit()
+        return done
+
+    def purge_stream_entries(self) -> int:
+        """Delete published entries' records older than RETENTION_SECONDS (none when 0)."""
+        age = self.settings.retention_seconds
+        if age <= 0:
+            return 0
+        session = self.database.session()
+        deleted = entries.purge(session, age)
+        session.commit()
+        return deleted
 
 
 T = TypeVar("T")

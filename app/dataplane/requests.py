@@ -16,6 +16,8 @@ from app.jobs.service import Webhook
 
 __all__ = [
     "BatchRequest",
+    "BindingFields",
+    "EntryRequest",
     "InferRequest",
     "JobQuery",
     "JobRequest",
@@ -106,3 +108,29 @@ class ScheduleFields(TypedDict, total=False):
     input: ScheduleInput
     output: str | None
     paused: bool
+
+
+class BindingFields(TypedDict, total=False):
+    """A stream binding's fields; on an update only those given change (`input`
+    never does). Log names are short (`requests`) or full under the tenant's prefix."""
+
+    model: str
+    version: str | None
+    input: str
+    output: str
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRequest:
+    """An input entry of the stream door, decoded: its id in its log, the caller's
+    `request_id` (its `id` field), `inputs` as a job's; `priority` 0-9 within the
+    tenant's allowance; `model` and `version` only where the entry names another
+    model than its binding's."""
+
+    entry_id: str
+    request_id: str
+    inputs: Any
+    priority: int = 0
+    model: str | None = None
+    version: str | None = None

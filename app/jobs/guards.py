@@ -1,4 +1,5 @@
-"""The safety guards of the execute path, the sweeps and the drain task, as one policy.
+"""The safety guards of the execute path, the sweeps, the drain task and the stream
+door, as one policy.
 
 Every process runs with all of them on (`Guards()`, what `Container` gets by
 default). Only the fault suite builds a container with some off (its own Celery
@@ -29,7 +30,14 @@ class Guards:
     - `republish`: the sweep sends a wake-up again for jobs whose message was lost
       with the broker or never sent;
     - `retry`: a drain whose database or Redis went away sends its wake-up again
-      later, with backoff, instead of dropping it.
+      later, with backoff, instead of dropping it;
+    - `ack`: the stream door acknowledges an input entry only after its job's
+      record is committed, so a consumer that dies in between loses nothing;
+    - `redelivery`: an input entry delivered again finds the job it made (by the
+      entry's id) instead of making a second;
+    - `dedupe`: a result is appended to its output log once, under a mark set in
+      the same step, so a publisher that died before recording it does not append
+      it again.
     """
 
     claim: bool = True
@@ -38,6 +46,9 @@ class Guards:
     cap: bool = True
     republish: bool = True
     retry: bool = True
+    ack: bool = True
+    redelivery: bool = True
+    dedupe: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

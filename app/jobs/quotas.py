@@ -69,6 +69,18 @@ class Limits:
         )
 
 
+def check_priority(priority: int, limits: Limits) -> None:
+    """InvalidRequest for a priority above the tenant's allowance (a sync call's
+    own priority excepted). A door that admits many requests at once checks each
+    request's priority with this before admitting them together."""
+    if priority > limits.max_priority and priority != SYNC_PRIORITY:
+        raise InvalidRequest(
+            f"priority {priority} is above this tenant's allowance of "
+            f"{limits.max_priority}; ask for 0 to {limits.max_priority}",
+            errors={"priority": [f"at most {limits.max_priority}"]},
+        )
+
+
 @dataclass
 class _Count:
     value: int
@@ -111,12 +123,7 @@ class Quotas:
     ) -> None:
         """Count one request making `jobs` jobs (at `priority`), or raise QuotaExceeded."""
         limits = self.limits(session, tenant_id)
-        if priority > limits.max_priority and priority != SYNC_PRIORITY:
-            raise InvalidRequest(
-                f"priority {priority} is above this tenant's allowance of "
-                f"{limits.max_priority}; ask for 0 to {limits.max_priority}",
-                errors={"priority": [f"at most {limits.max_priority}"]},
-            )
+        check_priority(priority, limits)
         self._rate(tenant_id, limits)
         if limits.in_flight is not None:
             self._in_flight(session, tenant_id, jobs, limits.in_flight)

@@ -224,10 +224,20 @@ def late_error(job_id: uuid.UUID, status: str | None, timeout_s: float) -> Deadl
 def _outcome_error(job: Outcome, timeout_s: float) -> DomainError:
     if job.status in ("queued", "running"):
         return late_error(job.id, job.status, timeout_s)
-    detail = f"job {job.id} ended {job.status}"
-    if job.error_code:
-        detail += f" ({job.error_code}: {job.error_message})"
-    return failed(job.error_code or job.status, detail, job)
+    return ended_without_outputs(job.id, job.status, job.error_code, job.error_message)
+
+
+def ended_without_outputs(
+    job_id: uuid.UUID, status: str, error_code: str | None, error_message: str | None
+) -> InferenceFailed:
+    """The error of a job that ended `status` without outputs (what a sync call
+    answers, and what the stream door's output entry says)."""
+    detail = f"job {job_id} ended {status}"
+    if error_code:
+        detail += f" ({error_code}: {error_message})"
+    extra: dict[str, Any] = {"error_code": error_code or status, "job_id": str(job_id),
+                             "job_status": status}  # fmt: skip
+    return InferenceFailed(detail, **extra)
 
 
 def failed(code: str, detail: str, job: Outcome | None) -> InferenceFailed:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -33,7 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, Row, TextClause, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.observability import metrics_dir
@@ -47,7 +48,9 @@ _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 # API
 JOBS_SUBMITTED = Counter(
-    "inference_jobs_submitted", "Jobs accepted by the jobs and sync doors", ["model", "tenant"]
+    "inference_jobs_submitted",
+    "Jobs accepted by the jobs, sync and stream doors",
+    ["model", "tenant"],
 )
 # gRPC door
 GRPC_REQUESTS = Counter(
@@ -116,6 +119,17 @@ SWEEP_JOBS = Counter(
     "Jobs the sweep moved: requeued_after_lost_worker, expired, woken_for",
     ["action"],
 )
+# Stream consumer (its own endpoint: STREAMS_METRICS_PORT; lag is in the API's gauges)
+STREAM_ENTRIES = Counter(
+    "inference_stream_entries",
+    "Input entries the stream door handled: accepted (a new job), redelivered (its job "
+    "existed), dead_lettered, deferred (a full queue or quota: read again later)",
+    ["tenant", "outcome"],
+)
+STREAM_RESULTS = Counter(
+    "inference_stream_results", "Output entries appended by the stream door, by the job's status",
+    ["status"],
+)  # fmt: skip
 
 
 def registry() -> CollectorRegistry:
@@ -170,6 +184,23 @@ _QUEUED = text(
 _RUNNING = text("SELECT model, count(*) AS jobs FROM jobs WHERE status = 'running' GROUP BY model")
 
 
+def read_at_scrape(
+    engine: Engine, what: str, *statements: TextClause, **params: Any
+) -> list[Sequence[Row[Any]]] | None:
+    """Each statement's rows, read for a scrape: under a 5 s statement timeout, JIT
+    off (it would compile the plan on every scrape: more than it runs), nothing
+    kept; None (and a warning naming `what`) when PostgreSQL did not answer."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SET LOCAL statement_timeout = 5000; SET LOCAL jit = off"))
+            rows = [conn.execute(statement, params).all() for statement in statements]
+            conn.rollback()
+    except SQLAlchemyError as exc:
+        logger.warning("metrics: %s not read: %s", what, type(exc).__name__)
+        return None
+    return rows
+
+
 class QueueCollector(Collector):
     """Queue depth, oldest queued job and running jobs per model, read from
     PostgreSQL at scrape time: right whichever process or machine the workers are
@@ -185,17 +216,12 @@ class QueueCollector(Collector):
         up = GaugeMetricFamily(
             "inference_database_up", "1 if the queue gauges could be read from PostgreSQL"
         )
-        try:
-            with self.engine.connect() as conn:
-                # JIT would compile the plan on every scrape: more than it runs.
-                conn.execute(text("SET LOCAL statement_timeout = 5000; SET LOCAL jit = off"))
-                queued, running = conn.execute(_QUEUED).all(), conn.execute(_RUNNING).all()
-                conn.rollback()
-        except SQLAlchemyError as exc:
-            logger.warning("metrics: queue gauges not read: %s", type(exc).__name__)
+        read = read_at_scrape(self.engine, "queue gauges", _QUEUED, _RUNNING)
+        if read is None:
             up.add_metric([], 0)
             yield up
             return
+        queued, running = read
         up.add_metric([], 1)
         yield up
         known = set(self.models())

@@ -11,7 +11,7 @@ The operation that opens the transaction commits it; helpers never do.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -80,6 +80,17 @@ class Database:
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+
+
+def flush_unique(session: Session, refusal: Callable[[], Exception]) -> None:
+    """Write the session's pending changes now, in a savepoint: when they break a
+    unique constraint, `refusal()` is raised instead (a domain error naming what
+    is taken), and the caller's transaction goes on."""
+    try:
+        with session.begin_nested():
+            session.flush()
+    except exc.IntegrityError:
+        raise refusal() from None
 
 
 def database_unavailable(error: BaseException) -> bool:

@@ -12,6 +12,7 @@ before the processes start.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,6 +40,13 @@ def _switch(value: object) -> object:
     """On only for 1, true or yes (any case); any other word is off, never an error: a
     typo leaves private networks refused, the safe side."""
     return value.lower() in ("1", "true", "yes") if isinstance(value, str) else value
+
+
+def _log_prefix(value: str) -> str:
+    """Letters, digits and `._:-` only: no glob character an ACL pattern would read."""
+    if not re.fullmatch(r"[A-Za-z0-9._:-]{1,50}", value):
+        raise ValueError("use 1 to 50 letters, digits, '.', '_', ':' or '-'")
+    return value
 
 
 Words = BeforeValidator(_words)
@@ -408,6 +416,48 @@ class Settings(BaseSettings):
         "another machine; `make run`: HOST).",
     )
 
+    streams_redis_url: str = Field(
+        default="",
+        description="The Redis whose streams the stream door reads and writes (tenants' "
+        "producers and readers connect to it, each with an ACL user of its own); empty = "
+        "REDIS_URL.",
+    )
+    streams_prefix: Annotated[str, AfterValidator(_log_prefix)] = Field(
+        default="streams",
+        description="Every log of the stream door is named `<prefix>:<tenant>:<name>`, so an "
+        "ACL rule `~<prefix>:<tenant>:*` gives a tenant its own logs only.",
+    )
+    streams_group: str = Field(
+        default="inference-jobs",
+        description="The consumer group the stream door reads each input log with.",
+    )
+    streams_read_count: int = Field(
+        default=256,
+        description="Entries the stream consumer reads from a log at once; each read becomes "
+        "one transaction and one multi-row INSERT of jobs.",
+    )
+    streams_claim_idle_seconds: float = Field(
+        default=30.0,
+        description="An input entry delivered this long ago and still unacknowledged (its "
+        "consumer died) is claimed by a live consumer (XAUTOCLAIM).",
+    )
+    streams_refresh_seconds: float = Field(
+        default=5.0,
+        description="How often a stream consumer reads the bindings again: a new, changed, "
+        "paused or deleted binding takes effect within this time.",
+    )
+    streams_dedupe_seconds: float = Field(
+        default=7 * 24 * 3600.0,
+        description="How long the mark of a result appended to an output log is kept, so a "
+        "consumer that died between appending and recording it does not append it again "
+        "when it restarts within this time.",
+    )
+    streams_metrics_port: int = Field(
+        default=0,
+        description="The stream consumer serves its own metrics (Prometheus text: submits, "
+        "entries, results) on this port; 0 = none. Lag is in the API's /metrics.",
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -437,6 +487,11 @@ class Settings(BaseSettings):
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with these fields changed, checked as any construction is."""
         return type(self)(**{**dict(self), **changes})
+
+    @property
+    def logs_url(self) -> str:
+        """The Redis of the stream door's logs: STREAMS_REDIS_URL, else REDIS_URL."""
+        return self.streams_redis_url or self.redis_url
 
     @property
     def model_queue(self) -> str:

@@ -29,6 +29,7 @@ from app.batches import files, results
 from app.batches import service as batches
 from app.errors import DomainError, InvalidRequest, UnknownModel
 from app.models.registry import ModelRepository
+from app.platform.database import flush_unique
 from app.platform.settings import Settings
 from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, Schedule, Tenant
 from app.schedules import paths
@@ -151,18 +152,11 @@ def _apply(
 
 
 def _flush_unique(session: Session, schedule: Schedule) -> None:
-    """Write the schedule now, in a savepoint: a name the tenant already has is an
-    InvalidRequest, and the caller's transaction goes on."""
-    from sqlalchemy.exc import IntegrityError
-
-    try:
-        with session.begin_nested():
-            session.flush()
-    except IntegrityError:
-        raise InvalidRequest(
-            f"you already have a schedule named {schedule.name!r}",
-            errors={"name": ["unique among your schedules"]},
-        ) from None
+    """Write the schedule now: a name the tenant already has is an InvalidRequest."""
+    flush_unique(session, lambda: InvalidRequest(
+        f"you already have a schedule named {schedule.name!r}",
+        errors={"name": ["unique among your schedules"]},
+    ))  # fmt: skip
 
 
 def get(

@@ -7,6 +7,7 @@ from typing import Any
 from marshmallow import Schema, fields
 
 from app.status.service import DEAD_LETTER_CAP, LetterLine, ModelLine, Status
+from app.status.streams import StreamLine, StreamTotals
 
 
 class ModelLineSchema(Schema):
@@ -60,6 +61,36 @@ class DeadLetterLineSchema(Schema):
     replayed_at = fields.DateTime(allow_none=True)
 
 
+class StreamTotalsSchema(Schema):
+    bindings = fields.Integer(metadata={"description": "Stream bindings of every tenant"})
+    lag = fields.Integer(
+        metadata={"description": "Entries of their input logs not yet read by the consumers"}
+    )
+    lag_capped = fields.Boolean(
+        metadata={"description": "true: some lag was only counted up to 1000 (Redis 6.2)"}
+    )
+    lag_seconds = fields.Float(metadata={"description": "Age of the oldest entry not yet read"})
+    pending = fields.Integer(metadata={"description": "Read and not yet acknowledged"})
+    unpublished = fields.Integer(
+        metadata={"description": "Accepted, their result not yet in the output log"}
+    )
+
+
+class StreamLineSchema(Schema):
+    id = fields.UUID()
+    tenant = fields.String()
+    model = fields.String()
+    input = fields.String()
+    output = fields.String()
+    dead_letter = fields.String()
+    paused = fields.Boolean()
+    lag = fields.Integer(allow_none=True, metadata={"description": "null: not known"})
+    lag_capped = fields.Boolean()
+    lag_seconds = fields.Float(allow_none=True)
+    pending = fields.Integer(allow_none=True)
+    unpublished = fields.Integer()
+
+
 class StatusSchema(Schema):
     """Aggregate numbers for anyone; the newest dead letters and the workers'
     names for an operator (`Authorization: Bearer <operator key>`)."""
@@ -78,6 +109,11 @@ class StatusSchema(Schema):
         fields.Nested(DeadLetterLineSchema),
         metadata={"description": "Operators only: the newest 20"},
     )
+    streams = fields.Nested(StreamTotalsSchema, metadata={"description": "The stream door"})
+    stream_bindings = fields.List(
+        fields.Nested(StreamLineSchema),
+        metadata={"description": "Operators only: each binding's lag"},
+    )
 
 
 def _line(line: ModelLine) -> dict[str, Any]:
@@ -92,6 +128,25 @@ def _line(line: ModelLine) -> dict[str, Any]:
 
 def _letter(letter: LetterLine) -> dict[str, Any]:
     return {name: getattr(letter, name) for name in DeadLetterLineSchema().fields}
+
+
+def _stream_totals(totals: StreamTotals) -> dict[str, Any]:
+    return {
+        "bindings": totals.bindings, "lag": totals.lag, "lag_capped": totals.lag_capped,
+        "lag_seconds": totals.behind_s, "pending": totals.pending,
+        "unpublished": totals.unpublished,
+    }  # fmt: skip
+
+
+def _stream(line: StreamLine) -> dict[str, Any]:
+    state = line.state
+    return {
+        "id": line.binding_id, "tenant": line.tenant, "model": line.model, "input": line.input,
+        "output": line.output, "dead_letter": line.dead_letter, "paused": line.paused,
+        "lag": state.lag if state else None, "lag_capped": bool(state and state.lag_capped),
+        "lag_seconds": state.behind_s if state else None,
+        "pending": state.pending if state else None, "unpublished": line.unpublished,
+    }  # fmt: skip
 
 
 def status_dict(status: Status, links: dict[str, str | None]) -> dict[str, Any]:
@@ -110,8 +165,10 @@ def status_dict(status: Status, links: dict[str, str | None]) -> dict[str, Any]:
         "workers": workers,
         "links": links,
         "operator": status.operator,
+        "streams": _stream_totals(snap.stream_totals),
     }
     if status.operator:
         workers["hosts"] = [{"hostname": h, "queues": q} for h, q in census.workers.items()]
         body["dead_letters"] = [_letter(letter) for letter in status.letters]
+        body["stream_bindings"] = [_stream(line) for line in snap.streams]
     return body

@@ -28,6 +28,7 @@ from sqlalchemy import Row, text
 from sqlalchemy.orm import Session
 
 from app.status.census import Census, WorkerCensus
+from app.status.streams import StreamLine, StreamTotals
 
 WINDOW_S = 3600.0
 DEAD_LETTER_CAP = 10_000
@@ -65,6 +66,8 @@ class Snapshot:
     models: list[ModelLine]
     open_dead_letters: int  # not replayed, counted up to DEAD_LETTER_CAP + 1
     census: Census
+    streams: list[StreamLine] = field(default_factory=list)  # the stream door's bindings
+    stream_totals: StreamTotals = field(default_factory=StreamTotals)
 
     @property
     def totals(self) -> ModelLine:
@@ -79,7 +82,8 @@ class Snapshot:
 
     def public(self, public_models: set[str]) -> Snapshot:
         """Models not open to every tenant folded into one line: their names are
-        for their tenants and operators only."""
+        for their tenants and operators only; so are the stream bindings (their
+        log names name tenants): only their totals are public."""
         shown = [line for line in self.models if line.model in public_models]
         hidden = [line for line in self.models if line.model not in public_models]
         if hidden:
@@ -87,7 +91,7 @@ class Snapshot:
             for line in hidden:
                 folded = folded + replace(line, model=None)
             shown.append(folded)
-        return replace(self, models=shown)
+        return replace(self, models=shown, streams=[])
 
 
 @dataclass(frozen=True)
@@ -208,8 +212,11 @@ class StatusBoard:
         ttl_s: float,
         *,
         clock: Callable[[], float] = time.monotonic,
+        streams: Callable[[Session], list[StreamLine]] | None = None,
     ) -> None:
+        """`streams`: reads the stream bindings' lag (None: the page shows none)."""
         self.census, self.ttl_s, self.clock = census, ttl_s, clock
+        self.streams = streams
         self.window_s = window_for(retention_s)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
@@ -218,12 +225,15 @@ class StatusBoard:
     def snapshot(self, session: Session) -> Snapshot:
         with self._lock:
             if self._snapshot is None or self.clock() - self._at >= self.ttl_s:
+                streams = self.streams(session) if self.streams else []
                 self._snapshot = Snapshot(
                     at=datetime.now(UTC),
                     window_s=self.window_s,
                     models=read_models(session, self.window_s),
                     open_dead_letters=count_open_dead_letters(session),
                     census=self.census.current(),
+                    streams=streams,
+                    stream_totals=StreamTotals.of(streams),
                 )
                 self._at = self.clock()
             return self._snapshot

@@ -43,6 +43,7 @@ def register_api(app: Flask) -> None:
         jobs,
         model_repository,
         schedules,
+        streams,
         usage,
     )
     from app.web import metrics_endpoint as metrics
@@ -68,7 +69,7 @@ def register_api(app: Flask) -> None:
     api = Api(app)
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
     blueprints = (
-        jobs.blp, infer.blp, batches.blp, files.blp, schedules.blp, deliveries.blp,
+        jobs.blp, infer.blp, batches.blp, files.blp, schedules.blp, streams.blp, deliveries.blp,
         dead_letters.blp, usage.blp, models.blp, model_repository.blp, health.blp, status.blp,
         metrics.blp,
     )  # fmt: skip

@@ -1,5 +1,6 @@
-"""GET /metrics: Prometheus text of the API processes, and the queue gauges read
-from PostgreSQL (see app.observability.metrics for which metric comes from where)."""
+"""GET /metrics: Prometheus text of the API processes, the queue gauges read from
+PostgreSQL and the stream bindings' lag (see app.observability.metrics for which
+metric comes from where)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ blp = Blueprint("metrics", __name__, description="Prometheus metrics")
 @blp.doc(
     responses={
         "200": {
-            "description": "Prometheus text format: the API processes' counters and the "
-            "queue gauges. With METRICS_TOKEN set, needs `Authorization: Bearer <token>`.",
+            "description": "Prometheus text format: the API processes' counters, the "
+            "queue gauges and the stream gauges. With METRICS_TOKEN set, needs "
+            "`Authorization: Bearer <token>`.",
             "content": {"text/plain": {}},
         }
     }
@@ -32,5 +34,5 @@ def scrape() -> Response:
             "this service's metrics need `Authorization: Bearer <METRICS_TOKEN>`",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    body = metrics.exposition(services().queue_metrics)
+    body = metrics.exposition(services().queue_metrics, services().stream_metrics)
     return Response(body, content_type=metrics.CONTENT_TYPE)

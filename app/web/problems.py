@@ -14,114 +14,8 @@ from typing import Any
 from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException
 
-from app.errors import DeadlinePassed, DomainError, InferenceFailed, TenantGone
-
-PROBLEM_JSON = "application/problem+json"
-
-# code -> (status, title, what a client should do). Served at /problems/<code>.
-PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
-    "malformed-request": (
-        400,
-        "Malformed request",
-        "The body could not be parsed as JSON. Send a JSON object with "
-        "Content-Type: application/json.",
-    ),
-    "unauthorized": (
-        401,
-        "Missing or invalid API key",
-        "Send `Authorization: Bearer <api key>`. Create a key with "
-        "`python manage.py create-api-key --tenant NAME`.",
-    ),
-    "forbidden": (
-        403,
-        "Forbidden for this key",
-        "The key is valid but not for this route: the model repository routes need an "
-        "operator key (`python manage.py create-api-key --operator`); job and inference "
-        "routes need a tenant key.",
-    ),
-    "not-found": (404, "Not found", "Check the id or name in the URL."),
-    "unknown-model": (
-        404,
-        "Unknown model",
-        "GET /models lists the models and versions this service serves.",
-    ),
-    "method-not-allowed": (405, "Method not allowed", "See /docs for the methods of this URL."),
-    "conflict": (
-        409,
-        "Conflict with the current state",
-        "The resource is not in a state that allows this (for example, the job has "
-        "already finished, or the dead letter was already replayed); GET it to see why.",
-    ),
-    "payload-too-large": (
-        413,
-        "Request body too large",
-        "Send a smaller body; the limit is set by MAX_REQUEST_BYTES.",
-    ),
-    "unsupported-media-type": (
-        415,
-        "Unsupported media type",
-        "Send the body as JSON with Content-Type: application/json.",
-    ),
-    "validation-error": (
-        422,
-        "Request does not match the schema",
-        "The `errors` member names each field that was wrong and why; see /docs.",
-    ),
-    "invalid-input": (
-        422,
-        "Inputs do not match the model",
-        "The `errors` member names each input that was wrong, with the expected name, "
-        "shape and datatype; GET /v2/models/<name> gives the model's inputs.",
-    ),
-    "invalid-model": (
-        422,
-        "Model cannot serve",
-        "The model file is not an ONNX model ONNX Runtime can load, uses datatypes the "
-        "service does not support, or does not match its card.json; `detail` says which.",
-    ),
-    "inference-failed": (
-        500,
-        "Inference failed",
-        "The model did not produce outputs for this request. `error_code` says why: "
-        "invalid_input, inference_error or non_finite_output (422) come from the inputs; "
-        "cancelled or deadline_exceeded (409) from the job's own limits; anything else "
-        "(500) from the service. `job_id`, where present, names the job.",
-    ),
-    "sync-timeout": (
-        504,
-        "Not finished in time",
-        "The request's job did not finish within the call's timeout (SYNC_TIMEOUT_SECONDS, "
-        "or the request's `timeout` parameter). It goes on: GET the Location URL "
-        "(/jobs/<job_id>, with ?wait=30 to wait) for its result.",
-    ),
-    "too-many-waits": (
-        429,
-        "Too many waiting requests",
-        "Event streams, long-polls, `Prefer: wait` and sync calls hold a server thread each; a "
-        "tenant may hold MAX_WAITS_PER_TENANT of them per API process, everyone together "
-        "MAX_WAITS. Close one, or poll without waiting; retry after Retry-After seconds.",
-    ),
-    "queue-full": (
-        429,
-        "Too many jobs queued for this model",
-        "The model's queue is at its bound (MAX_QUEUED_PER_MODEL). Nothing of this request "
-        "was kept: send it again after Retry-After seconds, computed from how fast the "
-        "model's jobs finish.",
-    ),
-    "quota-exceeded": (
-        429,
-        "A quota of this tenant is used up",
-        "The tenant is at one of its quotas (`limit` names it, `allowed` and `used` say "
-        "where it stands; an operator sets them with `manage.py tenants set`). Nothing of "
-        "this request was kept: send it again after Retry-After seconds.",
-    ),
-    "service-unavailable": (
-        503,
-        "Service unavailable",
-        "A dependency (database or broker) did not answer; retry after Retry-After seconds.",
-    ),
-    "internal-error": (500, "Internal server error", "Retry later; the error was logged."),
-}
+from app.dataplane.problems import PROBLEM_JSON, PROBLEM_TYPES, status_of
+from app.errors import DeadlinePassed, DomainError, InferenceFailed
 
 _STATUS_CODES = {
     400: "malformed-request",
@@ -220,26 +114,17 @@ def _flatten(messages: Any, path: str = "") -> list[str]:
     return [f"{path}: {messages}" if path else str(messages)]
 
 
-# Statuses that differ from the problem type's own.
-_FORBIDDEN_STATUS = 403  # a tenant deleted while its key was cached (TenantGone)
-_FAULT_STATUS = {"input": 422, "limits": 409, "service": 500}  # an InferenceFailed's
-
-
 def problem_from_domain_error(exc: DomainError) -> Problem:
     """The one mapping of the data plane's errors to HTTP: the problem type is the
-    error's code; some errors pick a status or point elsewhere (`Location`)."""
+    error's code, its status the one `status_of` gives (shared with the stream
+    door's problem objects); some errors point elsewhere (`Location`)."""
     headers: dict[str, str] = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(exc.retry_after)
-    status: int | None = None
-    if isinstance(exc, TenantGone):
-        status = _FORBIDDEN_STATUS
-    elif isinstance(exc, InferenceFailed):
-        status = _FAULT_STATUS[exc.fault]
     job_id = exc.extra.get("job_id")
     if isinstance(exc, InferenceFailed | DeadlinePassed) and job_id:
         headers["Location"] = f"/jobs/{job_id}"
-    return Problem(exc.code, exc.detail, status=status, headers=headers, **exc.extra)
+    return Problem(exc.code, exc.detail, status=status_of(exc), headers=headers, **exc.extra)
 
 
 def register_error_handlers(app: Flask) -> None:

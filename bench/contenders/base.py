@@ -22,6 +22,15 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class StreamDoor:
+    """A contender's stream binding (h): its Redis and the full names of its logs."""
+
+    redis_url: str
+    input: str
+    output: str
+
+
+@dataclass(frozen=True)
 class Context:
     """Shared by every contender of one run."""
 
@@ -56,6 +65,7 @@ class HttpContender(abc.ABC):
         self.sync_endpoint: Endpoint | None = None  # (f), where the contender has one
         self.batch_port: int | None = None  # (g): /files and /batches, where it has them
         self.grpc_endpoint: GrpcEndpoint | None = None  # (h), (i), where it has a gRPC door
+        self.stream: StreamDoor | None = None  # (j), where it has a stream door
         self.store: JobStore | None = None
         self.meter = RoleMeter()
 

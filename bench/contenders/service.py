@@ -3,6 +3,7 @@ its own fresh database and everything else at its defaults."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import sys
 from app.platform.settings import ROOT
 from bench import procs
 from bench.completion import PostgresJobs
-from bench.contenders.base import Context, HttpContender
+from bench.contenders.base import Context, HttpContender, StreamDoor
 from bench.infra import Database
 from bench.load import Endpoint
 
@@ -25,6 +26,8 @@ def classify(cmdline: list[str]) -> str | None:
         return "api"
     if "app.grpc" in cmdline:
         return "grpc"
+    if "app.streams" in text:
+        return "streams"
     if "celery" not in text:
         return None
     if "flower" in cmdline:
@@ -39,7 +42,8 @@ def classify(cmdline: list[str]) -> str | None:
 class Service(HttpContender):
     name = "service"
     description = (
-        "this service: manage.py up (gunicorn API, the gRPC door, Celery workers, beat, Flower)"
+        "this service: manage.py up (gunicorn API, the gRPC door, the stream consumer, Celery "
+        "workers, beat, Flower)"
     )
 
     def __init__(self, ctx: Context) -> None:
@@ -79,6 +83,7 @@ class Service(HttpContender):
         from bench.grpc_load import GrpcEndpoint
 
         self.grpc_endpoint = GrpcEndpoint(f"127.0.0.1:{grpc_port}", api_key)
+        self.stream = _bind(port, auth, redis_db.base_url)
         self.store = PostgresJobs(self.database)
         self.meter.trees = {self.proc.pid: "launcher", **self.ctx.shared_trees()}
         self.meter.classify = classify
@@ -89,3 +94,19 @@ class Service(HttpContender):
             procs.stop(self.proc, signal.SIGINT, timeout=60)
         if self.database is not None:
             self.ctx.servers.drop_database(self.database)
+
+
+def _bind(port: int, auth: dict[str, str], redis_url: str) -> StreamDoor:
+    """A stream binding of digits for (h): the service's consumer (a child of
+    `manage.py up`) reads its input log."""
+    body = json.dumps({"model": "digits", "input": "bench-requests", "output": "bench-results"})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/streams", body, {"Content-Type": "application/json", **auth})
+        answer = conn.getresponse()
+        binding = json.loads(answer.read())
+    finally:
+        conn.close()
+    if answer.status != 201:
+        raise RuntimeError(f"POST /streams answered {answer.status}: {binding}")
+    return StreamDoor(redis_url, binding["input"], binding["output"])

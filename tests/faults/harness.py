@@ -18,8 +18,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,7 @@ from app.cli.launcher import (
 from app.jobs.guards import Guards
 from app.platform import embedded
 from app.platform.database import engine_url
+from app.platform.logstreams import RedisLogs
 from app.platform.migrate import upgrade
 from app.platform.settings import ROOT
 from app.platform.tables import Job, Tenant
@@ -49,6 +52,11 @@ from tests.conftest import QUIET_WORKER, free_port
 # from (not imported here: it builds a container and installs a worker's hooks).
 FAULT_ENTRY_POINT = "tests.faults.worker"
 GUARDS_OFF_VARIABLE = "FAULTS_GUARDS_OFF"
+# The stream consumer: the service's, or the suite's where a guard is off or a
+# crash is staged (FAULTS_CRASH_AT, see tests.faults.consumer).
+STREAM_ENTRY_POINT = "app.streams"
+FAULT_CONSUMER = "tests.faults.consumer"
+STREAM_FAST = {"STREAMS_REFRESH_SECONDS": "0.2", "STREAMS_CLAIM_IDLE_SECONDS": "1.5"}
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 # Every legal change of status; a repeated status with a new attempt is a re-claim.
@@ -261,6 +269,17 @@ class FaultStack:
             self.start_worker(f"worker{i}", concurrency)
         self.start_beat()
 
+    def start_consumer(self, name: str = "consumer", crash_at: str = "", **env: str) -> Service:
+        """A stream consumer process; with `crash_at` (`accepted:3`, `published:2`) it
+        SIGKILLs itself at that checkpoint (tests.faults.consumer)."""
+        staged = bool(crash_at) or self.entry_point != ENTRY_POINT
+        module = FAULT_CONSUMER if staged else STREAM_ENTRY_POINT
+        env = {**self.env, **STREAM_FAST, "FAULTS_CRASH_AT": crash_at, **env}
+        service = Service(name, [sys.executable, "-m", module], env, self.root).start()
+        service.wait_for_log(b" ready")
+        self.services[name] = service
+        return service
+
     def keep_logs(self, where: Path) -> None:
         """After a failed scenario: its processes' logs copied to `where` (the stack's
         own folder goes), and their tails printed into the test's report."""
@@ -312,6 +331,59 @@ class FaultStack:
     def start_postgres(self) -> None:
         with self.pg._lock:
             self.pg.ensure_postgres_running()
+
+    # The stream door ------------------------------------------------------------
+    def bind(self, input_log: str, output_log: str) -> dict[str, Any]:
+        """A binding of `digits` for the suite's tenant; its full log names."""
+        response = requests.post(
+            f"{self.base}/streams",
+            json={"model": "digits", "input": input_log, "output": output_log},
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            timeout=30,
+        )
+        assert response.status_code == 201, response.text
+        binding: dict[str, Any] = response.json()
+        return binding
+
+    def logs(self) -> RedisLogs:
+        return RedisLogs.from_url(self.env["REDIS_URL"])
+
+    def wait_outputs(self, log: str, count: int, timeout: float) -> float | None:
+        """Seconds until the log holds `count` entries, or None if it never did."""
+        client, start = self.logs().client, time.monotonic()
+        while time.monotonic() - start < timeout:
+            if client.xlen(log) >= count:
+                return time.monotonic() - start
+            time.sleep(0.2)
+        return None
+
+    def stream_tally(
+        self, scenario: str, guard: str, binding: dict[str, Any], request_ids: list[str]
+    ) -> Tally:
+        """What became of each appended entry, from the database and the output log:
+        completed (a succeeded output entry), lost (no output entry), duplicate
+        executions (jobs beyond one per entry, and second claims of a live job),
+        duplicate results (output entries beyond one per entry)."""
+        outputs: Counter[str] = Counter()
+        succeeded: set[str] = set()
+        for _, fields in self.logs().client.xrange(binding["output"]):
+            request_id = fields[b"id"].decode()
+            outputs[request_id] += 1
+            if fields[b"status"] == b"succeeded":
+                succeeded.add(request_id)
+        with self.engine.connect() as conn:
+            job_ids = [str(i) for i in conn.execute(sa.text("SELECT id FROM jobs")).scalars()]
+            recorded = conn.scalar(
+                sa.text("SELECT count(DISTINCT request_id) FROM stream_entries "
+                        "WHERE binding_id = :b"), {"b": binding["id"]},
+            )  # fmt: skip
+        tally = self.tally(scenario, guard, job_ids, len(request_ids))
+        tally.acknowledged = len(request_ids)
+        tally.completed = sum(i in succeeded for i in request_ids)
+        tally.lost = sum(outputs[i] == 0 for i in request_ids)
+        tally.duplicate_executions += len(job_ids) - int(recorded or 0)
+        tally.duplicate_results += sum(c - 1 for c in outputs.values() if c > 1)
+        return tally
 
     # Traffic -------------------------------------------------------------------
     def insert_queued(self, inputs: list[dict[str, Any]]) -> list[str]:

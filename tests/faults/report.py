@@ -34,8 +34,19 @@ wake-up message per model, claims of many jobs at once, and micro-batching
 - **recovery**: seconds from the end of the fault (restart) until every job was
   terminal; empty when they never were.
 
+The stream door's scenarios (9, 10) count input entries appended to a
+binding's log, read by real consumer processes (`python -m app.streams`; where a
+crash is staged or a guard is off, the suite's own entry point,
+`tests/faults/consumer.py`): **completed** is an entry with a succeeded output
+entry; **lost** one with no output entry; **dup. exec.** also counts jobs
+beyond one per entry; **dup. results** also counts output entries beyond one
+per entry. Their guards: `ack` (an entry is acknowledged only after its job's
+record is committed), `redelivery` (a redelivered entry finds its job by the
+entry's id), `dedupe` (a result is appended under a mark set in the same step).
+
 Timings: leases 1.5 s, sweeps every 0.5 s, republish after 3 s, retry backoff
-0.2-1 s (the production defaults are 60 s, 5 s, 60 s and 2-300 s).
+0.2-1 s, consumers claim entries idle for 1.5 s (the production defaults are
+60 s, 5 s, 60 s, 2-300 s and 30 s).
 """
 
 
@@ -43,25 +54,58 @@ def record(tally: Tally) -> None:
     TALLIES[(tally.scenario, tally.guard)] = tally
 
 
+def order(scenario: str) -> tuple[int, str]:
+    """Scenarios in their numbers' order (10 after 9, not after 1)."""
+    number = scenario.split(".", 1)[0]
+    return (int(number) if number.isdigit() else 0, scenario)
+
+
+def earlier_rows(text: str, cells: int) -> dict[tuple[str, str], str]:
+    """The table rows of an earlier run (`cells` columns), by (scenario, guard); the
+    README's short table has no guard column: its rows are keyed (scenario, "on")."""
+    rows: dict[tuple[str, str], str] = {}
+    for line in text.splitlines():
+        found = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("| ") or len(found) != cells or found[0] == "scenario":
+            continue
+        rows[(found[0], found[1] if cells == 11 else "on")] = line
+    return rows
+
+
+def _carried(kept: dict[tuple[str, str], str]) -> list[str]:
+    if not kept:
+        return []
+    names = ", ".join(sorted({s.split(".", 1)[0] for s, _ in kept}, key=lambda n: order(n)))
+    return [f"Scenarios {names}: rows of an earlier run (not run this time).", ""]
+
+
 def write(path: Path) -> None:
+    """docs/reliability.md with this run's tallies; rows of scenarios this run left
+    out (a selection with -k) are kept from the file as it was."""
     if not TALLIES:
         return
+    kept = earlier_rows(path.read_text(), 11) if path.exists() else {}
+    kept = {key: row for key, row in kept.items() if key not in TALLIES}
     lines = [
         INTRO,
         f"Last run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{os.cpu_count()} cores, {platform.system()} {platform.machine()}.",
         "",
+        *_carried(kept),
         "| scenario | guard | jobs | acknowledged | completed | lost | dup. exec. | "
         "dup. results | illegal | recovery (s) | notes |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for t in sorted(TALLIES.values(), key=lambda t: (t.scenario, t.guard != "on")):
+    rows = dict(kept)
+    for t in TALLIES.values():
         recovery = "" if t.recovery_s is None else f"{t.recovery_s:g}"
-        lines.append(
+        rows[(t.scenario, t.guard)] = (
             f"| {t.scenario} | {t.guard} | {t.jobs} | {t.acknowledged} | {t.completed} | "
             f"{t.lost} | {t.duplicate_executions} | {t.duplicate_results} | "
             f"{t.illegal_transitions} | {recovery} | {'; '.join(t.notes)} |"
         )
+    for key in sorted(rows, key=lambda k: (order(k[0]), k[1] != "on", k[1])):
+        lines.append(rows[key])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     write_readme(path.parent.parent / "README.md")
@@ -72,25 +116,32 @@ README_END = "<!-- /reliability -->"
 
 
 def write_readme(readme: Path) -> None:
-    """The README's short table: each scenario with its guards on, as this run saw it."""
+    """The README's short table: each scenario with its guards on, as this run saw it
+    (rows of scenarios it left out kept as they were)."""
     text = readme.read_text()
     start, end = text.find(README_BEGIN), text.find(README_END)
     if start < 0 or end < 0:
         return
+    ran = {t.scenario for t in TALLIES.values() if t.guard == "on"}
+    kept = earlier_rows(text[start:end], 8)
+    kept = {key: row for key, row in kept.items() if key[0] not in ran}
     rows = [
         f"Last run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, every guard on:",
         "",
+        *_carried(kept),
         "| scenario | jobs | completed | lost | dup. exec. | dup. results | illegal "
         "| recovery (s) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for t in sorted(TALLIES.values(), key=lambda t: t.scenario):
+    table = {scenario: row for (scenario, _), row in kept.items()}
+    for t in TALLIES.values():
         if t.guard != "on":
             continue
         recovery = "" if t.recovery_s is None else f"{t.recovery_s:g}"
-        rows.append(
+        table[t.scenario] = (
             f"| {t.scenario} | {t.jobs} | {t.completed} | {t.lost} | {t.duplicate_executions} | "
             f"{t.duplicate_results} | {t.illegal_transitions} | {recovery} |"
         )
+    rows += [table[scenario] for scenario in sorted(table, key=order)]
     block = "\n".join([README_BEGIN, *rows, README_END])
     readme.write_text(text[:start] + block + text[end + len(README_END) :])

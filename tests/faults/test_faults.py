@@ -9,7 +9,9 @@ of the last run are written to docs/reliability.md.
 
 from __future__ import annotations
 
+import json
 import random
+import signal
 import threading
 import time
 import uuid
@@ -337,3 +339,89 @@ def test_8_poison_jobs_among_good_ones(
     tally.notes.append("replay after the fix: 20/20 succeeded, same ids")
     record(tally)
     assert tally.completed == 120
+
+
+def stream_entries(count: int) -> list[dict[str, Any]]:
+    """Input entries of the stream door, one digits row each (`r0`, `r1`, ...)."""
+    return [
+        {"id": f"r{i}", "inputs": json.dumps({"pixels": [ROWS[i % len(ROWS)]]})}
+        for i in range(count)
+    ]
+
+
+STREAM_GUARDS = pytest.mark.parametrize(
+    "guard", ["", "ack", "dedupe"], ids=["guard on", "guard off: ack", "guard off: dedupe"]
+)
+STREAM_FAILURES: dict[str, Callable[[Tally], bool]] = {
+    "ack": lambda t: t.lost > 0,  # acknowledged before recorded: those entries are gone
+    "dedupe": lambda t: t.duplicate_results > 0,  # appended again after the crash
+}
+
+
+@STREAM_GUARDS
+def test_9_sigkill_the_stream_consumer_mid_run_and_restart_it(
+    make_stack: Callable[..., FaultStack], guard: str
+) -> None:
+    """Two staged crashes, where a random kill rarely lands: between a batch's commit
+    and its acknowledgement (the restarted consumer gets the entries again and must
+    find their jobs), and between appending results and recording them (it must not
+    append them again). Then a consumer that runs to the end."""
+    stack = make_stack(guard)
+    stack.start_all(concurrency=2)
+    binding = stack.bind("requests", "results")
+    count = 2000
+    first = stack.start_consumer("consumer1", crash_at="accepted:3", STREAMS_READ_COUNT="64")
+    stack.logs().append_many(binding["input"], stream_entries(count))
+    assert first.proc is not None and first.proc.wait(60) == -signal.SIGKILL
+    second = stack.start_consumer("consumer2", crash_at="published:2", STREAMS_READ_COUNT="64")
+    assert second.proc is not None and second.proc.wait(60) == -signal.SIGKILL
+    stack.start_consumer("consumer3")
+    restarted = time.monotonic()
+    done = stack.wait_outputs(binding["output"], count, timeout=90 if not guard else 20)
+    time.sleep(1.0)  # a result appended twice would show now
+    tally = stack.stream_tally(
+        "9. SIGKILL the stream consumer (staged), restart it",
+        f"off: {guard}" if guard else "on",
+        binding,
+        [f"r{i}" for i in range(count)],
+    )
+    tally.recovery_s = None if done is None else round(time.monotonic() - restarted, 1)
+    tally.notes.append("killed after a commit, before its ack; then after an append, "
+                       "before its record")  # fmt: skip
+    check(tally, not guard, STREAM_FAILURES.get(guard, lambda t: False))
+    if not guard:
+        assert tally.duplicate_executions == 0, tally
+
+
+@GUARD
+def test_10_two_consumers_share_a_group_and_one_dies_holding_entries(
+    make_stack: Callable[..., FaultStack], guarded: bool
+) -> None:
+    """Two consumer processes on one group; one is SIGKILLed between a batch's commit
+    and its acknowledgement, and the other claims what it held (XAUTOCLAIM after
+    STREAMS_CLAIM_IDLE_SECONDS): each entry must keep one job."""
+    stack = make_stack("" if guarded else "redelivery")
+    stack.start_all(concurrency=2)
+    binding = stack.bind("requests", "results")
+    count = 3000
+    doomed = stack.start_consumer("consumer-a", crash_at="accepted:4", STREAMS_READ_COUNT="32")
+    stack.start_consumer("consumer-b", STREAMS_READ_COUNT="32")
+    entries, logs = stream_entries(count), stack.logs()
+    for start in range(0, count, 250):  # a steady producer: both consumers find entries
+        logs.append_many(binding["input"], entries[start : start + 250])
+        time.sleep(0.05)
+    assert doomed.proc is not None and doomed.proc.wait(60) == -signal.SIGKILL
+    died = time.monotonic()
+    done = stack.wait_outputs(binding["output"], count, timeout=90)
+    time.sleep(1.0)
+    tally = stack.stream_tally(
+        "10. Two consumers on one group, one killed holding entries",
+        "on" if guarded else "off: redelivery",
+        binding,
+        [f"r{i}" for i in range(count)],
+    )
+    tally.recovery_s = None if done is None else round(time.monotonic() - died, 1)
+    tally.notes.append("the survivor claimed the dead one's unacknowledged batch")
+    check(tally, guarded, lambda t: t.duplicate_executions > 0)
+    if guarded:
+        assert tally.duplicate_executions == 0, tally

@@ -1,0 +1,124 @@
+"""The stream door's protocol: input entries in, output and dead-letter entries out.
+
+An input entry has the fields `id` (the caller's request id), `inputs` (JSON,
+as a job's inputs: `{"<input>": nested list}` or KServe v2 tensors), and
+optionally `priority` (0-9), and `model` / `version` where one entry goes to
+another model than its binding's. An output entry has `id`, `job_id`, `status`
+and `outputs` (JSON) or `error` (a JSON problem object, RFC 9457, as the HTTP
+door's); a dead-letter entry has the input entry's own fields and `error`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from app.bindings.entries import Finished
+from app.dataplane.problems import problem
+from app.dataplane.requests import EntryRequest
+from app.errors import DomainError, InvalidRequest, MalformedRequest, TooLarge
+from app.jobs.sync import ended_without_outputs
+from app.platform.logstreams import LogEntry
+
+MAX_REQUEST_ID = 200
+REQUIRED = ("id", "inputs")
+
+
+def decode(entry: LogEntry, max_bytes: int) -> EntryRequest | DomainError:
+    """The entry as a request, or the error that makes it a dead letter (never
+    raised: a poison entry must not stop the entries behind it)."""
+    try:
+        return _decode(entry, max_bytes)
+    except DomainError as exc:
+        return exc
+
+
+def _decode(entry: LogEntry, max_bytes: int) -> EntryRequest:
+    fields = entry.fields
+    missing = [name for name in REQUIRED if name not in fields]
+    if missing:
+        raise InvalidRequest(
+            f"entry {entry.id} has no {' and no '.join(missing)} field; an input entry has "
+            "`id` (your request id) and `inputs` (JSON), and may have `priority` (0-9)",
+            errors={name: ["Missing data for required field."] for name in missing},
+        )
+    request_id = _text(fields, "id")
+    if not 0 < len(request_id) <= MAX_REQUEST_ID:
+        raise InvalidRequest(
+            f"entry {entry.id}: id must be 1 to {MAX_REQUEST_ID} characters",
+            errors={"id": [f"1 to {MAX_REQUEST_ID} characters"]},
+        )
+    raw = fields["inputs"]
+    if len(raw) > max_bytes:
+        raise TooLarge(
+            f"entry {entry.id}: inputs are {len(raw)} bytes, above the limit of {max_bytes} "
+            "(MAX_REQUEST_BYTES)",
+            limit=max_bytes,
+        )
+    try:
+        inputs = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise MalformedRequest(
+            f"entry {entry.id}: inputs is not JSON ({_reason(exc)}); send a JSON object such "
+            'as {"pixels": [[...]]}',
+            errors={"inputs": ["not JSON"]},
+        ) from None
+    return EntryRequest(
+        entry.id, request_id, inputs, _priority(entry, fields),
+        _optional(fields, "model"), _optional(fields, "version"),
+    )  # fmt: skip
+
+
+def _text(fields: Mapping[str, bytes], name: str) -> str:
+    try:
+        return fields[name].decode()
+    except UnicodeDecodeError:
+        raise MalformedRequest(f"{name} is not UTF-8 text", errors={name: ["UTF-8 text"]}) from None
+
+
+def _optional(fields: Mapping[str, bytes], name: str) -> str | None:
+    return _text(fields, name) or None if name in fields else None
+
+
+def _priority(entry: LogEntry, fields: Mapping[str, bytes]) -> int:
+    if "priority" not in fields:
+        return 0
+    text = _text(fields, "priority")
+    if not (text.isdigit() and 0 <= int(text) <= 9):
+        raise InvalidRequest(
+            f"entry {entry.id}: priority {text!r} is not 0 to 9",
+            errors={"priority": ["an integer from 0 to 9"]},
+        )
+    return int(text)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(":")[0] if isinstance(exc, UnicodeDecodeError) else str(exc)
+
+
+def dead_letter(entry: LogEntry, error: DomainError, log: str) -> dict[str, bytes]:
+    """The entry's own fields (as they were written) and `error`, a problem object."""
+    fields = dict(entry.fields)
+    fields["error"] = _json(problem(error, f"{log}/{entry.id}"))
+    return fields
+
+
+def result(item: Finished) -> dict[str, bytes]:
+    """The output entry of a finished job: `outputs` when it succeeded, else
+    `error` (the problem a sync call of the same job would answer)."""
+    fields = {"id": item.request_id.encode(), "job_id": str(item.job_id).encode(),
+              "status": item.status.encode()}  # fmt: skip
+    if item.status == "succeeded":
+        fields["outputs"] = _json(item.outputs)
+    else:
+        error = ended_without_outputs(item.job_id, item.status, item.error_code,
+                                      item.error_message)  # fmt: skip
+        fields["error"] = _json(problem(error, f"/jobs/{item.job_id}"))
+    return fields
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
