@@ -78,6 +78,10 @@ def test_a_killed_listener_reconnects_and_wakes_its_waiters(
         assert time.monotonic() - started < 10
 
         wait_until(lambda: set(listener_pids(database)) - others, "listening again", 10)
+        # On a slow run the listener may be back before `touch`: its NOTIFY then comes
+        # after the reconnect's wake-up. Let what is under way land, then start from it.
+        time.sleep(0.3)
+        woken = watch.version()
         changed = threading.Event()
         threading.Timer(0.2, lambda: (touch(database, job_id), changed.set())).start()
         assert watch.wait(woken, 10) != woken, "the next change did not wake the waiter"
