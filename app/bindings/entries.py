@@ -139,6 +139,16 @@ def mark_published(session: Session, job_ids: Sequence[uuid.UUID]) -> None:
         session.execute(_PUBLISHED, {"jobs": list(job_ids)})
 
 
+_UNPUBLISHED = text(
+    "SELECT count(*) FROM stream_entries WHERE binding_id = :binding AND published_at IS NULL"
+)
+
+
+def unpublished(session: Session, binding_id: uuid.UUID) -> int:
+    """The binding's entries whose result is not in its output log yet."""
+    return int(session.scalar(_UNPUBLISHED, {"binding": binding_id}) or 0)
+
+
 def purge(session: Session, age_s: float, limit: int = 5000) -> int:
     """Delete up to `limit` published entries older than `age_s`: their jobs keep
     the record; an entry that old is never delivered again."""

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app.bindings import names
+from app.bindings import entries, names
 from app.errors import Conflict, InvalidRequest
 from app.models.registry import ModelRepository
 from app.platform.database import flush_unique
@@ -140,8 +140,17 @@ def list_bindings(session: Session, tenant_id: int) -> list[StreamBinding]:
 def delete(session: Session, tenant_id: int, binding_id: uuid.UUID) -> None:
     """The binding and its entries' records; its jobs stay, and so do its logs and
     consumer group (they are the tenant's: a new binding of the same input log
-    goes on where this one stopped)."""
-    session.delete(get(session, tenant_id, binding_id))
+    reads on from the group's last delivered entry). Conflict while results of its
+    entries are still to be appended: deleting the records would drop them."""
+    binding = get(session, tenant_id, binding_id)
+    waiting = entries.unpublished(session, binding.id)
+    if waiting:
+        raise Conflict(
+            f"binding {binding_id} has {waiting} results not yet in its output log (their "
+            "jobs are still running, or just ended); pause it, and delete it once they are out",
+            unpublished=waiting,
+        )
+    session.delete(binding)
     session.flush()
 
 

@@ -70,6 +70,8 @@ from app.webhooks import delivery
 
 logger = logging.getLogger(__name__)
 
+PURGE_PIECE = 5000  # stream entries' records deleted a transaction
+
 
 class DataPlane:
     """One per process, built by the container with explicit dependencies."""
@@ -199,7 +201,9 @@ class DataPlane:
         for group in _grouped(checked, lambda item: requests[item[0]].priority):
             try:
                 priority = requests[group[0][0]].priority
-                self.quotas.admit_jobs(session, tenant.id, len(group), priority=priority)
+                self.quotas.admit_jobs(
+                    session, tenant.id, len(group), priority=priority, requests=len(group)
+                )
                 admitted += group
             except DomainError as exc:
                 for index, _, _ in group:
@@ -787,7 +791,7 @@ class DataPlane:
             staged.append((request, values))
         by_model = Counter(values["model"] for _, values in staged)
         if staged:  # refusals keep nothing: QuotaExceeded names the limit, QueueFull the bound
-            self.quotas.admit_jobs(session, tenant.id, len(staged))
+            self.quotas.admit_jobs(session, tenant.id, len(staged), requests=len(staged))
             for model, count in by_model.items():
                 self.admission.admit(session, model, count)
         rows = [(r.entry_id, r.request_id, values["id"]) for r, values in staged]
@@ -853,14 +857,19 @@ class DataPlane:
         return done
 
     def purge_stream_entries(self) -> int:
-        """Delete published entries' records older than RETENTION_SECONDS (none when 0)."""
+        """Delete published entries' records older than RETENTION_SECONDS (none when
+        0), in pieces of their own transactions (one commit a piece, on purpose: a
+        day of a busy log is millions of rows) until none is left."""
         age = self.settings.retention_seconds
         if age <= 0:
             return 0
-        session = self.database.session()
-        deleted = entries.purge(session, age)
-        session.commit()
-        return deleted
+        session, total = self.database.session(), 0
+        while True:
+            deleted = entries.purge(session, age, PURGE_PIECE)
+            session.commit()
+            total += deleted
+            if deleted < PURGE_PIECE:
+                return total
 
 
 T = TypeVar("T")

@@ -50,6 +50,16 @@ _REFUSED_PARAMETERS = {
 
 
 @dataclass(frozen=True)
+class Reply:
+    """What answering a request needs of it: its id, model and the outputs it
+    wants (None: all). Not its tensors: a stream keeps this while its job runs."""
+
+    id: str
+    model: str
+    outputs: list[str] | None
+
+
+@dataclass(frozen=True)
 class Call:
     """What a request asks, decoded: the v2 tensors, the outputs wanted (None: all)
     and Triton's `timeout` parameter (microseconds), in seconds."""
@@ -60,6 +70,9 @@ class Call:
     tensors: list[dict[str, Any]]
     outputs: list[str] | None
     timeout_s: float | None
+
+    def reply(self) -> Reply:
+        return Reply(self.id, self.model, self.outputs)
 
 
 def decode(request: pb.ModelInferRequest) -> Call:
@@ -95,7 +108,7 @@ def decode(request: pb.ModelInferRequest) -> Call:
 
 def encode(
     card: ModelCard,
-    call: Call,
+    call: Reply,
     arrays: dict[str, np.ndarray],
     parameters: dict[str, str],
 ) -> pb.ModelInferResponse:

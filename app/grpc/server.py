@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 HEALTH_CHECK_S = 5.0
+KEEPALIVE_MS = 30_000
 
 
 @dataclass
@@ -78,6 +79,11 @@ def start(container: Container, host: str | None = None, port: int | None = None
             ("grpc.max_send_message_length", size),
             # A second server on a port in use fails to start, instead of sharing it.
             ("grpc.so_reuseport", 0),
+            # A peer that vanished (its host gone, nothing sent) is noticed within about
+            # 40 s, not gRPC's default 2 hours: its stream's waits and thread come back.
+            ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.max_pings_without_data", 0),
         ],
     )
     servicer = Servicer(container)

@@ -21,7 +21,7 @@ from app.grpc.calls import check_outputs, infer_request, leaving
 from app.grpc.door import Access, Rpc
 from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.generated import model_config_pb2 as config_pb
-from app.grpc.stream import CallStream
+from app.grpc.stream import CallStream, OpenStreams
 from app.models.cards import ModelCard
 from app.models.registry import PUBLIC
 from app.tenancy.keys import Caller, TenantRef
@@ -42,6 +42,7 @@ class Servicer:
         self.container = container
         self.plane = container.dataplane
         self.settings = container.settings
+        self.streams = OpenStreams(self.settings.grpc_max_streams_per_tenant)
 
     def rpcs(self) -> dict[str, Rpc]:
         """What each RPC runs, and who may call it."""
@@ -119,7 +120,7 @@ class Servicer:
                 tenant, infer_request(call, context), leaving=leaving(context)
             )
         parameters = {"job_id": str(answer.job_id)} if answer.job_id else {}
-        return codec.encode(answer.card, call, answer.outputs, parameters)
+        return codec.encode(answer.card, call.reply(), answer.outputs, parameters)
 
     def model_stream_infer(
         self,
@@ -127,7 +128,7 @@ class Servicer:
         context: grpc.ServicerContext,
         caller: Caller | None,
     ) -> Iterator[pb.ModelStreamInferResponse]:
-        stream = CallStream(self.container, _tenant(caller), context)
+        stream = CallStream(self.container, _tenant(caller), context, self.streams)
         return stream.run(requests)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from app.errors import DomainError, InferenceFailed
+from app.errors import DomainError, InferenceFailed, TenantGone
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,8 @@ def of(error: DomainError) -> Status:
             details = f"the service could not run this request ({job_error})" + (
                 f"; job {job_id}" if job_id else ""
             )
+    elif isinstance(error, TenantGone):  # not worth a retry, unlike other quotas
+        code = Code.PERMISSION_DENIED
     else:
         code = CODES.get(error.code, Code.INVALID_ARGUMENT)
     return Status(code, details, tuple(metadata))

@@ -9,13 +9,18 @@ that cannot start (unknown model, inputs that do not fit, a full queue) is
 answered at once with `error_message`, and the stream goes on, as Triton does;
 so is one whose job failed or ran out of time.
 
-Bounds, so one caller cannot take the door from the others: the stream holds
-one of its tenant's waits (GRPC_MAX_WAITS_PER_TENANT) for its life, and at most
-GRPC_STREAM_MAX_IN_FLIGHT of its requests are under way; beyond that the
-reader stops reading, and HTTP/2 flow control holds the client back. When the
-client cancels or the connection drops, the stream's unfinished jobs are
-cancelled. The stream ends (OK) once the client closed its side and every
-request was answered.
+Bounds, so one caller cannot take the door from the others: a tenant holds at
+most GRPC_MAX_STREAMS_PER_TENANT streams, each also one of its waits
+(GRPC_MAX_WAITS_PER_TENANT) for its life; at most GRPC_STREAM_MAX_IN_FLIGHT of
+a stream's requests are under way (an answer frees its slot once it is sent, so
+a client that does not read its answers stops being read), and at most
+GRPC_STREAM_MAX_IN_FLIGHT_BYTES of them are held before they start (their
+tensors then live in the job rows; a running request keeps only its id and the
+outputs it wants). Beyond either the reader stops reading, and HTTP/2 flow
+control holds the client back. When the client cancels or the connection drops,
+the stream's unfinished jobs are cancelled, those started while it went too.
+The stream ends (OK) once the client closed its side and every request was
+answered; INTERNAL if it could not start them.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import grpc
 
 from app.container import Container
-from app.errors import DomainError
+from app.errors import DomainError, TooManyWaits
 from app.grpc import codec, status
 from app.grpc.calls import check_outputs, infer_request
 from app.grpc.door import Refused
@@ -44,52 +51,124 @@ logger = logging.getLogger(__name__)
 POLL_S = 1.0  # the longest the answering thread waits before it looks again
 GATHER_S = 0.005  # changes gathered before a read: answers in batches, fewer reads
 SUBMIT_BATCH = 64  # requests started together at most
+JOIN_S = 5.0  # how long a cut stream waits for its submitter before cancelling its jobs
 # A request as the door hands it over: parsed, or refused when it is not a message.
 Request = pb.ModelInferRequest | Refused
 
 
+class OpenStreams:
+    """Streams open per tenant on this process (GRPC_MAX_STREAMS_PER_TENANT)."""
+
+    def __init__(self, per_tenant: int) -> None:
+        self.per_tenant = per_tenant
+        self._open: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def holding(self, tenant: TenantRef) -> Iterator[None]:
+        with self._lock:
+            if self._open[tenant.id] >= self.per_tenant:
+                raise TooManyWaits(
+                    f"you already have {self.per_tenant} streams open on this gRPC door "
+                    "(GRPC_MAX_STREAMS_PER_TENANT); send more requests on one of them, or "
+                    "close one",
+                    retry_after=1,
+                    limit=self.per_tenant,
+                )
+            self._open[tenant.id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open[tenant.id] -= 1
+                if not self._open[tenant.id]:
+                    del self._open[tenant.id]
+
+
+class _Budget:
+    """Bytes of requests read and not yet started; one request alone always fits."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._changed = threading.Condition()
+
+    def take(self, size: int, give_up: Callable[[], bool]) -> bool:
+        with self._changed:
+            while self.used and self.used + size > self.limit:
+                if give_up():
+                    return False
+                self._changed.wait(POLL_S)
+            self.used += size
+            return True
+
+    def give(self, size: int) -> None:
+        with self._changed:
+            self.used -= size
+            self._changed.notify_all()
+
+
 class CallStream:
     def __init__(
-        self, container: Container, tenant: TenantRef, context: grpc.ServicerContext
+        self,
+        container: Container,
+        tenant: TenantRef,
+        context: grpc.ServicerContext,
+        streams: OpenStreams,
     ) -> None:
         self.container, self.tenant, self.context = container, tenant, context
-        self.plane = container.dataplane
-        self._slots = threading.Semaphore(container.settings.grpc_stream_max_in_flight)
+        self.plane, self.streams = container.dataplane, streams
+        settings = container.settings
+        self._slots = threading.Semaphore(settings.grpc_stream_max_in_flight)
+        self._budget = _Budget(settings.grpc_stream_max_in_flight_bytes)
         self._ready: queue.SimpleQueue[pb.ModelStreamInferResponse] = queue.SimpleQueue()
-        self._requests: dict[uuid.UUID, codec.Call] = {}  # a job's request, to answer it
-        self._arrived: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._replies: dict[uuid.UUID, codec.Reply] = {}  # what answering a job needs
+        self._arrived: queue.SimpleQueue[tuple[Request, int] | None] = queue.SimpleQueue()
         self._reading = True
+        self._failure: BaseException | None = None
         self._calls: Calls
 
     def run(self, requests: Iterator[Request]) -> Iterator[pb.ModelStreamInferResponse]:
-        release = self.plane.hold(self.tenant)  # TooManyWaits: RESOURCE_EXHAUSTED, nothing read
-        calls = self._calls = self.plane.follow_calls(self.tenant, GATHER_S)
-        try:
-            if not self.context.add_callback(calls.leave):
-                return  # over before it began
-            for target, args, name in ((self._read, (requests, calls), "reader"),
-                                       (self._submit, (calls,), "submitter")):  # fmt: skip
-                threading.Thread(target=target, args=args, name=f"grpc-stream-{name}",
-                                 daemon=True).start()  # fmt: skip
-            yield from self._answer(calls)
-        finally:  # also when the server closes this generator: the caller is gone
-            if calls.jobs():
-                self._cancel(calls)
-            calls.close()
-            release()
+        # TooManyWaits (RESOURCE_EXHAUSTED) before anything is read.
+        with self.streams.holding(self.tenant):
+            release = self.plane.hold(self.tenant)
+            calls: Calls | None = None
+            submitter: threading.Thread | None = None
+            try:
+                calls = self._calls = self.plane.follow_calls(self.tenant, GATHER_S)
+                if not self.context.add_callback(calls.leave):
+                    return  # over before it began
+                reader = threading.Thread(target=self._read, args=(requests, calls),
+                                          name="grpc-stream-reader", daemon=True)  # fmt: skip
+                submitter = threading.Thread(target=self._submit, args=(calls,),
+                                             name="grpc-stream-submitter", daemon=True)  # fmt: skip
+                reader.start()
+                submitter.start()
+                yield from self._answer(calls)
+                if self._failure is not None:
+                    raise self._failure  # INTERNAL, never a clean end with requests unanswered
+            finally:  # also when the server closes this generator: the caller is gone
+                if calls is not None:
+                    calls.leave()  # the reader and the submitter stop
+                    if submitter is not None:
+                        submitter.join(JOIN_S)
+                    self._cancel(calls.jobs())
+                    calls.close()
+                release()
 
     # -- the reader's side -----------------------------------------------------------
 
     def _read(self, requests: Iterator[Request], calls: Calls) -> None:
-        """Take requests off the stream while slots are free; the submitter starts them."""
+        """Take requests off the stream while a slot and the byte budget allow;
+        the submitter starts them."""
         try:
             for request in requests:
+                size = request.ByteSize() if isinstance(request, pb.ModelInferRequest) else 0
                 while not self._slots.acquire(timeout=POLL_S):
                     if calls.left:
                         return
-                if calls.left:
+                if calls.left or not self._budget.take(size, lambda: calls.left):
                     return
-                self._arrived.put(request)
+                self._arrived.put((request, size))
         except Exception as exc:  # the stream broke (a cancel reads as an error here)
             if not calls.left:
                 logger.info("stream of %s ended while reading: %s", self.tenant.name, exc)
@@ -103,9 +182,11 @@ class CallStream:
             more = True
             while more and not calls.left:
                 batch: list[Request] = []
+                size = 0
                 item = self._arrived.get()
                 while item is not None:
-                    batch.append(item)
+                    batch.append(item[0])
+                    size += item[1]
                     if len(batch) >= SUBMIT_BATCH:
                         break
                     try:
@@ -113,9 +194,13 @@ class CallStream:
                     except queue.Empty:
                         break
                 more = item is not None
-                self._start(batch, calls)
-        except Exception:  # never leave the stream waiting on a dead submitter
+                try:
+                    self._start(batch, calls)
+                finally:
+                    self._budget.give(size)
+        except Exception as exc:  # never a stream waiting on a dead submitter
             logger.exception("the stream of %s could not start its requests", self.tenant.name)
+            self._failure = exc
             calls.leave()
         finally:
             self._reading = False
@@ -128,7 +213,6 @@ class CallStream:
             if isinstance(request, Refused):  # not a message at all: nothing names it
                 self._post(_failure("", "", request.status, None))
                 continue
-            call: codec.Call | None = None
             try:
                 call = codec.decode(request)
                 check_outputs(self.plane.model(self.tenant.name, call.model, call.version), call)
@@ -147,38 +231,41 @@ class CallStream:
             for request, _ in decoded:
                 self._post(_error(request, exc))
             return
+        if calls.left:  # the caller went while they were being started: nobody waits
+            self._cancel([r.job_id for r in started if isinstance(r, Call) and r.job_id])
+            return
         for (request, call), result in zip(decoded, started, strict=True):
             if isinstance(result, DomainError):
                 self._post(_error(request, result))
             elif result.done is not None:
-                self._post(_answered(call, result.done, result))
+                self._post(_answered(call.reply(), result.done, result))
             else:
                 assert result.job_id is not None
-                self._requests[result.job_id] = call
+                self._replies[result.job_id] = call.reply()
                 calls.add(result)
 
     def _post(self, response: pb.ModelStreamInferResponse) -> None:
-        """An answer the reader made itself: out at once, its slot free again."""
+        """An answer the submitter made itself: out at once."""
         self._ready.put(response)
-        self._slots.release()
         self._calls.wake()
 
     # -- the answering side -----------------------------------------------------------
 
     def _answer(self, calls: Calls) -> Iterator[pb.ModelStreamInferResponse]:
+        """Each answer as it comes; its request's slot is free once it was sent."""
         while not calls.left:
             while not self._ready.empty():
                 yield self._ready.get_nowait()
+                self._slots.release()
             if not self._reading and not len(calls) and self._ready.empty():
                 return  # the client is done and every request was answered
             for call, ended in calls.finished(POLL_S):
-                request = self._requests.pop(call.job_id)  # type: ignore[arg-type]
+                reply = self._replies.pop(call.job_id)  # type: ignore[arg-type]
+                yield _answered(reply, ended, call)
                 self._slots.release()
-                yield _answered(request, ended, call)
 
-    def _cancel(self, calls: Calls) -> None:
-        """The caller left: its unfinished jobs are cancelled (queued ones never run)."""
-        jobs = calls.jobs()
+    def _cancel(self, jobs: list[uuid.UUID]) -> None:
+        """The caller left: these unfinished jobs are cancelled (queued ones never run)."""
         if not jobs:
             return
         try:
@@ -191,7 +278,7 @@ class CallStream:
 
 
 def _answered(
-    request: codec.Call, ended: Answer | DomainError, call: Call
+    request: codec.Reply, ended: Answer | DomainError, call: Call
 ) -> pb.ModelStreamInferResponse:
     if isinstance(ended, DomainError):
         return _failure(request.id, request.model, status.of(ended), call.job_id)

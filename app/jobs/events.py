@@ -201,10 +201,14 @@ class Subscription:
         self._keys: set[str] = set()
         self._changed: set[str] = set()
         self._event = threading.Event()
+        self._closed = False
 
     def add(self, job_id: uuid.UUID) -> None:
+        """Follow a job too; nothing once closed (its caller is gone)."""
         key = str(job_id)
         with self._bus._condition:  # (re-entrant) one thread adds while another waits
+            if self._closed:
+                return
             self._keys.add(key)
             self._bus._subscribe(self, key)
             self._mark({key})
@@ -229,6 +233,7 @@ class Subscription:
 
     def close(self) -> None:
         with self._bus._condition:
+            self._closed = True
             self._bus._unsubscribe(self, self._keys)
             self._keys = set()
 

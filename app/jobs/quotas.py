@@ -119,12 +119,20 @@ class Quotas:
         return limits
 
     def admit_jobs(
-        self, session: Session, tenant_id: int, jobs: int = 1, *, priority: int = 0
+        self,
+        session: Session,
+        tenant_id: int,
+        jobs: int = 1,
+        *,
+        priority: int = 0,
+        requests: int = 1,
     ) -> None:
-        """Count one request making `jobs` jobs (at `priority`), or raise QuotaExceeded."""
+        """Count `requests` requests making `jobs` jobs (at `priority`), or raise
+        QuotaExceeded. A door that gathers many callers' requests into one call (a
+        stream's, a log's entries) counts each: the rate is the same by every door."""
         limits = self.limits(session, tenant_id)
         check_priority(priority, limits)
-        self._rate(tenant_id, limits)
+        self._rate(tenant_id, limits, requests)
         if limits.in_flight is not None:
             self._in_flight(session, tenant_id, jobs, limits.in_flight)
 
@@ -148,7 +156,7 @@ class Quotas:
             return None
         return self._stored(session, tenant_id, size, limits.stored_bytes)
 
-    def _rate(self, tenant_id: int, limits: Limits) -> None:
+    def _rate(self, tenant_id: int, limits: Limits, requests: int = 1) -> None:
         if limits.submits_per_second is None:
             return
         second = int(time.time())
@@ -157,9 +165,13 @@ class Quotas:
             if self._redis is None:
                 self._redis = redis_client(self.settings.redis_url)
             pipe = self._redis.pipeline()
-            pipe.incr(key)
+            pipe.incrby(key, requests)
             pipe.expire(key, 2)
             used = int(pipe.execute()[0])
+            if used > limits.submits_per_second and requests > 1:
+                # Refused together: they take none of the second's allowance, so fewer
+                # of them (a door that halves its batch when refused) can still pass.
+                self._redis.decrby(key, requests)
         except redis.RedisError as exc:  # the quota fails open: the broker's outage shows elsewhere
             logger.warning("submit rate of tenant %s not counted: %s", tenant_id, exc)
             return

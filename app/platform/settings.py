@@ -351,6 +351,18 @@ class Settings(BaseSettings):
         "the server stops reading the stream until answers go out (flow control, not "
         "refusal).",
     )
+    grpc_stream_max_in_flight_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        description="Bytes of a stream's requests read and not yet started (their tensors "
+        "then live in PostgreSQL); beyond it the stream is read no further until they are "
+        "(one request larger than this still passes, alone).",
+    )
+    grpc_max_streams_per_tenant: int = Field(
+        default=8,
+        description="ModelStreamInfer streams one tenant may hold open on the gRPC door's "
+        "process (each also holds one of its GRPC_MAX_WAITS_PER_TENANT); beyond it "
+        "RESOURCE_EXHAUSTED.",
+    )
     grpc_metrics_port: int = Field(
         default=0,
         description="The gRPC door serves its metrics (Prometheus text) on this port; 0 = "

@@ -92,6 +92,11 @@ def from_raw(datatype: str, shape: list[int], data: bytes | memoryview) -> np.nd
         raise ValueError("shape must be a list of non-negative integers")
     count = math.prod(shape)
     if is_bytes(datatype):
+        if count * 4 > len(data):  # each element has a 4-byte length: refused before any allocation
+            raise ValueError(
+                f"data of {len(data)} bytes cannot hold shape {shape} of BYTES (each element "
+                "takes at least 4 bytes)"
+            )
         try:
             items, end = decode_bytes(data, count)
         except ValueError as exc:

@@ -32,6 +32,12 @@ def decode(entry: LogEntry, max_bytes: int) -> EntryRequest | DomainError:
         return _decode(entry, max_bytes)
     except DomainError as exc:
         return exc
+    except Exception as exc:  # anything the checks below missed is the entry's fault too
+        return MalformedRequest(
+            f"entry {entry.id} cannot be read ({type(exc).__name__}); see the entry format "
+            "in the README's stream door section",
+            errors={"entry": ["a readable input entry"]},
+        )
 
 
 def _decode(entry: LogEntry, max_bytes: int) -> EntryRequest:
@@ -72,9 +78,15 @@ def _decode(entry: LogEntry, max_bytes: int) -> EntryRequest:
 
 def _text(fields: Mapping[str, bytes], name: str) -> str:
     try:
-        return fields[name].decode()
+        text = fields[name].decode()
     except UnicodeDecodeError:
         raise MalformedRequest(f"{name} is not UTF-8 text", errors={name: ["UTF-8 text"]}) from None
+    if "\x00" in text:  # PostgreSQL's text cannot hold it: refused here, not by the database
+        raise MalformedRequest(
+            f"{name} contains a NUL character (\\u0000), which no id or name may hold",
+            errors={name: ["text without NUL characters"]},
+        )
+    return text
 
 
 def _optional(fields: Mapping[str, bytes], name: str) -> str | None:
@@ -85,7 +97,7 @@ def _priority(entry: LogEntry, fields: Mapping[str, bytes]) -> int:
     if "priority" not in fields:
         return 0
     text = _text(fields, "priority")
-    if not (text.isdigit() and 0 <= int(text) <= 9):
+    if not (text.isascii() and text.isdigit() and 0 <= int(text) <= 9):
         raise InvalidRequest(
             f"entry {entry.id}: priority {text!r} is not 0 to 9",
             errors={"priority": ["an integer from 0 to 9"]},

@@ -32,14 +32,16 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import redis
+
 from app.bindings.entries import EntryOutcome
 from app.bindings.service import ActiveBinding
 from app.dataplane import DataPlane
 from app.dataplane.requests import EntryRequest
-from app.errors import DomainError, QueueFull, QuotaExceeded
+from app.errors import DomainError, QueueFull, QuotaExceeded, Unavailable
 from app.jobs.guards import Guards
 from app.observability import metrics
-from app.platform.database import Database
+from app.platform.database import Database, database_unavailable
 from app.platform.logstreams import LogEngine, LogEntry, LogGone
 from app.platform.settings import Settings
 from app.streams import codec, unstaged
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 BLOCK_S = 1.0  # the longest a read waits for entries (and SIGTERM for an answer)
 FAILED_RETRY_S = 1.0  # after a batch failed for another reason (database, Redis)
+FAILURES_TO_DEAD_LETTER = 3  # an entry failing alone this often is a dead letter
 PURGE_EVERY_S = 3600.0
 DEAD_KEY = "inference:stream-dead:{binding}:{entry}"
 
@@ -81,6 +84,7 @@ class Consumer:
         self.group, self.count = settings.streams_group, settings.streams_read_count
         self.on_accepted, self.checkpoint, self.clock = on_accepted, checkpoint, clock
         self.bindings: dict[uuid.UUID, _State] = {}
+        self._failures: dict[tuple[uuid.UUID, str], int] = {}  # an entry's failures alone
         self._refresh_at = self._claim_at = 0.0
         self._purge_at = clock() + 60.0
 
@@ -116,7 +120,7 @@ class Consumer:
             read = self.logs.read_pending if state.own_first else self._read_new_of
             entries = read(self.group, self.name, state.spec.input, state.chunk)
             if entries:
-                self.handle(state, entries)
+                self.take(state, entries)
             else:
                 state.own_first = False
         fresh = {s.spec.input: s for s in ready if not s.own_first and s.chunk >= self.count}
@@ -126,7 +130,7 @@ class Consumer:
         got = self.logs.read_new(self.group, self.name, list(fresh), self.count, BLOCK_S)
         for log, entries in got.items():
             if entries and log in fresh:
-                self.handle(fresh[log], entries)
+                self.take(fresh[log], entries)
 
     def _read_new_of(self, group: str, consumer: str, log: str, count: int) -> list[LogEntry]:
         return self.logs.read_new(group, consumer, [log], count, 0).get(log, [])
@@ -161,7 +165,39 @@ class Consumer:
                                            state.chunk)  # fmt: skip
             if entries:
                 logger.info("claimed %d idle entries of %s", len(entries), state.spec.input)
-                self.handle(state, entries)
+                self.take(state, entries)
+
+    def take(self, state: _State, entries: list[LogEntry]) -> None:
+        """`handle`, kept to its own binding. A batch that fails for a reason of its
+        own (not an outage of the database or Redis, which every batch waits out) is
+        read again in halves, so the entry at fault ends up alone; failing alone
+        FAILURES_TO_DEAD_LETTER times, it is dead-lettered. So no entry holds up its
+        binding for good, and no binding the others."""
+        try:
+            self.handle(state, entries)
+        except LogGone:
+            raise
+        except Exception as exc:
+            state.own_first, state.resume_at = True, self.clock() + FAILED_RETRY_S
+            if database_unavailable(exc) or isinstance(exc, redis.RedisError | OSError):
+                logger.warning("%s: %s; reading it again", state.spec.input, exc)
+                return
+            logger.exception("%s: a batch of %d entries failed", state.spec.input, len(entries))
+            if len(entries) > 1:
+                state.chunk = max(1, len(entries) // 2)
+                return
+            [entry] = entries
+            key = (state.spec.id, entry.id)
+            self._failures[key] = self._failures.get(key, 0) + 1
+            if self._failures[key] >= FAILURES_TO_DEAD_LETTER:
+                del self._failures[key]
+                error = Unavailable(
+                    f"entry {entry.id} could not be accepted after {FAILURES_TO_DEAD_LETTER} "
+                    f"tries ({type(exc).__name__}); the error was logged"
+                )
+                self._dead_letters(state.spec, [(entry, error)])
+                self.logs.ack(state.spec.input, self.group, [entry.id])
+                state.resume_at = 0.0
 
     def handle(self, state: _State, entries: list[LogEntry]) -> None:
         """One batch of one binding: recorded as jobs (or dead letters), then
@@ -178,9 +214,6 @@ class Consumer:
         except (QueueFull, QuotaExceeded) as exc:
             self._defer(state, len(entries), exc)
             return
-        except Exception:
-            state.own_first, state.resume_at = True, self.clock() + FAILED_RETRY_S
-            raise
         state.chunk = min(self.count, state.chunk * 2)
         errors = {o.entry_id: o.error for o in outcomes if o.error is not None}
         errors |= {e.id: d for e, d in decoded if isinstance(d, DomainError)}

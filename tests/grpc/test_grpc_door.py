@@ -357,3 +357,15 @@ def test_health_says_not_serving_while_the_database_is_away(serve_grpc: Any, set
         assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
         ready = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(pb.ServerReadyRequest())
         assert not ready.ready
+
+
+def test_a_bytes_shape_its_data_cannot_hold_is_refused_before_any_allocation(
+    stub: pb_grpc.GRPCInferenceServiceStub, tenant: TenantAuth
+) -> None:
+    request = pb.ModelInferRequest(model_name="minilm")
+    request.inputs.add(name="text", datatype="BYTES", shape=[2**40])
+    request.raw_input_contents.append(b"\x00\x00\x00\x00")
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ModelInfer(request, metadata=list(key_of(tenant).items()), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot hold shape" in refused.value.details()

@@ -187,3 +187,35 @@ def test_a_stream_cut_mid_way_cancels_its_queued_jobs(
     result = fresh.infer("digits", [row_input(5)], headers=key_of(tenant))
     assert result.as_numpy("label").shape == (1,)
     fresh.close()
+
+
+def test_a_tenant_holds_at_most_its_share_of_streams(
+    serve_grpc: Callable[..., Running], database: Database, worker: Any
+) -> None:
+    running = serve_grpc(grpc_max_streams_per_tenant=1)
+    tenant = make_tenant(database)
+    first, second = client_of(running), client_of(running)
+    kept, refused = Answers(), Answers()
+    first.start_stream(kept, headers=key_of(tenant))
+    first.async_stream_infer("digits", [row_input(0)], request_id="open")
+    wait_until(lambda: kept.count(), "the first stream's answer", 30)
+    second.start_stream(refused, headers=key_of(tenant))
+    wait_until(lambda: refused.errors, "the second stream to be refused", 30)
+    assert "RESOURCE_EXHAUSTED" in str(refused.errors[0].status())
+    assert "GRPC_MAX_STREAMS_PER_TENANT" in str(refused.errors[0].message())
+    for client in (first, second):
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def test_a_small_byte_budget_still_lets_every_request_through(
+    serve_grpc: Callable[..., Running], tenant: TenantAuth, worker: Any
+) -> None:
+    running = serve_grpc(grpc_stream_max_in_flight_bytes=1024)  # about three requests
+    client, answers = client_of(running), Answers()
+    client.start_stream(answers, headers=key_of(tenant))
+    for i in range(30):
+        client.async_stream_infer("digits", [row_input(i)], request_id=f"r{i}")
+    client.stop_stream()
+    client.close()
+    assert not answers.errors and len(answers.results) == 30

@@ -3,6 +3,7 @@ its place; a bad request is its own error and never the others'."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -11,11 +12,19 @@ from flask import Flask
 from sqlalchemy.orm import Session
 
 from app.dataplane import InferRequest, JobRequest
-from app.errors import DomainError, InputsDoNotFit, InvalidRequest, QueueFull, UnknownModel
+from app.errors import (
+    DomainError,
+    InputsDoNotFit,
+    InvalidRequest,
+    QueueFull,
+    QuotaExceeded,
+    UnknownModel,
+)
 from app.platform.database import Database
 from app.platform.tables import Job, Tenant
 from app.web.context import container_of
 from tests.conftest import STAGED, TenantAuth, make_tenant
+from tests.support import wait_until
 
 ROW = {"pixels": [[1.0] * 64]}
 
@@ -116,3 +125,21 @@ def test_start_calls_starts_each_call_or_says_why(
     assert good.job_id and timed.job_id and timed.timeout_s == 2
     priorities = {job.id: job.priority for job in jobs_of(database, tenant.id)}
     assert priorities == {good.job_id: 10, timed.job_id: 10}  # ahead of async work
+
+
+def test_each_request_counts_toward_the_submit_rate_and_refused_ones_take_none(
+    app: Flask, database: Database
+) -> None:
+    tenant = make_tenant(database)
+    with database.sessionmaker() as session:
+        limit = sa.update(Tenant).where(Tenant.id == tenant.id).values(max_submits_per_second=3)
+        session.execute(limit)
+        session.commit()
+    plane = container_of(app).dataplane
+    # Early in a wall-clock second (the rate counts them in Redis), so all fit in one.
+    wait_until(lambda: time.time() % 1 <= 0.3, "the start of a second", interval=0.02)
+    with container_of(app).database.scope():
+        five = plane.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 5)
+        three = plane.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 3)
+    assert all(isinstance(o, QuotaExceeded) for o in five)  # five a second, where three may
+    assert all(isinstance(o, Job) for o in three)  # the refused five took none of the three

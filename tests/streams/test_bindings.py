@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 from flask.testing import FlaskClient
 
@@ -13,7 +14,8 @@ from app.bindings import names
 from app.errors import InvalidRequest
 from app.platform.database import Database
 from app.platform.settings import Settings
-from tests.conftest import TenantAuth, make_tenant
+from app.platform.tables import StreamEntry
+from tests.conftest import TenantAuth, insert_queued_job, make_tenant
 
 
 def post(client: FlaskClient, tenant: TenantAuth, **body: Any) -> Any:
@@ -145,3 +147,20 @@ def test_the_cli_manages_the_same_bindings(
     assert wrong.exit_code != 0 and "model 'nope'" in wrong.output
     assert run("delete", "cli-in") == [{"deleted": made["id"]}]
     assert client.get("/streams", headers=tenant.headers).json["items"] == []
+
+
+def test_a_binding_with_results_still_to_append_is_not_deleted(
+    client: FlaskClient, tenant: TenantAuth, database: Database
+) -> None:
+    binding = post(client, tenant, model="digits", input="busy", output="busy-out").json
+    job_id = insert_queued_job(database, tenant.id)
+    with database.engine.begin() as conn:
+        row = {"binding_id": binding["id"], "entry_id": "1-0", "request_id": "r1"}
+        conn.execute(sa.insert(StreamEntry).values(**row, job_id=job_id))
+    url = f"/streams/{binding['id']}"
+    refused = client.delete(url, headers=tenant.headers)
+    assert refused.status_code == 409, refused.json
+    assert refused.json["unpublished"] == 1 and "pause it" in refused.json["detail"]
+    with database.engine.begin() as conn:
+        conn.execute(sa.update(StreamEntry).values(published_at=sa.func.now()))
+    assert client.delete(url, headers=tenant.headers).status_code == 204

@@ -87,6 +87,9 @@ def test_poison_entries_go_to_the_dead_letter_log_and_never_block_the_others(
         "wrong-shape": {"id": "wrong-shape", "inputs": json.dumps({"pixels": [[1.0, 2.0]]})},
         "no-inputs": {"id": "no-inputs"},
         "bad-priority": {**request(1), "id": "bad-priority", "priority": "42"},
+        # A digit Python reads, an integer it does not; a NUL no PostgreSQL text holds.
+        "odd-priority": {**request(2), "id": "odd-priority", "priority": "\u00b2"},
+        "nul\x00id": {**request(3), "id": "nul\x00id"},
     }
     entries: list[dict[str, Any]] = []
     for i, bad in enumerate(poison.values()):
@@ -106,6 +109,7 @@ def test_poison_entries_go_to_the_dead_letter_log_and_never_block_the_others(
         "not-json": (400, "malformed-request"), "not-utf8": (400, "malformed-request"),
         "unknown-model": (404, "unknown-model"), "wrong-shape": (422, "invalid-input"),
         "no-inputs": (422, "validation-error"), "bad-priority": (422, "validation-error"),
+        "odd-priority": (422, "validation-error"), "nul\x00id": (400, "malformed-request"),
     }  # fmt: skip
     for name, (status, kind) in expected.items():
         error = letters[name]["error"]
