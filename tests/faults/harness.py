@@ -55,6 +55,7 @@ GUARDS_OFF_VARIABLE = "FAULTS_GUARDS_OFF"
 # The stream consumer: the service's, or the suite's where a guard is off or a
 # crash is staged (FAULTS_CRASH_AT, see tests.faults.consumer).
 STREAM_ENTRY_POINT = "app.streams"
+GRPC_ENTRY_POINT = "app.grpc"
 FAULT_CONSUMER = "tests.faults.consumer"
 STREAM_FAST = {"STREAMS_REFRESH_SECONDS": "0.2", "STREAMS_CLAIM_IDLE_SECONDS": "1.5"}
 
@@ -278,6 +279,15 @@ class FaultStack:
         service = Service(name, [sys.executable, "-m", module], env, self.root).start()
         service.wait_for_log(b" ready")
         self.services[name] = service
+        return service
+
+    def start_grpc(self) -> Service:
+        """The gRPC door (`python -m app.grpc`) on a free port: `grpc_target`."""
+        self.grpc_target = f"127.0.0.1:{free_port()}"
+        env = {**self.env, "GRPC_PORT": self.grpc_target.rsplit(":", 1)[1]}
+        service = Service("grpc", [sys.executable, "-m", GRPC_ENTRY_POINT], env, self.root)
+        service.start().wait_for_log(b"gRPC door on")
+        self.services["grpc"] = service
         return service
 
     def keep_logs(self, where: Path) -> None:

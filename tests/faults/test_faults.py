@@ -15,14 +15,17 @@ import signal
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 import sqlalchemy as sa
+import tritonclient.grpc as grpcclient
 from sklearn.datasets import load_digits
 
 from app.jobs import transitions
@@ -40,6 +43,15 @@ ON, OFF = True, False
 
 def digits(i: int = 0) -> dict[str, Any]:
     return {"model": "digits", "inputs": {"pixels": [ROWS[i % len(ROWS)]]}}
+
+
+def grpc_slow_inputs(seconds: float) -> list[Any]:
+    """The `slow` model's inputs as tritonclient sends them (about `seconds` of work)."""
+    x = grpcclient.InferInput("x", [1, 64], "FP32")
+    x.set_data_from_numpy(np.full((1, 64), 0.1, np.float32))
+    steps = grpcclient.InferInput("steps", [1], "INT64")
+    steps.set_data_from_numpy(np.array([max(1, int(seconds / 2e-6))], np.int64))
+    return [x, steps]
 
 
 def slow(seconds: float) -> dict[str, Any]:
@@ -176,10 +188,14 @@ def test_4_kill_redis_and_restart_it(make_stack: Callable[..., FaultStack], guar
 def test_5_stop_postgres_during_a_run(make_stack: Callable[..., FaultStack], guarded: bool) -> None:
     stack = make_stack("" if guarded else "lease,retry")
     stack.start_all(concurrency=2)
+    # The 2 s job must end while PostgreSQL is down (3 s, from just after it started):
+    # its result then cannot be written. Submitted last, so a slow machine's submits
+    # cannot outlast it.
+    ids = stack.submit([digits(i) for i in range(50)])
     long_job = stack.submit([slow(2.0)])
     while stack.statuses(long_job).get(long_job[0]) != "running":
-        time.sleep(0.05)
-    ids = long_job + stack.submit([digits(i) for i in range(50)])
+        time.sleep(0.02)
+    ids = long_job + ids
     stack.stop_postgres()
     down = requests.post(
         f"{stack.base}/jobs",
@@ -425,3 +441,62 @@ def test_10_two_consumers_share_a_group_and_one_dies_holding_entries(
     check(tally, guarded, lambda t: t.duplicate_executions > 0)
     if guarded:
         assert tally.duplicate_executions == 0, tally
+
+
+@GUARD
+def test_11_sigkill_worker_children_under_grpc_streams(
+    make_stack: Callable[..., FaultStack], guarded: bool
+) -> None:
+    """Two ModelStreamInfer streams of 150 requests while worker children are
+    killed: each request is answered once, with its outputs (its job taken back from
+    the dead child by the lease sweep and run again); without the lease, the jobs of
+    the killed children never end and their requests run out of time."""
+    stack = make_stack("" if guarded else "lease", JOB_MAX_ATTEMPTS="5")
+    stack.start_all(concurrency=2)
+    stack.start_grpc()
+    per_stream, answers, lock = 150, Counter[str](), threading.Lock()
+    failures: list[str] = []
+
+    def on_answer(result: Any, error: Any) -> None:
+        with lock:
+            if error is not None:
+                failures.append(str(error.message()))
+            else:
+                answers[result.get_response().id] += 1
+
+    clients = [grpcclient.InferenceServerClient(stack.grpc_target) for _ in range(2)]
+    key = {"authorization": f"Bearer {stack.api_key}"}
+    for n, client in enumerate(clients):
+        client.start_stream(on_answer, headers=key)
+        for i in range(per_stream):
+            inputs = grpc_slow_inputs(0.04)
+            client.async_stream_infer("slow", inputs, request_id=f"s{n}-{i}",
+                                      timeout=60_000_000 if guarded else 12_000_000)  # fmt: skip
+    worker, kills = stack.services["worker0"], 0
+    while kills < 6 and sum(answers.values()) + len(failures) < 2 * per_stream:
+        children = worker.children()
+        if children:
+            random.choice(children).kill()
+            kills += 1
+        time.sleep(0.5)
+    started = time.monotonic()
+    for client in clients:
+        client.stop_stream()  # returns once every request was answered (or ran out of time)
+        client.close()
+    with stack.engine.connect() as conn:
+        ids = [str(i) for i in conn.execute(sa.text("SELECT id FROM jobs")).scalars()]
+    tally = stack.tally(
+        "11. SIGKILL worker children under two gRPC streams",
+        "on" if guarded else "off: lease",
+        ids,
+        2 * per_stream,
+    )
+    asked = [f"s{n}-{i}" for n in range(2) for i in range(per_stream)]
+    tally.acknowledged = len(ids)  # each request became a job
+    tally.completed = sum(answers[r] > 0 for r in asked)
+    tally.lost = sum(answers[r] == 0 for r in asked)
+    tally.duplicate_results += sum(c - 1 for c in answers.values() if c > 1)
+    tally.recovery_s = round(time.monotonic() - started, 1)
+    tally.notes.append(f"{kills} kills; {len(failures)} answers were errors")
+    check(tally, guarded, lambda t: t.lost > 0)
+    assert kills >= 3
