@@ -358,7 +358,7 @@ class Settings(BaseSettings):
         "(one request larger than this still passes, alone).",
     )
     grpc_max_streams_per_tenant: int = Field(
-        default=8,
+        default=16,
         description="ModelStreamInfer streams one tenant may hold open on the gRPC door's "
         "process (each also holds one of its GRPC_MAX_WAITS_PER_TENANT); beyond it "
         "RESOURCE_EXHAUSTED.",
