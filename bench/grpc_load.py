@@ -15,14 +15,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
 from app.grpc.generated import grpc_service_pb2 as pb
-from bench.load import LoadResult
+from bench.load import LoadResult, run_clients
 
 UNARY = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -78,7 +78,7 @@ def unary(
                 tally.accepted += 1
                 tally.latencies_ms.append((time.perf_counter() - started) * 1000)
 
-    return _run(clients, client)
+    return run_clients(clients, client)
 
 
 def stream(
@@ -122,7 +122,7 @@ def stream(
             except grpc.RpcError as exc:
                 _error(tally, f"stream: {exc.code().name}: {exc.details()}")
 
-    return _run(clients, client)
+    return run_clients(clients, client)
 
 
 def _id_field(request_id: str) -> bytes:
@@ -136,27 +136,3 @@ def _error(tally: LoadResult, sample: str) -> None:
     tally.errors += 1
     if len(tally.error_samples) < 5:
         tally.error_samples.append(sample[:200])
-
-
-def _run(clients: int, client: Callable[[LoadResult, list[float]], None]) -> LoadResult:
-    total, lock, first = LoadResult(), threading.Lock(), list[float]()
-
-    def worker() -> None:
-        tally = LoadResult()
-        try:
-            client(tally, first)
-        finally:
-            with lock:
-                total.merge(tally)
-
-    cpu_start = time.process_time()
-    started = time.time()
-    pool = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    total.last_answer = time.time()
-    total.client_cpu_s = time.process_time() - cpu_start
-    total.first_send = min(first) if first else started
-    return total

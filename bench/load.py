@@ -139,12 +139,8 @@ NextWork = Callable[[], tuple[bytes, float | None] | None]
 
 
 def _drive(endpoint: Endpoint, threads: int, next_work: NextWork) -> LoadResult:
-    total = LoadResult()
-    lock = threading.Lock()
-    first_send: list[float] = []
-
-    def worker() -> None:
-        client, tally = _Client(endpoint), LoadResult()
+    def client(tally: LoadResult, first_send: list[float]) -> None:
+        http = _Client(endpoint)
         try:
             while (work := next_work()) is not None:
                 body, at = work
@@ -154,14 +150,35 @@ def _drive(endpoint: Endpoint, threads: int, next_work: NextWork) -> LoadResult:
                         time.sleep(delay)
                 if not first_send:
                     first_send.append(time.time())
-                client.post(body, tally, at if at is not None else time.perf_counter())
+                http.post(body, tally, at if at is not None else time.perf_counter())
         finally:
-            client.close()
+            http.close()
+
+    return run_clients(threads, client)
+
+
+# One client thread's loop: it counts into its own tally, and notes the time of the
+# first send (of any client) in the shared list.
+ClientLoop = Callable[[LoadResult, list[float]], None]
+
+
+def run_clients(clients: int, client: ClientLoop) -> LoadResult:
+    """`clients` threads each running `client` to the end; their tallies merged, the
+    first send and last answer times and this process's CPU for all of them."""
+    total = LoadResult()
+    lock = threading.Lock()
+    first_send: list[float] = []
+
+    def worker() -> None:
+        tally = LoadResult()
+        try:
+            client(tally, first_send)
+        finally:
             with lock:
                 total.merge(tally)
 
     cpu_start = time.process_time()
-    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
     started = time.time()
     for thread in pool:
         thread.start()
