@@ -50,8 +50,10 @@ class EventBus:
     changed, comma-separated (the statement triggers send up to 200 ids each).
     """
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, engine: Engine, application_name: str = APPLICATION_NAME) -> None:
+        """`application_name`: what its LISTEN connection is called in
+        pg_stat_activity (a test names its own bus's apart)."""
+        self._engine, self._application_name = engine, application_name
         self._changes: dict[str, int] = {}
         self._watchers: dict[str, int] = {}
         self._subscribed: dict[str, set[Subscription]] = {}
@@ -148,7 +150,7 @@ class EventBus:
     def _connect(self) -> Any:
         dialect = self._engine.dialect
         cargs, cparams = dialect.create_connect_args(self._engine.url)
-        params = {**cparams, "application_name": APPLICATION_NAME}
+        params = {**cparams, "application_name": self._application_name}
         if "host" in params and not str(params["host"]).startswith("/"):
             params.update(TCP_CHECKS)
         conn = dialect.loaded_dbapi.connect(*cargs, **params)

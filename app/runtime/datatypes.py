@@ -65,8 +65,10 @@ def encode_bytes(array: np.ndarray) -> bytes:
 
 def decode_bytes(data: bytes | memoryview, count: int, offset: int = 0) -> tuple[np.ndarray, int]:
     """`count` length-prefixed elements from `offset`: an object array of `bytes`
-    and the offset after them. ValueError where the data runs short."""
-    items = np.empty(count, dtype=object)
+    and the offset after them. ValueError where the data runs short. The array is
+    made once they are read: a shape far larger than its data (a hostile count)
+    fails at the first missing element, never allocating for it."""
+    found: list[bytes] = []
     view = memoryview(data)
     for i in range(count):
         if offset + 4 > len(view):
@@ -75,8 +77,10 @@ def decode_bytes(data: bytes | memoryview, count: int, offset: int = 0) -> tuple
         offset += 4
         if offset + length > len(view):
             raise ValueError(f"BYTES element {i} says {length} bytes; the data ends before")
-        items[i] = bytes(view[offset : offset + length])
+        found.append(bytes(view[offset : offset + length]))
         offset += length
+    items = np.empty(count, dtype=object)
+    items[:] = found
     return items, offset
 
 
@@ -92,11 +96,6 @@ def from_raw(datatype: str, shape: list[int], data: bytes | memoryview) -> np.nd
         raise ValueError("shape must be a list of non-negative integers")
     count = math.prod(shape)
     if is_bytes(datatype):
-        if count * 4 > len(data):  # each element has a 4-byte length: refused before any allocation
-            raise ValueError(
-                f"data of {len(data)} bytes cannot hold shape {shape} of BYTES (each element "
-                "takes at least 4 bytes)"
-            )
         try:
             items, end = decode_bytes(data, count)
         except ValueError as exc:

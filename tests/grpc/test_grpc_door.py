@@ -368,4 +368,5 @@ def test_a_bytes_shape_its_data_cannot_hold_is_refused_before_any_allocation(
     with pytest.raises(grpc.RpcError) as refused:
         stub.ModelInfer(request, metadata=list(key_of(tenant).items()), timeout=30)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "cannot hold shape" in refused.value.details()
+    assert "does not fit shape [1099511627776]" in refused.value.details()
+    assert "element 1 has no 4-byte length" in refused.value.details()

@@ -14,12 +14,6 @@ from app.platform.database import Database
 from tests.conftest import TenantAuth, insert_queued_job
 from tests.support import wait_until
 
-LISTENER = (
-    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-    "AND pid <> pg_backend_pid() AND (application_name = 'job-events-listener' "
-    "OR query = 'LISTEN job_events')"
-)
-
 
 def notify(database: Database, payloads: list[str]) -> None:
     with database.engine.begin() as conn:
@@ -34,11 +28,6 @@ def touch(database: Database, job_id: uuid.UUID) -> None:
     with database.engine.begin() as conn:
         conn.execute(sa.text("UPDATE jobs SET attempts = attempts + 1 WHERE id = :id"),
                      {"id": job_id})  # fmt: skip
-
-
-def listener_pids(database: Database) -> list[int]:
-    with database.engine.connect() as conn:
-        return list(conn.execute(sa.text(LISTENER)).scalars())
 
 
 def test_changes_of_unwatched_jobs_leave_no_trace(database: Database) -> None:
@@ -57,27 +46,28 @@ def test_changes_of_unwatched_jobs_leave_no_trace(database: Database) -> None:
 def test_a_killed_listener_reconnects_and_wakes_its_waiters(
     database: Database, tenant: TenantAuth
 ) -> None:
-    others = set(listener_pids(database))  # other tests' buses
-    bus = EventBus(database.engine)
+    name = f"job-events-test-{uuid.uuid4().hex[:8]}"  # this bus's connection, by name
+
+    def own_listener() -> list[int]:
+        with database.engine.connect() as conn:
+            query = "SELECT pid FROM pg_stat_activity WHERE application_name = :name"
+            return list(conn.execute(sa.text(query), {"name": name}).scalars())
+
+    bus = EventBus(database.engine, application_name=name)
     job_id = insert_queued_job(database, tenant.id)
     with bus.watching(job_id) as watch:
         seen = watch.version()
-        # This bus's listener, with any other that connected meanwhile (a bus of an
-        # earlier test reconnecting): every one of them reconnects.
-        pids = set(listener_pids(database)) - others
-        assert pids, "the bus did not start listening"
+        [pid] = own_listener()
         with database.engine.connect() as conn:
-            for pid in pids:
-                conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-        gone = lambda: not pids & set(listener_pids(database))  # noqa: E731
-        wait_until(gone, "the listener gone", 5, 0.01)
+            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        wait_until(lambda: pid not in own_listener(), "the listener gone", 5, 0.01)
         touch(database, job_id)  # while nobody listens: its NOTIFY is lost
         started = time.monotonic()
         woken = watch.wait(seen, 15)
         assert woken != seen, "a change made while the listener was down never woke its waiter"
         assert time.monotonic() - started < 10
 
-        wait_until(lambda: set(listener_pids(database)) - others, "listening again", 10)
+        wait_until(lambda: own_listener(), "listening again", 10)
         # On a slow run the listener may be back before `touch`: its NOTIFY then comes
         # after the reconnect's wake-up. Let what is under way land, then start from it.
         time.sleep(0.3)
