@@ -11,31 +11,42 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from app.errors import TooManyWaits
 
 
+@dataclass(frozen=True)
+class Wording:
+    """What a Holds counts and which settings bound it, for its refusals."""
+
+    what: str = "event streams, long-polls, sync calls or gRPC streams"
+    per_tenant: str = "MAX_WAITS_PER_TENANT; on the gRPC door GRPC_MAX_WAITS_PER_TENANT"
+    total: str = "MAX_WAITS; on the gRPC door GRPC_MAX_WAITS"
+    advice: str = "close one, or poll without waiting"
+
+
 class Holds:
-    def __init__(self, per_tenant: int, total: int) -> None:
-        self.per_tenant, self.total = per_tenant, total
+    def __init__(self, per_tenant: int, total: int, wording: Wording = Wording()) -> None:
+        self.per_tenant, self.total, self.wording = per_tenant, total, wording
         self._lock = threading.Lock()
         self._held: Counter[int] = Counter()
 
     def acquire(self, tenant_id: int) -> Callable[[], None]:
         """Count one more waiting request of the tenant; returns its release
         (idempotent). TooManyWaits when a limit is reached."""
+        words = self.wording
         with self._lock:
             if self._held[tenant_id] >= self.per_tenant:
                 raise TooManyWaits(
-                    f"you already have {self.per_tenant} event streams, long-polls, sync calls "
-                    "or gRPC streams open on this server (MAX_WAITS_PER_TENANT; on the gRPC "
-                    "door GRPC_MAX_WAITS_PER_TENANT); close one, or poll without waiting",
+                    f"you already have {self.per_tenant} {words.what} open on this server "
+                    f"({words.per_tenant}); {words.advice}",
                     retry_after=1, limit=self.per_tenant,
                 )  # fmt: skip
             if sum(self._held.values()) >= self.total:
                 raise TooManyWaits(
-                    f"this server already holds {self.total} waiting requests (MAX_WAITS; on "
-                    "the gRPC door GRPC_MAX_WAITS); retry shortly, or poll without waiting",
+                    f"this server already holds {self.total} {words.what} ({words.total}); "
+                    f"retry shortly, or {words.advice}",
                     retry_after=1, limit=self.total,
                 )  # fmt: skip
             self._held[tenant_id] += 1

@@ -149,7 +149,7 @@ class DataPlane:
             job = service.stage(session, values)
             idempotency.remember(session, tenant.id, key, fingerprint, job.id)
             session.commit()
-            self._wake(session, [job])
+            self._wake(session, job.model, [job.id])
         metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
         return job
 
@@ -167,6 +167,7 @@ class DataPlane:
         rows beside the jobs. No idempotency keys here (each would take a lock)."""
         outcomes: list[Job | DomainError | None] = [None] * len(requests)
         checked: list[tuple[int, ModelCard, dict[str, Any]]] = []
+        cards = _Cards(self.models, tenant.name)
         for index, request in enumerate(requests):
             try:
                 if request.idempotency_key is not None:
@@ -174,7 +175,7 @@ class DataPlane:
                         "an idempotency key is taken by a single submit only",
                         errors={"idempotency_key": ["not here"]},
                     )
-                card = self.models.resolve(request.model, request.version, tenant.name)
+                card = cards(request.model, request.version)
                 arrays = service.check_inputs(card, request.inputs)
                 if request.webhook is not None:
                     service.check_webhook(request.webhook, self.settings)
@@ -236,12 +237,12 @@ class DataPlane:
             outcomes[index] = job
             metrics.JOBS_SUBMITTED.labels(job.model, tenant.name).inc()
         for woken in _grouped(jobs, lambda job: job.model):
-            self._wake(session, woken)
+            self._wake(session, woken[0].model, [job.id for job in woken])
 
-    def _wake(self, session: Session, jobs: list[Job]) -> None:
-        """After the commit: wake the jobs' model, or leave them to the sweep."""
-        if jobs and not self.dispatcher.wake(jobs[0].model):
-            transitions.mark_unsent(session, [job.id for job in jobs])
+    def _wake(self, session: Session, model: str, job_ids: list[uuid.UUID]) -> None:
+        """After the commit: wake the model for these jobs, or leave them to the sweep."""
+        if job_ids and not self.dispatcher.wake(model):
+            transitions.mark_unsent(session, job_ids)
             session.commit()
 
     def infer(
@@ -280,12 +281,9 @@ class DataPlane:
         """Check a sync call and submit its job, ahead of every async job of its
         model, without waiting for it (an inline model runs now: the call comes
         back done). For a door that follows many calls at once (`follow_calls`)."""
-        settings = self.settings
-        timeout_s = min(
-            request.timeout_s or settings.sync_timeout_seconds, settings.max_wait_seconds
-        )
-        give_up_at = time.monotonic() + timeout_s
         card = self.models.resolve(request.model, request.version, tenant.name)
+        timeout_s = self._call_timeout(request)
+        give_up_at = time.monotonic() + timeout_s
         if sync.runs_inline(card):
             arrays = service.check_inputs(card, request.inputs)
             session = self.database.session()
@@ -293,11 +291,7 @@ class DataPlane:
             session.commit()
             done = sync.run_inline(self._sessions(), card, arrays)
             return sync.Call(card, None, timeout_s, give_up_at, done)
-        job_request = JobRequest(
-            card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY,
-            deadline=request.deadline,
-        )  # fmt: skip
-        job = self._submit(tenant, card, job_request)
+        job = self._submit(tenant, card, _call_job(card, request))
         self.database.session().commit()  # the admission reads' transaction: a wait holds none
         return sync.Call(card, job.id, timeout_s, give_up_at)
 
@@ -306,28 +300,22 @@ class DataPlane:
     ) -> list[sync.Call | DomainError]:
         """`start_call` for many calls at once (a stream's requests that arrived
         together): their jobs in one `submit_many`, each call's error its own."""
-        settings = self.settings
         now = time.monotonic()
         started: list[sync.Call | DomainError | None] = [None] * len(requests)
         queued: list[tuple[int, ModelCard, float]] = []
         jobs: list[JobRequest] = []
+        cards = _Cards(self.models, tenant.name)
         for index, request in enumerate(requests):
             try:
-                card = self.models.resolve(request.model, request.version, tenant.name)
+                card = cards(request.model, request.version)
                 if sync.runs_inline(card):
                     started[index] = self.start_call(tenant, request)
                     continue
             except DomainError as exc:
                 started[index] = exc
                 continue
-            timeout_s = min(
-                request.timeout_s or settings.sync_timeout_seconds, settings.max_wait_seconds
-            )
-            queued.append((index, card, timeout_s))
-            jobs.append(JobRequest(
-                card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY,
-                deadline=request.deadline,
-            ))  # fmt: skip
+            queued.append((index, card, self._call_timeout(request)))
+            jobs.append(_call_job(card, request))
         for (index, card, timeout_s), job in zip(
             queued, self.submit_many(tenant, jobs), strict=True
         ):
@@ -338,6 +326,12 @@ class DataPlane:
         done = [call for call in started if call is not None]
         assert len(done) == len(requests), "each call is started or has its error"
         return done
+
+    def _call_timeout(self, request: InferRequest) -> float:
+        """How long a sync call's caller waits: its own timeout, else
+        SYNC_TIMEOUT_SECONDS; never more than MAX_WAIT_SECONDS."""
+        settings = self.settings
+        return min(request.timeout_s or settings.sync_timeout_seconds, settings.max_wait_seconds)
 
     def follow_calls(self, tenant: TenantRef, gather_s: float = 0.0) -> sync.Calls:
         """A follower for many of the tenant's calls (`start_call`): add each, then
@@ -535,9 +529,7 @@ class DataPlane:
         """Commit a replay, then wake its models (those that do not wake: the sweep)."""
         session.commit()
         for model, job_ids in replayed.woken.items():
-            if not self.dispatcher.wake(model):
-                transitions.mark_unsent(session, job_ids)
-                session.commit()
+            self._wake(session, model, job_ids)
 
     def dead_letters(
         self, tenant: TenantRef, filters: dead_letters.Filters, limit: int, before: int | None
@@ -769,7 +761,7 @@ class DataPlane:
         known = entries.accepted(session, binding.id, ids) if find_redelivered else {}
         limits = self.quotas.limits(session, tenant.id)
         outcomes: dict[str, EntryOutcome] = {}
-        cards: dict[tuple[str, str | None], ModelCard | DomainError] = {}
+        cards = _Cards(self.models, tenant.name)
         staged: list[tuple[EntryRequest, dict[str, Any]]] = []
         for request in requests:
             if request.entry_id in known:
@@ -808,33 +800,17 @@ class DataPlane:
         session.commit()
         for model in by_model:
             woken = [values["id"] for values in made if values["model"] == model]
-            if woken and not self.dispatcher.wake(model):
-                transitions.mark_unsent(session, woken)
-                session.commit()
+            self._wake(session, model, woken)
             metrics.JOBS_SUBMITTED.labels(model, tenant.name).inc(len(woken))
         return [outcomes[entry_id] for entry_id in ids]
 
     def _entry_card(
-        self,
-        binding: ActiveBinding,
-        request: EntryRequest,
-        cards: dict[tuple[str, str | None], ModelCard | DomainError],
+        self, binding: ActiveBinding, request: EntryRequest, cards: _Cards
     ) -> ModelCard:
-        """The entry's model: its binding's, unless it names another; looked up once
-        per batch."""
+        """The entry's model: its binding's, unless it names another."""
         if request.model:
-            key = (request.model, request.version)
-        else:
-            key = (binding.model, request.version or binding.version)
-        if key not in cards:
-            try:
-                cards[key] = self.models.resolve(key[0], key[1], binding.tenant.name)
-            except DomainError as exc:
-                cards[key] = exc
-        found = cards[key]
-        if isinstance(found, DomainError):
-            raise found
-        return found
+            return cards(request.model, request.version)
+        return cards(binding.model, request.version or binding.version)
 
     def publish_results(
         self,
@@ -870,6 +846,34 @@ class DataPlane:
             total += deleted
             if deleted < PURGE_PIECE:
                 return total
+
+
+def _call_job(card: ModelCard, request: InferRequest) -> JobRequest:
+    """A sync call's job: ahead of every async job of its model (a caller waits)."""
+    return JobRequest(
+        card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY,
+        deadline=request.deadline,
+    )  # fmt: skip
+
+
+class _Cards:
+    """The cards one batch asks for, each looked up once (a lookup's error too)."""
+
+    def __init__(self, models: ModelRepository, tenant: str) -> None:
+        self._models, self._tenant = models, tenant
+        self._found: dict[tuple[str, str | None], ModelCard | DomainError] = {}
+
+    def __call__(self, model: str, version: str | None) -> ModelCard:
+        key = (model, version)
+        if key not in self._found:
+            try:
+                self._found[key] = self._models.resolve(model, version, self._tenant)
+            except DomainError as exc:
+                self._found[key] = exc
+        found = self._found[key]
+        if isinstance(found, DomainError):
+            raise found
+        return found
 
 
 T = TypeVar("T")

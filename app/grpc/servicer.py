@@ -21,7 +21,7 @@ from app.grpc.calls import check_outputs, infer_request, leaving
 from app.grpc.door import Access, Rpc
 from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.generated import model_config_pb2 as config_pb
-from app.grpc.stream import CallStream, OpenStreams
+from app.grpc.stream import CallStream, open_streams
 from app.models.cards import ModelCard
 from app.models.registry import PUBLIC
 from app.tenancy.keys import Caller, TenantRef
@@ -42,7 +42,7 @@ class Servicer:
         self.container = container
         self.plane = container.dataplane
         self.settings = container.settings
-        self.streams = OpenStreams(self.settings.grpc_max_streams_per_tenant)
+        self.streams = open_streams(self.settings.grpc_max_streams_per_tenant)
 
     def rpcs(self) -> dict[str, Rpc]:
         """What each RPC runs, and who may call it."""

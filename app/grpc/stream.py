@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import grpc
 
 from app.container import Container
-from app.errors import DomainError, TooManyWaits
+from app.dataplane.holds import Holds, Wording
+from app.errors import DomainError
 from app.grpc import codec, status
 from app.grpc.calls import check_outputs, infer_request
 from app.grpc.door import Refused
@@ -56,33 +56,16 @@ JOIN_S = 5.0  # how long a cut stream waits for its submitter before cancelling 
 Request = pb.ModelInferRequest | Refused
 
 
-class OpenStreams:
-    """Streams open per tenant on this process (GRPC_MAX_STREAMS_PER_TENANT)."""
-
-    def __init__(self, per_tenant: int) -> None:
-        self.per_tenant = per_tenant
-        self._open: Counter[int] = Counter()
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def holding(self, tenant: TenantRef) -> Iterator[None]:
-        with self._lock:
-            if self._open[tenant.id] >= self.per_tenant:
-                raise TooManyWaits(
-                    f"you already have {self.per_tenant} streams open on this gRPC door "
-                    "(GRPC_MAX_STREAMS_PER_TENANT); send more requests on one of them, or "
-                    "close one",
-                    retry_after=1,
-                    limit=self.per_tenant,
-                )
-            self._open[tenant.id] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._open[tenant.id] -= 1
-                if not self._open[tenant.id]:
-                    del self._open[tenant.id]
+def open_streams(per_tenant: int) -> Holds:
+    """Streams open per tenant on this process (GRPC_MAX_STREAMS_PER_TENANT; the
+    process's total is GRPC_MAX_WAITS, which each stream's wait counts in)."""
+    wording = Wording(
+        what="streams",
+        per_tenant="GRPC_MAX_STREAMS_PER_TENANT",
+        total="GRPC_MAX_WAITS",
+        advice="send more requests on one of them, or close one",
+    )
+    return Holds(per_tenant, sys.maxsize, wording)
 
 
 class _Budget:
@@ -113,7 +96,7 @@ class CallStream:
         container: Container,
         tenant: TenantRef,
         context: grpc.ServicerContext,
-        streams: OpenStreams,
+        streams: Holds,
     ) -> None:
         self.container, self.tenant, self.context = container, tenant, context
         self.plane, self.streams = container.dataplane, streams
@@ -129,7 +112,7 @@ class CallStream:
 
     def run(self, requests: Iterator[Request]) -> Iterator[pb.ModelStreamInferResponse]:
         # TooManyWaits (RESOURCE_EXHAUSTED) before anything is read.
-        with self.streams.holding(self.tenant):
+        with self.streams.holding(self.tenant.id):
             release = self.plane.hold(self.tenant)
             calls: Calls | None = None
             submitter: threading.Thread | None = None

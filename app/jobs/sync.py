@@ -182,12 +182,12 @@ def run_inline(pool: SessionPool, card: ModelCard, arrays: dict[str, np.ndarray]
         pool.get(card)
     except Exception as exc:  # its file is missing, corrupt or unlike its card
         detail = f"model {card.ref} cannot serve: {type(exc).__name__}: {exc}"
-        raise failed("model_invalid", detail, None) from None
+        raise failed("model_invalid", detail) from None
     [result] = engine.infer(pool, card, [arrays])
     if isinstance(result, Exception):
         non_finite = isinstance(result, engine.NonFiniteOutput)
         code = "non_finite_output" if non_finite else "inference_error"
-        raise failed(code, f"{type(result).__name__}: {result}", None)
+        raise failed(code, f"{type(result).__name__}: {result}")
     return Answer(card, result, None)
 
 
@@ -240,8 +240,6 @@ def ended_without_outputs(
     return InferenceFailed(detail, **extra)
 
 
-def failed(code: str, detail: str, job: Outcome | None) -> InferenceFailed:
-    extra: dict[str, Any] = {"error_code": code}
-    if job is not None:
-        extra |= {"job_id": str(job.id), "job_status": job.status}
-    return InferenceFailed(detail, **extra)
+def failed(code: str, detail: str) -> InferenceFailed:
+    """An inline call's failure (no job to name)."""
+    return InferenceFailed(detail, error_code=code)
