@@ -9,7 +9,7 @@ import uuid
 
 import sqlalchemy as sa
 
-from app.jobs.events import EventBus
+from app.jobs.events import CHANNEL, EventBus
 from app.platform.database import Database
 from tests.conftest import TenantAuth, insert_queued_job
 from tests.support import wait_until
@@ -28,6 +28,13 @@ def touch(database: Database, job_id: uuid.UUID) -> None:
     with database.engine.begin() as conn:
         conn.execute(sa.text("UPDATE jobs SET attempts = attempts + 1 WHERE id = :id"),
                      {"id": job_id})  # fmt: skip
+
+
+def listened(database: Database, name: str) -> bool:
+    """Whether the connection called `name` is there and has run its LISTEN."""
+    query = "SELECT query FROM pg_stat_activity WHERE application_name = :name"
+    with database.engine.connect() as conn:
+        return conn.execute(sa.text(query), {"name": name}).scalar() == f"LISTEN {CHANNEL}"
 
 
 def test_changes_of_unwatched_jobs_leave_no_trace(database: Database) -> None:
@@ -67,12 +74,13 @@ def test_a_killed_listener_reconnects_and_wakes_its_waiters(
         assert woken != seen, "a change made while the listener was down never woke its waiter"
         assert time.monotonic() - started < 10
 
-        wait_until(lambda: own_listener(), "listening again", 10)
-        # On a slow run the listener may be back before `touch`: its NOTIFY then comes
-        # after the reconnect's wake-up. Let what is under way land, then start from it.
+        # The reconnect's wake-up follows its LISTEN at once (no I/O between): once the
+        # new connection has run LISTEN, a short pause lets that wake-up land, so the
+        # next wake-up can only be the next change's.
+        wait_until(lambda: listened(database, name), "listening again", 10)
         time.sleep(0.3)
         woken = watch.version()
-        changed = threading.Event()
-        threading.Timer(0.2, lambda: (touch(database, job_id), changed.set())).start()
+        changing = threading.Event()
+        threading.Timer(0.2, lambda: (changing.set(), touch(database, job_id))).start()
         assert watch.wait(woken, 10) != woken, "the next change did not wake the waiter"
-        assert changed.is_set()
+        assert changing.is_set(), "woken before the change was made"
