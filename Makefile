@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test test-fast test-faults lint format models clean-var browser
+.PHONY: run test test-fast test-faults lint format models clean-var browser bench
 
 $(VENV)/.runtime: requirements.txt requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(VENV)/.runtime: requirements.txt requirements-models.txt
 
 $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+$(VENV)/.bench: $(VENV)/.runtime bench/requirements.txt
+	$(PY) -m pip install --quiet -r bench/requirements.txt
 	touch $@
 
 # The browser tests (tests/browser) drive Debian's chromium; installed here when it
@@ -49,6 +53,10 @@ format: $(VENV)/.dev
 
 models: $(VENV)/.runtime
 	$(PY) manage.py models build
+
+## bench: the benchmark against its peers (bench/README.md); options in ARGS, e.g. ARGS="--quick"
+bench: $(VENV)/.bench
+	$(PY) manage.py bench $(ARGS)
 
 ## clean-var: forget the embedded database and Redis data (every job!)
 clean-var:
