@@ -1,8 +1,9 @@
 """(g) batch: N digits rows uploaded as one .npy, run as one batch, results read
 back as .npy; rows/s from `POST /batches` to the last byte of the results,
 against raw ONNX Runtime on the same rows in this process. The peak RSS of
-every API and worker process is sampled throughout (each must stay under
-500 MB whatever N is: files and results are streamed, never held).
+every process of the contender (API, workers, the other doors, beat, Flower,
+the launcher; not the shared PostgreSQL and Redis) is sampled throughout: each
+must stay under 500 MB whatever N is (files and results are streamed, never held).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import requests
 from bench.contenders.base import HttpContender
 from bench.stats import rounded
 
-RSS_ROLES = ("api", "worker")
+SHARED_ROLES = ("postgres", "redis")  # servers every contender uses, not its own
 CHUNK_ROWS = 4096  # the service's default BATCH_CHUNK_ROWS
 
 
@@ -51,7 +52,7 @@ class PeakRss:
     def _run(self) -> None:
         while not self._stop.wait(0.1):
             for proc, role in self.meter.processes():
-                if role not in RSS_ROLES:
+                if role in SHARED_ROLES:
                     continue
                 try:
                     mb = proc.memory_info().rss / 2**20

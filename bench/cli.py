@@ -7,7 +7,10 @@ from pathlib import Path
 
 import click
 
-from bench.report import CONTENDERS
+from bench.report import CONTENDERS, WORKLOADS, goal
+
+# What `make bench` installs on top of the service's own requirements.
+INSTALL = "make bench (or: .venv/bin/pip install -r bench/requirements.txt)"
 
 
 @click.command("bench")
@@ -27,6 +30,13 @@ from bench.report import CONTENDERS
     multiple=True,
     type=click.Choice(CONTENDERS),
     help="Run only these contenders (repeatable)",
+)
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    type=click.Choice([w for w in WORKLOADS if w != "noop"]),
+    help="Run only these workloads of the HTTP contenders (repeatable), e.g. f, k",
 )
 @click.option("--no-plot", is_flag=True, help="Skip the PNG (no matplotlib needed)")
 @click.option(
@@ -51,6 +61,7 @@ def bench(
     open_seconds: float | None,
     heavy_jobs: int | None,
     batch_rows: int | None,
+    workloads: tuple[str, ...],
 ) -> None:
     """Benchmark this service against raw ONNX Runtime, a bare Celery round trip,
     the textbook Flask + Celery design and BentoML tasks, each in turn on this
@@ -60,8 +71,8 @@ def bench(
             import matplotlib  # noqa: F401
         except ImportError:
             raise click.ClickException(
-                "the plot needs matplotlib: .venv/bin/pip install -r bench/requirements.txt "
-                "(or run with --no-plot)"
+                f"the benchmark's plot needs matplotlib, which is not installed: run {INSTALL}; "
+                "or add --no-plot"
             ) from None
     from bench.runner import Options, run
 
@@ -81,9 +92,11 @@ def bench(
             open_s=open_seconds,
             heavy_jobs=heavy_jobs,
             batch_rows=batch_rows,
+            workloads=workloads,
         )
     )
     for target in data["targets"]:
         met = {True: "met", False: "NOT met", None: "n/a"}[target["met"]]
-        click.echo(f"{met:8} {target['target']}: {target['value']} (goal {target['goal']})")
+        figure = target["value"] if target["met"] is not None else target.get("why")
+        click.echo(f"{met:8} {target['target']}: {figure} (goal {goal(target)})")
     click.echo(f"report: {out / (data['run']['stamp'] + '.md')}")

@@ -31,20 +31,23 @@ REFUSED = (429, 503)
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where and how to submit one job: POST `path` with `headers`; the job's id is
-    `id_field` in the JSON answer."""
+    """Where and how to submit: POST `path` with `headers`; the job's id is `id_field`
+    in the JSON answer, or, for a bulk endpoint, in each item of its list `many`
+    (items without one are jobs refused one by one)."""
 
     port: int
     path: str
     id_field: str = "id"
     headers: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
+    many: str | None = None
 
 
 @dataclass
 class LoadResult:
-    sent: int = 0
-    accepted: int = 0
+    sent: int = 0  # requests
+    accepted: int = 0  # jobs: requests answered 2xx, or a bulk answer's items with an id
+    items_refused: int = 0  # a bulk answer's items without an id (problems)
     refused: int = 0
     refused_with_retry_after: int = 0
     errors: int = 0
@@ -58,6 +61,7 @@ class LoadResult:
     def merge(self, other: LoadResult) -> None:
         self.sent += other.sent
         self.accepted += other.accepted
+        self.items_refused += other.items_refused
         self.refused += other.refused
         self.refused_with_retry_after += other.refused_with_retry_after
         self.errors += other.errors
@@ -70,6 +74,7 @@ class LoadResult:
         return {
             "sent": self.sent,
             "accepted": self.accepted,
+            **({"items_refused": self.items_refused} if self.items_refused else {}),
             "refused": self.refused,
             "refused_with_retry_after": self.refused_with_retry_after,
             "errors": self.errors,
@@ -113,9 +118,8 @@ class _Client:
             return
         elapsed_ms = (time.perf_counter() - started) * 1000
         if 200 <= response.status < 300:
-            tally.accepted += 1
             tally.latencies_ms.append(elapsed_ms)
-            tally.ids.append(str(json.loads(data)[self.endpoint.id_field]))
+            self._count(json.loads(data), tally)
         elif response.status in REFUSED:
             tally.refused += 1
             if response.getheader("Retry-After") is not None:
@@ -126,6 +130,17 @@ class _Client:
                 tally.error_samples.append(f"{response.status}: {data[:200]!r}")
         if response.getheader("Connection", "").lower() == "close":
             self.close()
+
+    def _count(self, answer: Any, tally: LoadResult) -> None:
+        key, many = self.endpoint.id_field, self.endpoint.many
+        if many is None:
+            tally.accepted += 1
+            tally.ids.append(str(answer[key]))
+            return
+        ids = [str(item[key]) for item in answer[many] if isinstance(item, dict) and key in item]
+        tally.accepted += len(ids)
+        tally.items_refused += len(answer[many]) - len(ids)
+        tally.ids.extend(ids)
 
     def close(self) -> None:
         if self.conn is not None:
@@ -255,6 +270,17 @@ def infer_bodies(rows: Sequence[Sequence[float]]) -> list[bytes]:
             }
         ).encode()
         for i, row in enumerate(rows)
+    ]
+
+
+def bulk_bodies(jobs: Sequence[bytes], per_bulk: int) -> list[bytes]:
+    """`POST /jobs/bulk` bodies, `{"jobs": [...]}`, of `per_bulk` of these job
+    requests each (taken in turn, round the list as often as needed)."""
+    count = max(1, len(jobs) // per_bulk)
+    items = [jobs[i % len(jobs)] for i in range(count * per_bulk)]
+    return [
+        b'{"jobs":[' + b",".join(items[start : start + per_bulk]) + b"]}"
+        for start in range(0, len(items), per_bulk)
     ]
 
 

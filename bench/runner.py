@@ -22,7 +22,7 @@ from bench.contenders.base import Context, HttpContender
 from bench.contenders.bento import VENV, Unavailable
 from bench.infra import VAR_DIR, Servers
 from bench.report import CONTENDERS
-from bench.workloads import Bodies, Plan, run_all
+from bench.workloads import Bodies, Plan, run_all, run_sync
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class Options:
     open_s: float | None = None
     heavy_jobs: int | None = None
     batch_rows: int | None = None
+    workloads: tuple[str, ...] = ()
 
 
 def make_plan(o: Options, heavy_model: str | None) -> Plan:
@@ -62,7 +63,21 @@ def make_plan(o: Options, heavy_model: str | None) -> Plan:
         repeat=o.repeat or (1 if quick else 3),
         raw_ort_s=0.3 if quick else 1.0,
         batch_rows=o.batch_rows if o.batch_rows is not None else (200_000 if quick else 1_000_000),
+        bulk_jobs=4 * (o.jobs or (1000 if quick else 3000)),
+        workloads=o.workloads,
     )
+
+
+def skipped(plan: Plan) -> dict[str, str]:
+    """Why the plan leaves a workload out, by letter."""
+    out = {w: "not selected (--workload)" for w in report.WORKLOADS if not plan.runs(w)}
+    if plan.heavy_model is None:
+        out.setdefault("b", "skipped: heavy model not built")
+    if not plan.batch_rows:
+        out.setdefault("g", "skipped: --batch-rows 0")
+    if not plan.runs("a"):
+        out.setdefault("d", "skipped: its rate comes from (a)")
+    return out
 
 
 def _ensure_models(repository: Path, heavy: str) -> str | None:
@@ -81,16 +96,19 @@ def _ensure_models(repository: Path, heavy: str) -> str | None:
 def _bodies(plan: Plan) -> Bodies:
     from sklearn.datasets import load_digits
 
+    from bench.bulk import BULK_SIZE
     from bench.grpc_load import infer_messages
-    from bench.load import infer_bodies, job_bodies
+    from bench.load import bulk_bodies, infer_bodies, job_bodies
     from bench.stream import entry_fields
 
     rows = load_digits().data.tolist()
     heavy = job_bodies(plan.heavy_model, rows, plan.heavy_rows) if plan.heavy_model else []
     stream = entry_fields(rows, 2 * plan.jobs)
+    digits = job_bodies("digits", rows, 1)
     return Bodies(
-        job_bodies("digits", rows, 1), heavy, infer_bodies(rows), stream, infer_messages(rows)
-    )
+        digits, heavy, infer_bodies(rows), stream, infer_messages(rows),
+        bulk_bodies(digits, BULK_SIZE),
+    )  # fmt: skip
 
 
 def _raw_ort(ctx: Context, plan: Plan, rows: list[dict[str, Any]]) -> None:
@@ -139,12 +157,25 @@ def _http(
             run_all(contender, bodies, plan, repeat, rows)
 
 
+def _flask_ort(ctx: Context, plan: Plan, bodies: Bodies, rows: list[Any]) -> str | None:
+    """The bare sync endpoint runs (f) only; the reason when the plan has no (f)."""
+    from bench.contenders.flask_ort import FlaskOrt
+
+    if not plan.runs("f"):
+        return "not run: (f) not selected (--workload)"
+    for repeat in range(plan.repeat):
+        with FlaskOrt(ctx) as contender:
+            run_sync(contender, bodies, plan, repeat, rows)
+    return None
+
+
 def _contenders(
     ctx: Context, plan: Plan, bodies: Bodies, only: tuple[str, ...], rows: list[dict[str, Any]]
 ) -> list[dict[str, str]]:
     """Each contender in turn; rows are kept as they come, so one that fails
     halfway still reports what it did. Returns each one's status."""
     from bench.contenders.bento import Bento
+    from bench.contenders.flask_ort import FlaskOrt
     from bench.contenders.service import Service
     from bench.contenders.textbook import Textbook
 
@@ -154,6 +185,7 @@ def _contenders(
     descriptions = {
         report.RAW: "raw ONNX Runtime in one process, threads 1 and 2, batch 1 to 512",
         report.NOOP: "bare Celery round trip: prefork 2, acks_late, prefetch 1, no-op task",
+        report.FLASK: FlaskOrt.description,
         **{name: factory.description for name, factory in http.items()},
     }
     statuses = []
@@ -162,13 +194,16 @@ def _contenders(
             continue
         began = time.monotonic()
         try:
+            not_run = None
             if name == report.RAW:
                 _raw_ort(ctx, plan, rows)
             elif name == report.NOOP:
                 _celery_noop(ctx, plan, rows)
+            elif name == report.FLASK:
+                not_run = _flask_ort(ctx, plan, bodies, rows)
             else:
                 _http(http[name], ctx, plan, bodies, rows)
-            status = f"ran in {time.monotonic() - began:.0f} s"
+            status = not_run or f"ran in {time.monotonic() - began:.0f} s"
         except Exception as exc:  # one contender's failure must not end the run
             kind = "unavailable" if isinstance(exc, Unavailable) else "failed"
             status = f"{kind}: {type(exc).__name__}: {exc}"
@@ -223,7 +258,7 @@ def run(o: Options) -> dict[str, Any]:
         "contenders": statuses,
         "results": results,
         "raw_ort": raw,
-        "targets": report.targets(results, raw, plan.heavy_model),
+        "targets": report.targets(results, raw, plan.heavy_model, statuses, skipped(plan)),
         "notes": notes + _standing_notes(),
         "runs": rows,
     }

@@ -21,6 +21,8 @@
 (j) stream door: 2N one-row entries appended to a stream binding's input log by a
     producer, timed to the last result in its output log (contenders with a
     stream door only; see bench/stream.py).
+(k) bulk submit: the jobs of (a) sent as `POST /jobs/bulk` bodies of 100 from a
+    few clients, timed to the last job's `finished_at` (see bench/bulk.py).
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -31,7 +33,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +63,11 @@ class Plan:
     repeat: int
     raw_ort_s: float  # seconds per raw ORT measurement
     batch_rows: int = 0  # (g), 0: skipped
+    bulk_jobs: int = 0  # (k), 0: skipped
+    workloads: tuple[str, ...] = ()  # the workloads to run (letters); empty: all
+
+    def runs(self, workload: str) -> bool:
+        return not self.workloads or workload in self.workloads
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class Bodies:
     sync: Sequence[bytes]  # KServe v2 infer requests, one digits row each
     stream: list[tuple[bytes, bytes]] = field(default_factory=list)  # (j): (id, inputs)
     grpc: Sequence[bytes] = ()  # (h), (i): the rows as serialized gRPC ModelInferRequests
+    bulk: Sequence[bytes] = ()  # (k): POST /jobs/bulk bodies of one-row digits jobs
 
 
 def _measure_closed(
@@ -248,47 +256,64 @@ def grpc_calls(c: HttpContender, bodies: Bodies, plan: Plan, streaming: bool) ->
     }
 
 
-def run_all(
-    c: HttpContender, bodies: Bodies, plan: Plan, repeat: int, rows: list[dict[str, Any]]
-) -> None:
-    """(a) for each client count, (b) if the heavy model is built, (c), then (d)
-    at half of (a)'s rate with the fewest clients; each row appended to `rows`."""
-    assert c.endpoint is not None and c.store is not None
+Record = Callable[[dict[str, Any]], dict[str, Any]]
 
+
+def _recorder(c: HttpContender, repeat: int, rows: list[dict[str, Any]]) -> Record:
     def record(row: dict[str, Any]) -> dict[str, Any]:
         row = {"contender": c.name, "repeat": repeat, **row}
         logger.info("%s", _brief(row))
         rows.append(row)
         return row
 
+    return record
+
+
+def run_all(
+    c: HttpContender, bodies: Bodies, plan: Plan, repeat: int, rows: list[dict[str, Any]]
+) -> None:
+    """Every workload of the plan the contender has a door for, each row appended to
+    `rows`: (a) for each client count, (b) if the heavy model is built, (c), then
+    (d) at half of (a)'s rate with the fewest clients, and so on."""
+    assert c.endpoint is not None and c.store is not None
+    record = _recorder(c, repeat, rows)
     # Each repeat starts the contender afresh; its first requests pay for imports,
     # pools and sessions, so they are not measured.
     warm = load.closed_loop(c.endpoint, bodies.digits, 8 * plan.clients[0], plan.clients[0])
     wait_until_done(c.store, 0, time.time(), plan.drain_timeout_s)
     logger.info("%s warmed up with %d jobs", c.name, warm.accepted)
     first_rate: float | None = None
-    for clients in plan.clients:
+    for clients in plan.clients if plan.runs("a") else ():
         row = record(async_jobs(c, bodies, plan, clients))
         if first_rate is None:
             first_rate = row["jobs_per_s"]
-    if plan.heavy_model and c.runs_heavy_model:
+    if plan.heavy_model and c.runs_heavy_model and plan.runs("b"):
         record(compute_bound(c, bodies, plan))
-    record(burst(c, bodies, plan))
-    if first_rate:
+    if plan.runs("c"):
+        record(burst(c, bodies, plan))
+    if first_rate and plan.runs("d"):
         record(open_loop(c, bodies, plan, first_rate / 2))
-    idle = after_idle(c, bodies, plan)
+    idle = after_idle(c, bodies, plan) if plan.runs("e") else None
     if idle:
         record(idle)
-    sync = sync_calls(c, bodies, plan)
+    sync = sync_calls(c, bodies, plan) if plan.runs("f") else None
     if sync:
         record(sync)
     if c.grpc_endpoint is not None and bodies.grpc:
-        record(grpc_calls(c, bodies, plan, streaming=False))
-        record(grpc_calls(c, bodies, plan, streaming=True))
-    stream = stream_jobs(c, bodies.stream, plan.drain_timeout_s)
+        if plan.runs("h"):
+            record(grpc_calls(c, bodies, plan, streaming=False))
+        if plan.runs("i"):
+            record(grpc_calls(c, bodies, plan, streaming=True))
+    stream = stream_jobs(c, bodies.stream, plan.drain_timeout_s) if plan.runs("j") else None
     if stream:
         record(stream)
-    if plan.batch_rows:
+    if plan.bulk_jobs and plan.runs("k"):
+        from bench.bulk import bulk_jobs
+
+        bulk = bulk_jobs(c, list(bodies.bulk), plan.bulk_jobs, plan.drain_timeout_s)
+        if bulk:
+            record(bulk)
+    if plan.batch_rows and plan.runs("g"):
         from bench.batch import batch_rows
         from bench.peers.raw_ort import model_file
 
@@ -299,7 +324,22 @@ def run_all(
             record(batch)
 
 
+def run_sync(
+    c: HttpContender, bodies: Bodies, plan: Plan, repeat: int, rows: list[dict[str, Any]]
+) -> None:
+    """(f) alone, for a contender that is only a sync endpoint: warmed up with
+    unmeasured calls (sessions are made on first use), then measured as the
+    service's (f) is."""
+    assert c.sync_endpoint is not None
+    warm = load.closed_loop(c.sync_endpoint, bodies.sync, 8 * plan.clients[0], plan.clients[0])
+    logger.info("%s warmed up with %d calls", c.name, warm.accepted)
+    sync = sync_calls(c, bodies, plan)
+    if sync:
+        _recorder(c, repeat, rows)(sync)
+
+
 def _brief(row: dict[str, Any]) -> str:
-    keys = ("jobs_per_s", "rows_per_s", "post_ms", "lost", "drain_s", "refused", "errors")
+    keys = ("jobs_per_s", "rows_per_s", "post_ms", "lost", "drain_s", "refused", "errors",
+            "missing")  # fmt: skip
     shown = {k: row[k] for k in keys if k in row}
     return f"{row['contender']} ({row['workload']}) {row['variant']}: {shown}"

@@ -79,6 +79,7 @@ class Service(HttpContender):
         auth = {"Authorization": f"Bearer {api_key}"}
         self.endpoint = Endpoint(port, "/jobs", "id", auth)
         self.sync_endpoint = Endpoint(port, "/v2/models/digits/infer", "id", auth)
+        self.bulk_endpoint = Endpoint(port, "/jobs/bulk", "id", auth, many="jobs")
         self.batch_port = port
         from bench.grpc_load import GrpcEndpoint
 

@@ -1,0 +1,91 @@
+"""The targets of the report: each met, not met, or n/a with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.runner import Options, make_plan, skipped
+
+RAN = "ran in 1 s"
+
+
+def _row(contender: str, workload: str, **figures: Any) -> dict[str, Any]:
+    return {"contender": contender, "workload": workload, "variant": "v", **figures}
+
+
+def _by_name(targets: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {t["target"].split(",")[0]: t for t in targets}
+
+
+def test_ratios_within_the_run_decide_each_target() -> None:
+    results = [
+        _row("service", "a", jobs_per_s=900.0, cpu_ms_per_job={"total": 2.0}),
+        _row("textbook", "a", jobs_per_s=200.0),
+        _row("bentoml", "a", jobs_per_s=300.0, cpu_ms_per_job={"total": 3.0}),
+        _row("celery-noop", "noop", tasks_per_s=800.0),
+        _row("service", "f", jobs_per_s=1000.0, post_ms={"p50": 12.0, "p99": 30.0}),
+        _row("flask-ort", "f", jobs_per_s=2500.0, post_ms={"p50": 5.0, "p99": 9.0}),
+        _row(
+            "service",
+            "g",
+            rows=1_000_000,
+            share_of_raw_ort=0.61,
+            peak_rss_mb={"api": 150.0, "worker": 480.0},
+        ),
+    ]
+    statuses = [{"name": n, "status": RAN} for n in report.CONTENDERS]
+    t = _by_name(report.targets(results, [], None, statuses, {}))
+    textbook = t["service jobs/s vs textbook"]
+    assert (textbook["value"], textbook["met"]) == (4.5, True)
+    assert t["service jobs/s vs Celery no-op tasks/s"]["met"] is True
+    assert t["service CPU per job vs BentoML's task"]["value"] == 0.67
+    assert t["service CPU per job vs BentoML's task"]["met"] is True
+    assert t["sync calls/s vs bare Flask + ORT"]["value"] == 0.4
+    assert t["sync calls/s vs bare Flask + ORT"]["met"] is False
+    assert t["sync call p50 ms"]["met"] is False
+    assert t["batch rows/s vs raw ORT on the same rows"]["met"] is True
+    assert "1,000,000 rows" in next(x["target"] for x in t.values() if "(g), " in x["target"])
+    assert t["batch: largest RSS of any service process"]["value"] == 480.0
+
+
+def test_a_figure_not_measured_says_why() -> None:
+    results = [
+        _row("service", "a", jobs_per_s=900.0),
+        _row("service", "k", jobs_per_s=None, missing="route missing (POST /jobs/bulk 404)"),
+    ]
+    statuses = [
+        {"name": "bentoml", "status": "unavailable: Unavailable: no venv"},
+        {"name": "flask-ort", "status": "not run: (f) not selected (--workload)"},
+        {"name": "service", "status": RAN},
+    ]
+    plan = make_plan(Options(quick=True, out=Path("unused"), repeat=None, heavy_model="heavy",
+                             heavy_rows=16, only=(), plot=False, argv=(), batch_rows=0,
+                             workloads=("a", "k")), None)  # fmt: skip
+    t = _by_name(report.targets(results, [], None, statuses, skipped(plan)))
+    assert t["service jobs/s vs textbook"]["met"] is None
+    assert t["service jobs/s vs textbook"]["why"] == "textbook not run (--only)"
+    assert t["service CPU per job vs BentoML's task"]["why"].startswith("bentoml unavailable")
+    assert (
+        t["sync calls/s vs bare Flask + ORT"]["why"] == "(f) sync infer not selected (--workload)"
+    )
+    assert t["batch rows/s vs raw ORT on the same rows"]["why"] == (
+        "(g) batch not selected (--workload)"
+    )
+    assert t["compute-bound rows/s vs raw ORT's best"]["why"] == (
+        "(b) compute-bound not selected (--workload)"
+    )
+    page = report.markdown(
+        {
+            "run": {"started": "now", "argv": [], "mode": "quick", "repeat": 1, "seconds": 1.0,
+                    "plan": {"heavy_model": None}},
+            "machine": {"cpu_model": "cpu", "logical_cores": 2, "physical_cores": 2,
+                        "memory_gib": 1, "gpus": [], "os": "linux",
+                        "load_average_at_start": [0, 0, 0], "git": "abc", "versions": {}},
+            "results": results, "raw_ort": [], "contenders": [], "notes": [],
+            "targets": report.targets(results, [], None, statuses, skipped(plan)),
+        }
+    )  # fmt: skip
+    assert "n/a (route missing (POST /jobs/bulk 404))" in page
+    assert "n/a: textbook not run (--only)" in page
