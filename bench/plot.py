@@ -45,15 +45,18 @@ def render(data: dict[str, Any], path: Path) -> None:
     # POST latency: p50 and p99 in (a) and (d).
     series = [("a", "p50"), ("a", "p99"), ("d", "p50"), ("d", "p99")]
     width = 0.8 / len(series)
+    highest = 0.0
     for i, (workload, q) in enumerate(series):
         values = [((find(results, c, workload) or {}).get("post_ms") or {}).get(q) or 0
                   for c in http]  # fmt: skip
         xs = [j + i * width for j in range(len(http))]
         ax_lat.bar(xs, values, width, label=f"({workload}) {q}")
+        highest = max([highest, *values])
     ax_lat.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(http))])
     ax_lat.set_xticklabels(http)
     ax_lat.set_ylabel("POST latency, ms")
-    ax_lat.set_yscale("log")
+    if highest > 0:  # a run without (a) and (d) has no latency to plot
+        ax_lat.set_yscale("log")
     ax_lat.set_title("Submit latency: (a) closed loop, (d) open loop at half rate")
     ax_lat.legend(fontsize=8)
 

@@ -31,7 +31,9 @@ _lock = threading.Lock()
 
 def session(model: str) -> tuple[ort.InferenceSession, str]:
     """The newest version's session and its version number; 404 for an unknown model."""
-    with _lock:
+    if (found := _sessions.get(model)) is not None:
+        return found
+    with _lock:  # made once per process, by the first request that needs it
         if model not in _sessions:
             versions = [p for p in (MODELS / model).glob("*/model.onnx") if p.parent.name.isdigit()]
             if not versions:
