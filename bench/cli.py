@@ -64,8 +64,9 @@ def bench(
     workloads: tuple[str, ...],
 ) -> None:
     """Benchmark this service against raw ONNX Runtime, a bare Celery round trip,
-    the textbook Flask + Celery design and BentoML tasks, each in turn on this
-    machine; writes a JSON, a markdown table and a plot (see bench/README.md)."""
+    the textbook Flask + Celery design, BentoML tasks and a bare Flask + ONNX
+    Runtime sync endpoint, each in turn on this machine; writes a JSON, a markdown
+    table and a plot, and prints each target met or not (see bench/README.md)."""
     if not no_plot:
         try:
             import matplotlib  # noqa: F401
