@@ -60,6 +60,7 @@ from app.models.cards import ModelCard
 from app.models.registry import PUBLIC, ModelRepository
 from app.observability import metrics
 from app.platform.database import Database
+from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.platform.tables import Batch, DeadLetter, File, Job, Schedule, StreamBinding
 from app.runtime.sessions import SessionPool
@@ -89,12 +90,13 @@ class DataPlane:
         holds: Holds,
         api_keys: KeyCache,
         status: StatusBoard,
+        store: FileStore,
         sessions: Callable[[], SessionPool],
     ) -> None:
         self.settings, self.database, self.models = settings, database, models
         self.events, self.inserter, self.dispatcher = events, inserter, dispatcher
         self.admission, self.quotas, self.holds = admission, quotas, holds
-        self.api_keys, self.status_board = api_keys, status
+        self.api_keys, self.status_board, self.store = api_keys, status, store
         self._sessions = sessions  # ONNX Runtime sessions, for inline models only
 
     # -- callers ------------------------------------------------------------------
@@ -425,7 +427,7 @@ class DataPlane:
         (checked at its start now, cut by a worker)."""
         webhook, session = request.webhook, self.database.session()
         batch = batches.create(
-            session, self.models, self.settings, tenant.id, request.model,
+            session, self.store, self.models, self.settings, tenant.id, request.model,
             request.version, inputs=request.inputs, file_id=request.file_id,
             webhook={"url": webhook.url, "events": list(webhook.events)} if webhook else None,
             tenant=tenant.name, quotas=self.quotas, admission=self.admission,
@@ -462,20 +464,24 @@ class DataPlane:
     def batch_results(
         self, tenant: TenantRef, batch_id: uuid.UUID, fmt: str, output: str | None
     ) -> tuple[Iterator[bytes], str]:
-        """The batch's outputs in input order as `fmt` (JSONL, or .npy of `output` or
-        of every output), and a file name; Conflict while unfinished or, for .npy,
-        with rows missing. The stream reads its chunks in sessions of its own."""
+        """The batch's outputs in input order as `fmt` (JSONL; .npy or Parquet of
+        `output` or of every output), and a file name; Conflict while unfinished or,
+        for .npy and Parquet, with rows missing. The stream reads its chunks in
+        sessions of its own and their parts from the file store, one at a time."""
         session = self.database.session()
         batch = batches.get(session, tenant.id, batch_id)
         card = self.models.card(batch.model, batch.model_version)
         counted = batches.progress(session, batch)
         results.check_ready(batch, counted.rows_failed, fmt)
-        chunks = results.chunks(self.database.sessionmaker, batch.id)
+        chunks = results.chunks(self.database.sessionmaker, self.store, batch.id)
         name = f"batch-{batch.id}"
         session.commit()
         if fmt == results.NPY:
-            names = results.npy_outputs(card, output)
+            names = results.numeric_outputs(card, output)
             return results.npy(names, counted.rows_done, chunks), name + ".npy"
+        if fmt == results.PARQUET:
+            names = results.numeric_outputs(card, output)
+            return results.parquet_file(card, names, chunks), name + ".parquet"
         return results.jsonl(card, chunks), name + ".jsonl"
 
     def start_split(self, batch_id: uuid.UUID) -> bool:
@@ -488,8 +494,9 @@ class DataPlane:
         past what the tenant may still store."""
         session = self.database.session()
         file = files.store(
-            session, tenant.id, filename, fmt, body, self.settings.max_upload_bytes, self.quotas
-        )
+            session, self.store, tenant.id, filename, fmt, body,
+            self.settings.max_upload_bytes, self.quotas,
+        )  # fmt: skip
         session.commit()
         return file
 
@@ -506,10 +513,13 @@ class DataPlane:
         return found
 
     def delete_file(self, tenant: TenantRef, file_id: uuid.UUID) -> None:
-        """Delete an upload; Conflict while a batch or a schedule reads it."""
+        """Delete an upload, and then its object; Conflict while a batch or a schedule
+        reads it."""
         session = self.database.session()
-        files.remove(session, tenant.id, file_id)
+        key = files.remove(session, tenant.id, file_id)
         session.commit()
+        if key is not None:
+            self.store.delete(key)
 
     def replay_dead_letter(self, tenant: TenantRef, letter_id: int, actor: str) -> uuid.UUID:
         """Put the letter's job back in the queue, same id; Conflict if it cannot be."""
