@@ -9,6 +9,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -394,6 +395,12 @@ def models_add(
     help=".npy (a structured array for several inputs) or .json ({input: rows}, or rows)",
 )
 @click.option("--priority", type=click.IntRange(0, 9), default=None, help="0-9, higher first")
+@click.option(
+    "--each-row",
+    is_flag=True,
+    help="A job for each row (POST /jobs/bulk, 1,000 a request); prints one JSON line "
+    "each, the job or the problem that refused that row",
+)
 @click.option("--wait", is_flag=True, help="Wait for the job; exit 1 unless it succeeded")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after seconds")
 @click.option("--api-key", envvar="INFERENCE_API_KEY", help="Default: $INFERENCE_API_KEY")
@@ -403,13 +410,15 @@ def submit(
     version: str | None,
     input_path: Path,
     priority: int | None,
+    each_row: bool,
     wait: bool,
     timeout: float | None,
     api_key: str | None,
     url: str,
 ) -> None:
     """Submit a job over HTTP with the Python client and print it as JSON; a
-    single array goes to the model's only input, named from its metadata."""
+    single array goes to the model's only input, named from its metadata. With
+    --each-row, a job a row, submitted in bulk."""
     import numpy as np
     import requests
 
@@ -429,6 +438,16 @@ def submit(
     except ValueError as exc:
         raise click.UsageError(f"cannot read {input_path}: {exc}") from None
     client = Client(url, api_key)
+    if each_row:
+        try:
+            rows = _rows_of(inputs)
+        except ValueError as exc:
+            raise click.UsageError(f"cannot cut {input_path} into rows: {exc}") from None
+        try:
+            _submit_rows(client, model, rows, version, priority, wait, timeout)
+        finally:
+            client.close()
+        return
     try:
         job = client.submit(model, inputs, version=version, priority=priority)
         if wait:
@@ -443,6 +462,57 @@ def submit(
         client.close()
     click.echo(json.dumps(job.raw, indent=2))
     if wait and not job.succeeded:
+        raise SystemExit(1)
+
+
+def _rows_of(inputs: Any) -> list[Any]:
+    """One job's inputs a row: an array or list cut along its first axis; a mapping
+    of input names cut together (every input the same number of rows)."""
+    if isinstance(inputs, dict):
+        counts = {name: len(values) for name, values in inputs.items()}
+        if len(set(counts.values())) != 1:
+            raise ValueError(f"the inputs have different numbers of rows: {counts}")
+        count = next(iter(counts.values()))
+        return [{name: values[i : i + 1] for name, values in inputs.items()} for i in range(count)]
+    return [inputs[i : i + 1] for i in range(len(inputs))]
+
+
+def _submit_rows(
+    client: Any,
+    model: str,
+    rows: list[Any],
+    version: str | None,
+    priority: int | None,
+    wait: bool,
+    timeout: float | None,
+) -> None:
+    """Print each row's job (waited for with --wait) or its problem, a JSON line each;
+    exit 1 unless every row was accepted (and, with --wait, succeeded)."""
+    import requests
+
+    from inference_client import ApiError, Job, WaitTimeout
+
+    try:
+        outcomes = client.submit_many(model, rows, version=version, priority=priority)
+    except ApiError as exc:
+        raise click.ClickException(f"{exc.status} {exc.title}: {exc.detail}") from None
+    except (requests.RequestException, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    ok = True
+    for outcome in outcomes:
+        if isinstance(outcome, ApiError):
+            ok = False
+            click.echo(json.dumps(outcome.problem))
+            continue
+        job = outcome
+        if wait:
+            try:
+                job = client.wait(job.id, timeout=timeout)
+            except WaitTimeout as exc:
+                job = exc.last if isinstance(exc.last, Job) else job
+            ok = ok and job.succeeded
+        click.echo(json.dumps(job.raw))
+    if not ok:
         raise SystemExit(1)
 
 

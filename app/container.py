@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from app.models.registry import ModelRepository
     from app.observability.metrics import QueueCollector
     from app.platform.database import Database
+    from app.platform.filestore import FileStore
     from app.platform.logstreams import LogEngine
     from app.status.service import StatusBoard
     from app.status.streams import StreamCollector
@@ -94,6 +95,13 @@ class Container:
         from app.platform.database import Database
 
         return Database(self.settings.database_url, self.settings.db_pool_size)
+
+    @service
+    def store(self) -> FileStore:
+        """Uploaded files and batch results (FILE_STORE_URL, else VAR_DIR/files)."""
+        from app.platform.filestore import FileStore
+
+        return FileStore(self.settings.store_url, self.settings.file_store_options)
 
     @contextmanager
     def unit_of_work(self) -> Iterator[Session]:
@@ -180,6 +188,7 @@ class Container:
             sessions=SessionPool(settings.ort_provider, settings.ort_intra_op_threads),
             settings=settings,
             new_session=self.database.sessionmaker,
+            store=self.store,
             guards=self.guards,
         )
 
@@ -190,7 +199,7 @@ class Container:
         return DataPlane(
             self.settings, self.database, self.models, self.events, self.inserter,
             self.dispatcher, self.admission, self.quotas, self.holds, self.api_keys,
-            self.status, sessions=lambda: self.runtime.sessions,
+            self.status, self.store, sessions=lambda: self.runtime.sessions,
         )  # fmt: skip
 
     @service

@@ -16,7 +16,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from os import PathLike, fspath
 from pathlib import Path
@@ -47,6 +47,7 @@ STREAM_READ_S = (
 )
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 METADATA_TTL_S = 60.0
+BULK_MAX = 1000  # jobs the service takes in one POST /jobs/bulk
 BACKOFF_FIRST_S = 0.5
 
 if TYPE_CHECKING:
@@ -244,6 +245,46 @@ class Client:
         return Job.from_json(
             self._json("POST", "/jobs", json=body, headers=headers, timeout=timeout)
         )
+
+    def submit_many(
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        version: str | None = None,
+        priority: int | None = None,
+        idempotency_keys: Iterable[str] | None = None,
+        per_request: int = BULK_MAX,
+    ) -> builtins.list[Job | ApiError]:
+        """POST /jobs/bulk: a job for each of `inputs` (each as `submit` takes it),
+        in bulks of up to `per_request` (the service takes 1,000). Returns, in order,
+        each input's Job, or the ApiError that refused that input alone (a bad input
+        never refuses the others). `idempotency_keys`, one per input, make a retry
+        of the whole call safe: each input's job is made once."""
+        items: builtins.list[dict[str, Any]] = []
+        keys = iter(idempotency_keys) if idempotency_keys is not None else None
+        for each in inputs:
+            item: dict[str, Any] = {"model": model,
+                                    "inputs": self._job_inputs(model, version, each)}  # fmt: skip
+            if version is not None:
+                item["version"] = version
+            if priority is not None:
+                item["priority"] = priority
+            if keys is not None:
+                item["idempotency_key"] = next(keys, None)
+                if item["idempotency_key"] is None:
+                    raise ValueError("give one idempotency key for each input")
+            items.append(item)
+        outcomes: builtins.list[Job | ApiError] = []
+        url = self.base_url + "/jobs/bulk"
+        step = max(1, min(per_request, BULK_MAX))
+        for start in range(0, len(items), step):
+            body = self._json("POST", "/jobs/bulk", json={"jobs": items[start : start + step]})
+            for answer in body["jobs"]:
+                is_problem = isinstance(answer.get("status"), int)
+                outcomes.append(ApiError.from_problem(answer, method="POST", url=url)
+                                if is_problem else Job.from_json(answer))  # fmt: skip
+        return outcomes
 
     def _job_inputs(self, model: str, version: str | None, inputs: Any) -> Any:
         if _is_v2_tensors(inputs):

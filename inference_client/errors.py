@@ -52,6 +52,22 @@ class ApiError(Exception):
         return self.problem.get("errors")
 
     @classmethod
+    def from_problem(cls, problem: dict[str, Any], *, method: str = "", url: str = "") -> ApiError:
+        """A problem object inside a 2xx body (a bulk's refused item)."""
+        retry = problem.get("retry_after")
+        return cls(
+            int(problem.get("status") or 0),
+            type=str(problem.get("type") or "about:blank"),
+            title=str(problem.get("title") or ""),
+            detail=str(problem.get("detail") or ""),
+            instance=problem.get("instance"),
+            problem=problem,
+            retry_after=float(retry) if isinstance(retry, int | float) else None,
+            method=method,
+            url=url,
+        )
+
+    @classmethod
     def from_response(cls, response: requests.Response) -> ApiError:
         text = response.text
         problem: dict[str, Any] = {}

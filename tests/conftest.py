@@ -128,8 +128,8 @@ def model_repository() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def settings(database_url: str, redis_url: str, model_repository: Path) -> Settings:
-    return Settings(
+def settings(database_url: str, redis_url: str, model_repository: Path) -> Iterator[Settings]:
+    made = Settings(
         database_url=database_url,
         redis_url=redis_url,
         var_dir=TEST_VAR,
@@ -137,12 +137,15 @@ def settings(database_url: str, redis_url: str, model_repository: Path) -> Setti
         jobs_queue=f"test-{RUN_ID}",
         control_queue=f"test-{RUN_ID}-control",
         data_dir=TEST_VAR / f"data-{RUN_ID}",
+        file_store_url=str(TEST_VAR / f"files-{RUN_ID}"),
         # The stream door's logs of this run only (deleted at its end: see stream_logs).
         streams_prefix=f"streams-{RUN_ID}",
         # Tests make many apps, none of which is ever stopped: each keeps at most four
         # idle connections, so the suite stays below the server's 100.
         db_pool_size=4,
     )
+    yield made
+    shutil.rmtree(made.store_url, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -334,6 +337,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         MODEL_REPOSITORY=str(settings.model_repository),
         VAR_DIR=str(settings.var_dir),
         DATA_DIR=str(settings.data_dir),
+        FILE_STORE_URL=settings.store_url,
         STREAMS_PREFIX=settings.streams_prefix,
         PYTHONUNBUFFERED="1",
     )

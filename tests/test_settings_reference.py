@@ -19,6 +19,7 @@ SPECIAL = {
     "WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/8",
     "ORT_PROVIDER": "cpu",
     "LOG_LEVEL": "debug",
+    "FILE_STORE_OPTIONS": '{"endpoint_url": "http://minio:9000"}',
 }
 
 

@@ -83,7 +83,7 @@ def split_batch(self: Task, batch_id: str) -> str:
     """Cut a file batch into chunk jobs (see app.batches.service.split)."""
     container = services(self)
     return batches.split(
-        container.database.session(), container.models, uuid.UUID(batch_id),
+        container.database.session(), container.store, container.models, uuid.UUID(batch_id),
         container.dispatcher.wake,
     )  # fmt: skip
 
@@ -97,9 +97,11 @@ def fire_schedules(self: Task) -> dict[str, int]:
             container.settings,
             container.models,
         )
-        fired = schedules.fire_due(session, models, settings, container.dataplane.start_split)
+        fired = schedules.fire_due(
+            session, container.store, models, settings, container.dataplane.start_split
+        )
         written = schedules.export_finished(
-            session, models, settings, container.database.sessionmaker
+            session, container.store, models, settings, container.database.sessionmaker
         )
     return {"fired": len(fired), "written": written}
 
@@ -122,13 +124,15 @@ def sweep(self: Task) -> dict[str, int]:
 @shared_task(name=dispatch.PURGE_TASK, bind=True, ignore_result=True)
 def purge(self: Task) -> dict[str, Any]:
     with _sweeping(self, dispatch.PURGE_TASK) as container:
-        counts = sweeps.purge(container.database.session(), container.settings)  # logs its own
+        counts = sweeps.purge(  # logs its own
+            container.database.session(), container.settings, container.store
+        )
     if done := {k: v for k, v in counts.items() if k in _PURGE_OWN and v}:
         logger.info("purge: %s", done)
     return counts
 
 
-_PURGE_OWN = ("purged", "idempotency_keys", "previous_webhook_secrets")
+_PURGE_OWN = ("purged", "batch_objects", "idempotency_keys", "previous_webhook_secrets")
 
 
 @shared_task(name=delivery.DELIVER_TASK, bind=True, ignore_result=True)

@@ -1,8 +1,10 @@
-"""Uploaded input files, kept in PostgreSQL in parts of a MiB.
+"""Uploaded input files: their bytes in the file store, their metadata in PostgreSQL.
 
-An upload is streamed into `file_parts` in one transaction: memory stays at
-one part whatever the size, an aborted upload leaves nothing, and workers on
-other machines read the file from the database the API wrote it to.
+An upload is streamed to the store a MiB at a time, so memory stays at one
+part whatever the size, under a key made from the file's new id (never from
+its name); the object appears only once it is complete. Files uploaded before
+the store keep their bytes in `file_parts` (`store_key` NULL) and are read
+from there: nothing had to be copied when the store came.
 """
 
 from __future__ import annotations
@@ -12,25 +14,26 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import IO
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.batches.readers import FORMATS
+from app.batches import readers
 from app.errors import Conflict, InvalidRequest, TooLarge
-from app.jobs.chunks import PART_BYTES, read_range
+from app.jobs.chunks import PART_BYTES, file_key
 from app.jobs.quotas import Quotas
+from app.platform.filestore import FileStore
 from app.platform.tables import Batch, File, FilePart, Schedule
 from app.tenancy.owned import owned
 
-__all__ = ["PART_BYTES", "read_range"]
+FORMATS = (*readers.FORMATS, "parquet")
 
 
 def format_of(filename: str, declared: str | None) -> str:
     fmt = (declared or filename.rpartition(".")[2]).lower()
     if fmt not in FORMATS:
         raise InvalidRequest(
-            f"cannot tell the format of {filename!r}; name the file .npy, .jsonl or .csv, "
-            "or pass format=npy|jsonl|csv",
+            f"cannot tell the format of {filename!r}; name the file .npy, .jsonl, .csv or "
+            ".parquet, or pass format=npy|jsonl|csv|parquet",
             errors={"format": [f"one of {', '.join(FORMATS)}"]},
         )
     return fmt
@@ -38,6 +41,7 @@ def format_of(filename: str, declared: str | None) -> str:
 
 def store(
     session: Session,
+    files: FileStore,
     tenant_id: int,
     filename: str,
     fmt: str,
@@ -50,10 +54,10 @@ def store(
     room = limits.admit_upload(session, tenant_id, 0) if limits else None
     limit = max_bytes if room is None else min(max_bytes, room)
     try:
-        file = store_parts(session, tenant_id, filename, fmt,
+        file = store_parts(session, files, tenant_id, filename, fmt,
                            iter(lambda: _read_part(body), b""), limit)  # fmt: skip
     except TooLarge:
-        session.rollback()  # the parts written so far go; the quota is read afresh
+        session.rollback()  # the quota is read afresh
         if limits is not None and limit < max_bytes:
             limits.admit_upload(session, tenant_id, limit + 1)  # raises QuotaExceeded
         raise
@@ -62,48 +66,36 @@ def store(
 
 def store_parts(
     session: Session,
+    files: FileStore,
     tenant_id: int,
     filename: str,
     fmt: str,
     parts: Iterable[bytes],
     max_bytes: int,
 ) -> File:
-    """A new file of these parts, in the session's transaction: the caller
-    commits, or rolls back on an error (TooLarge, an empty file)."""
-    file = File(id=uuid.uuid4(), tenant_id=tenant_id, filename=filename[:255], format=fmt,
-                size_bytes=0, sha256="", parts=0)  # fmt: skip
+    """A new file of these parts, written to the store and added to the session
+    (the caller commits). TooLarge or an empty file leave no object behind."""
+    file_id = uuid.uuid4()
+    key = file_key(tenant_id, file_id)
+    digest, size = hashlib.sha256(), 0
+    with files.writer(key) as out:
+        for part in parts:
+            size += len(part)
+            if size > max_bytes:
+                raise TooLarge(
+                    f"the file is larger than the upload limit of {max_bytes} bytes "
+                    "(MAX_UPLOAD_BYTES); split it into several batches",
+                    limit_bytes=max_bytes,
+                )
+            digest.update(part)
+            out.write(part)
+        if size == 0:
+            raise InvalidRequest("the file is empty", errors={"body": ["send the file's bytes"]})
+    file = File(id=file_id, tenant_id=tenant_id, filename=filename[:255], format=fmt,
+                size_bytes=size, sha256=digest.hexdigest(), parts=0, store_key=key)  # fmt: skip
     session.add(file)
     session.flush()
-    digest, size, seq = hashlib.sha256(), 0, 0
-    for part in _exact(parts):
-        size += len(part)
-        if size > max_bytes:
-            raise TooLarge(
-                f"the file is larger than the upload limit of {max_bytes} bytes "
-                "(MAX_UPLOAD_BYTES); split it into several batches",
-                limit_bytes=max_bytes,
-            )
-        digest.update(part)
-        session.execute(insert(FilePart).values(file_id=file.id, seq=seq, data=part))
-        seq += 1
-    if size == 0:
-        raise InvalidRequest("the file is empty", errors={"body": ["send the file's bytes"]})
-    file.size_bytes, file.sha256, file.parts = size, digest.hexdigest(), seq
-    session.flush()
     return file
-
-
-def _exact(parts: Iterable[bytes]) -> Iterator[bytes]:
-    """Parts of exactly PART_BYTES (the last may be shorter), whatever came in:
-    then byte N of a file is in part N // PART_BYTES, for range reads."""
-    buffer = bytearray()
-    for part in parts:
-        buffer += part
-        while len(buffer) >= PART_BYTES:
-            yield bytes(buffer[:PART_BYTES])
-            del buffer[:PART_BYTES]
-    if buffer:
-        yield bytes(buffer)
 
 
 def _read_part(body: IO[bytes]) -> bytes:
@@ -127,9 +119,10 @@ def list_files(session: Session, tenant_id: int, limit: int = 100) -> list[File]
     return list(session.scalars(query.limit(limit)))
 
 
-def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> None:
-    """Delete a file no unfinished batch still reads."""
-    get(session, tenant_id, file_id)
+def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> str | None:
+    """Delete a file no unfinished batch still reads; returns its object's key, for
+    the caller to delete from the store once the deletion is committed."""
+    file = get(session, tenant_id, file_id)
     busy = session.scalar(
         select(Batch.id)
         .where(Batch.input_file_id == file_id, Batch.status.in_(("queued", "running")))
@@ -140,22 +133,34 @@ def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> None:
     schedule = session.scalar(select(Schedule.name).where(Schedule.input_file_id == file_id))
     if schedule is not None:
         raise Conflict(f"schedule {schedule!r} reads file {file_id}; change or delete it first")
+    key = file.store_key
     session.execute(delete(File).where(File.id == file_id))
+    return key
 
 
-def first_part(session: Session, file_id: uuid.UUID) -> bytes:
-    """The file's first part, read in the session's own transaction (a file
-    stored in it and not yet committed included)."""
+def head(session: Session, files: FileStore, file: File) -> bytes:
+    """The file's first MiB (its first part), for checks of its first rows; read in
+    the session's own transaction for a file kept in PostgreSQL."""
+    if file.store_key is not None:
+        return files.read(file.store_key, 0, min(PART_BYTES, file.size_bytes))
     data = session.scalar(
-        select(FilePart.data).where(FilePart.file_id == file_id, FilePart.seq == 0)
+        select(FilePart.data).where(FilePart.file_id == file.id, FilePart.seq == 0)
     )
-    return data or b""
+    return bytes(data or b"")
 
 
-def parts(
+def parts(sessions: sessionmaker[Session], files: FileStore, file: File) -> Iterator[bytes]:
+    """The file's bytes, a MiB at a time, with no transaction held between reads."""
+    if file.store_key is not None:
+        with files.open(file.store_key) as reader:
+            yield from iter(lambda: reader.read(PART_BYTES), b"")
+        return
+    yield from _database_parts(sessions, file.id)
+
+
+def _database_parts(
     sessions: sessionmaker[Session], file_id: uuid.UUID, per_query: int = 8
 ) -> Iterator[bytes]:
-    """The file's bytes, a part at a time, with no transaction held between reads."""
     seq = 0
     while True:
         with sessions() as session:

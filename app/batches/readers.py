@@ -27,7 +27,7 @@ import numpy as np
 from app.models.cards import ModelCard
 from app.runtime.tensors import InvalidInputs, parse_inputs
 
-FORMATS = ("npy", "jsonl", "csv")
+FORMATS = ("npy", "jsonl", "csv")  # read from a stream of bytes; Parquet: app.batches.parquet
 Arrays = dict[str, np.ndarray]
 
 
@@ -47,12 +47,17 @@ def chunks(
     readers = {"npy": _npy_rows, "jsonl": _jsonl_rows, "csv": _csv_rows}
     row = skip_rows
     for raw in readers[fmt](card, iter(parts), chunk_rows, skip_rows):
-        try:
-            arrays = parse_inputs(card, raw)
-        except InvalidInputs as exc:
-            raise BadRows(row, str(exc), exc.errors) from None
+        arrays = checked(card, row, raw)
         yield arrays
         row += len(next(iter(arrays.values())))
+
+
+def checked(card: ModelCard, first_row: int, raw: dict[str, Any]) -> Arrays:
+    """Rows from `first_row` checked against the card like a job's inputs."""
+    try:
+        return parse_inputs(card, raw)
+    except InvalidInputs as exc:
+        raise BadRows(first_row, str(exc), exc.errors) from None
 
 
 def _single_input(card: ModelCard, fmt: str) -> str:

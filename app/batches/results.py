@@ -1,10 +1,13 @@
 """A finished batch's outputs, streamed in input order from its chunks.
 
-Chunks are read a few at a time in short sessions (no connection is held
-while a slow client reads), so neither the API's memory nor a transaction
-grows with the batch. JSONL gives every row, with its error where its chunk
-failed; `.npy` needs every row to have succeeded (an array has no place for
-a missing row) and holds one output, or a structured array of all of them.
+Chunks are listed a few at a time in short sessions (no connection is held
+while a slow client reads) and each chunk's part is read from the file store
+only when its turn comes (chunks finished before the store hold theirs in
+PostgreSQL), so neither the API's memory nor a transaction grows with the
+batch. JSONL gives every row, with its error where its chunk failed; `.npy`
+and Parquet need every row to have succeeded (the first has no place for a
+missing row; for the second, read its errors as JSONL) and `.npy` holds one
+output, or a structured array of all of them.
 """
 
 from __future__ import annotations
@@ -16,17 +19,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.batches import parquet
 from app.errors import Conflict, InvalidRequest
+from app.jobs.chunks import result_key
 from app.models.cards import ModelCard
+from app.platform.filestore import FileStore
 from app.platform.tables import Batch, Job
 from app.runtime.datatypes import V2_TO_NUMPY
 from app.runtime.tensors import unpack
 
 NPY = "application/x-npy"
 JSONL = "application/jsonl"
+PARQUET = parquet.PARQUET
+WHOLE = (NPY, PARQUET)  # formats that need every row
 _PER_QUERY = 8
 
 
@@ -40,21 +49,26 @@ class Chunk:
     output_data: bytes | None
 
 
-def chunks(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> Iterator[Chunk]:
+def chunks(
+    sessions: sessionmaker[Session], store: FileStore, batch_id: uuid.UUID
+) -> Iterator[Chunk]:
     index = 0
     while True:
         with sessions() as session:
             query = (
                 select(Job.batch_index, Job.first_row, Job.batch_rows, Job.status, Job.error_code,
-                       Job.error_message, Job.output_data)
+                       Job.error_message, Job.output_data, Job.output_bytes)
                 .where(Job.batch_id == batch_id, Job.batch_index >= index)
                 .order_by(Job.batch_index)
                 .limit(_PER_QUERY)
             )  # fmt: skip
             rows = session.execute(query).all()
         for r in rows:
+            data = r.output_data
+            if data is None and r.output_bytes is not None and r.status == "succeeded":
+                data = store.read(result_key(batch_id, r.batch_index))
             yield Chunk(r.first_row, r.batch_rows, r.status, r.error_code, r.error_message,
-                        r.output_data)  # fmt: skip
+                        data)  # fmt: skip
         if len(rows) < _PER_QUERY:
             return
         index = rows[-1].batch_index + 1
@@ -67,9 +81,16 @@ def check_ready(batch: Batch, failed_rows: int, fmt: str) -> None:
             "finishes (GET /batches/<id> shows its progress)",
             batch_status=batch.status,
         )
-    if fmt == NPY and failed_rows:
+    if batch.purged_at is not None:
         raise Conflict(
-            f"batch {batch.id} has {failed_rows} rows without outputs, which an .npy array "
+            f"the results of batch {batch.id} were deleted by retention (RETENTION_SECONDS "
+            "after it finished); run it again to have them",
+            batch_status=batch.status,
+        )
+    if fmt in WHOLE and failed_rows:
+        kind = ".npy array" if fmt == NPY else "Parquet file"
+        raise Conflict(
+            f"batch {batch.id} has {failed_rows} rows without outputs, which an {kind} "
             "cannot leave out; read the results as JSONL (Accept: application/jsonl), where "
             "each failed row carries its error, or see `failed_rows` in GET /batches/<id>",
             batch_status=batch.status,
@@ -97,8 +118,9 @@ def jsonl(card: ModelCard, chunks: Iterator[Chunk]) -> Iterator[bytes]:
         ).encode()
 
 
-def npy_outputs(card: ModelCard, output: str | None) -> list[str]:
-    """The outputs an .npy holds: the one asked for, or all (then a structured array)."""
+def numeric_outputs(card: ModelCard, output: str | None) -> list[str]:
+    """The outputs an .npy or Parquet file holds: the one asked for, or all (in an
+    .npy, then a structured array)."""
     specs = list(card.outputs)
     if output is not None:
         specs = [s for s in specs if s.name == output]
@@ -121,9 +143,7 @@ def npy(names: list[str], total_rows: int, chunks: Iterator[Chunk]) -> Iterator[
     shapes, then each chunk's bytes in order."""
     dtype: np.dtype | None = None
     for chunk in chunks:
-        if chunk.output_data is None:
-            raise RuntimeError(f"chunk at row {chunk.first_row} has no outputs")
-        arrays = unpack(chunk.output_data)
+        arrays = _outputs(chunk, names)
         if len(names) > 1:
             fields = [(n, arrays[n].dtype, arrays[n].shape[1:]) for n in names]
             rows = np.empty(chunk.rows, dtype=fields)
@@ -145,3 +165,19 @@ def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
               "shape": shape}  # fmt: skip
     np.lib.format.write_array_header_1_0(out, header)
     return out.getvalue()
+
+
+def parquet_file(card: ModelCard, names: list[str], chunks: Iterator[Chunk]) -> Iterator[bytes]:
+    """A Parquet file with a column per output, a row group per chunk, each written
+    (and sent) as its chunk is read."""
+    specs = [spec for spec in card.outputs if spec.name in names]
+    empty = pa.schema([(s.name, pa.from_numpy_dtype(V2_TO_NUMPY[s.datatype])) for s in specs])
+    parts = (_outputs(chunk, names) for chunk in chunks)
+    return parquet.write(names, parts, empty)
+
+
+def _outputs(chunk: Chunk, names: list[str]) -> dict[str, np.ndarray]:
+    if chunk.output_data is None:
+        raise RuntimeError(f"chunk at row {chunk.first_row} has no outputs")
+    arrays = unpack(chunk.output_data)
+    return {name: arrays[name] for name in names}

@@ -17,24 +17,26 @@ import io
 import logging
 import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.batches import files, readers
+from app.batches import files, parquet, readers
 from app.errors import Conflict, InputsDoNotFit, InvalidRequest, UnknownModel
 from app.jobs.admission import Admission
-from app.jobs.chunks import CHUNK_TERMINAL, settle, stop_chunks
+from app.jobs.chunks import CHUNK_TERMINAL, inputs_key, settle, stop_chunks
 from app.jobs.dispatch import Dispatcher
 from app.jobs.quotas import Quotas
 from app.jobs.service import check_inputs
 from app.models.cards import ModelCard
 from app.models.registry import ModelRepository
+from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, File, Job
 from app.runtime.datatypes import V2_TO_NUMPY
@@ -50,6 +52,7 @@ BATCH_EVENTS = ("batch.succeeded", "batch.partially_succeeded", "batch.failed", 
 
 def create(
     session: Session,
+    store: FileStore,
     repository: ModelRepository,
     settings: Settings,
     tenant_id: int,
@@ -84,7 +87,7 @@ def create(
             raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
     batch = new_batch(card, settings, tenant_id, webhook)
     if file_id is not None:
-        attach_file(session, batch, card, file_id)
+        attach_file(session, store, batch, card, file_id)
         if quotas is not None:  # its rows are counted once it is cut
             quotas.admit_batch(session, tenant_id, None, 1)
         if admission is not None:
@@ -126,11 +129,33 @@ def new_batch(
     )  # fmt: skip
 
 
-def attach_file(session: Session, batch: Batch, card: ModelCard, file_id: uuid.UUID) -> None:
+def attach_file(
+    session: Session, store: FileStore, batch: Batch, card: ModelCard, file_id: uuid.UUID
+) -> None:
     """Make `file_id` the batch's input once its first rows fit the model (422 if not)."""
     file = files.get(session, batch.tenant_id, file_id)
-    _check_start(card, file.format, files.first_part(session, file_id))
+    try:
+        if file.format == "parquet":
+            with _opened(store, file) as source:
+                next(parquet.chunks(card, source, 16), None)
+        else:
+            next(readers.chunks(card, file.format,
+                                _complete_rows(file.format, files.head(session, store, file)),
+                                16), None)  # fmt: skip
+    except readers.BadRows as exc:
+        raise InputsDoNotFit(
+            f"the file does not fit model {card.ref}: {exc}",
+            errors=exc.errors or {"file": str(exc)},
+            expected=[spec.to_dict() for spec in card.inputs],
+        ) from None
     batch.input_file_id = file.id
+
+
+def _opened(store: FileStore, file: File) -> IO[bytes]:
+    """A Parquet upload, seekable (Parquet files came with the store: never in PostgreSQL)."""
+    if file.store_key is None:
+        raise readers.BadRows(0, "the file has no bytes in the file store")
+    return store.open(file.store_key)
 
 
 def start_split(dispatcher: Dispatcher, batch_id: uuid.UUID) -> bool:
@@ -149,19 +174,6 @@ def session_factory(session: Session) -> sessionmaker[Session]:
     return sessionmaker(bind=session.get_bind(), expire_on_commit=False)
 
 
-def _check_start(card: ModelCard, fmt: str, first_part: bytes) -> None:
-    """The file's first rows fit the model: a wrong file is a 422 at once."""
-    try:
-        for _ in readers.chunks(card, fmt, _complete_rows(fmt, first_part), 16):
-            break
-    except readers.BadRows as exc:
-        raise InputsDoNotFit(
-            f"the file does not fit model {card.ref}: {exc}",
-            errors=exc.errors or {"file": str(exc)},
-            expected=[spec.to_dict() for spec in card.inputs],
-        ) from None
-
-
 def _complete_rows(fmt: str, part: bytes) -> list[bytes]:
     """The part without a line cut at its end (text formats), so a check of the
     first rows does not trip over half a line."""
@@ -177,7 +189,9 @@ def _insert_chunk(
     session.execute(insert(Job).values(_chunk(batch, index, first_row, rows, pack(arrays))))
 
 
-def _chunk(batch: Batch, index: int, first_row: int, rows: int, data: bytes) -> dict[str, Any]:
+def _chunk(
+    batch: Batch, index: int, first_row: int, rows: int, data: bytes | None
+) -> dict[str, Any]:
     return {
         "id": uuid.uuid4(), "tenant_id": batch.tenant_id, "model": batch.model,
         "model_version": batch.model_version, "status": "queued", "input_data": data,
@@ -200,7 +214,7 @@ class _InPlace:
         return V2_TO_NUMPY[self.datatype].itemsize * math.prod(self.shape[1:])
 
 
-def _in_place(session: Session, card: ModelCard, file: File) -> _InPlace | None:
+def _in_place(session: Session, store: FileStore, card: ModelCard, file: File) -> _InPlace | None:
     """How to read the file's rows in place, or None when they need converting
     (another dtype, several inputs, text, Fortran order): then they are copied."""
     if file.format != "npy" or len(card.inputs) != 1:
@@ -209,7 +223,7 @@ def _in_place(session: Session, card: ModelCard, file: File) -> _InPlace | None:
     wanted = V2_TO_NUMPY.get(spec.datatype)
     if wanted is None or wanted.hasobject:
         return None
-    stream = io.BytesIO(files.first_part(session, file.id))
+    stream = io.BytesIO(files.head(session, store, file))
     try:
         shape, fortran, dtype = readers.npy_header(stream)
     except (ValueError, EOFError):
@@ -233,7 +247,7 @@ def _split_in_place(session: Session, batch: Batch, file: File, plan: _InPlace) 
         rows = min(batch.chunk_rows, total - first)
         header = pack_header([(plan.input, plan.datatype, (rows, *plan.shape[1:]))])
         chunk = _chunk(batch, first // batch.chunk_rows, first, rows, header)
-        chunk |= {"input_file_id": file.id,
+        chunk |= {"input_file_id": file.id, "input_key": file.store_key,
                   "input_offset": plan.data_offset + first * plan.row_bytes}  # fmt: skip
         chunks.append(chunk)
     if chunks:
@@ -243,12 +257,16 @@ def _split_in_place(session: Session, batch: Batch, file: File, plan: _InPlace) 
 
 def split(
     session: Session,
+    store: FileStore,
     repository: ModelRepository,
     batch_id: uuid.UUID,
     wake: Callable[[str], object],
 ) -> str:
-    """Cut a file batch into chunk jobs, one transaction per chunk, from where an
-    earlier split stopped. Returns what happened, for the task's log."""
+    """Cut a file batch into chunk jobs, from where an earlier split stopped. Rows
+    an .npy holds as the model wants stay where they are (every chunk an offset
+    into the file, one transaction); others are checked and written to the store
+    as each chunk's own inputs, a transaction per chunk. Returns what happened,
+    for the task's log."""
     batch = session.get(Batch, batch_id)
     session.commit()  # one transaction per chunk from here on (each says so)
     if batch is None or batch.status != "queued" or batch.cancel_requested_at is not None:
@@ -258,7 +276,7 @@ def split(
         if batch.input_file_id is None:
             raise readers.BadRows(batch.split_rows, "its input file was deleted")
         file = files.get(session, batch.tenant_id, batch.input_file_id)
-        plan = _in_place(session, card, file)
+        plan = _in_place(session, store, card, file)
         if plan is not None:
             if not _split_in_place(session, batch, file, plan):
                 session.rollback()
@@ -269,17 +287,19 @@ def split(
             index = math.ceil(row / batch.chunk_rows)
         else:
             index, row = batch.split_rows // batch.chunk_rows, batch.split_rows
-            parts = files.parts(session_factory(session), file.id)
-            for arrays in readers.chunks(card, file.format, parts, batch.chunk_rows,
-                                         skip_rows=row):  # fmt: skip
-                n = len(next(iter(arrays.values())))
-                if not _advance(session, batch.id, row, row + n):
-                    session.rollback()
-                    return "stopped: cancelled, or split elsewhere"
-                _insert_chunk(session, batch, index, row, arrays)
-                session.commit()
-                wake(batch.model)
-                index, row = index + 1, row + n
+            with ExitStack() as held:
+                for arrays in _file_chunks(session, store, held, card, file, batch, row):
+                    n = len(next(iter(arrays.values())))
+                    key = inputs_key(batch.id, index)
+                    store.write(key, pack(arrays))  # the same key again if this split resumes
+                    if not _advance(session, batch.id, row, row + n):
+                        session.rollback()
+                        return "stopped: cancelled, or split elsewhere"
+                    chunk = _chunk(batch, index, row, n, None) | {"input_key": key}
+                    session.execute(insert(Job).values(chunk))
+                    session.commit()
+                    wake(batch.model)
+                    index, row = index + 1, row + n
     except (readers.BadRows, UnknownModel) as exc:
         session.rollback()
         code = "model_unavailable" if isinstance(exc, UnknownModel) else "invalid_input"
@@ -295,6 +315,23 @@ def split(
     settle(session, [batch.id])
     session.commit()
     return f"split {row} rows into {index} chunks" if started else "split elsewhere"
+
+
+def _file_chunks(
+    session: Session,
+    store: FileStore,
+    held: ExitStack,
+    card: ModelCard,
+    file: File,
+    batch: Batch,
+    skip_rows: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    """The file's rows from `skip_rows`, checked, `batch.chunk_rows` at a time."""
+    if file.format == "parquet":
+        source = held.enter_context(_opened(store, file))
+        return parquet.chunks(card, source, batch.chunk_rows, skip_rows=skip_rows)
+    parts = files.parts(session_factory(session), store, file)
+    return readers.chunks(card, file.format, parts, batch.chunk_rows, skip_rows=skip_rows)
 
 
 def _advance(session: Session, batch_id: uuid.UUID, old: int, new: int) -> bool:

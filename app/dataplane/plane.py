@@ -60,6 +60,7 @@ from app.models.cards import ModelCard
 from app.models.registry import PUBLIC, ModelRepository
 from app.observability import metrics
 from app.platform.database import Database
+from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.platform.tables import Batch, DeadLetter, File, Job, Schedule, StreamBinding
 from app.runtime.sessions import SessionPool
@@ -89,12 +90,13 @@ class DataPlane:
         holds: Holds,
         api_keys: KeyCache,
         status: StatusBoard,
+        store: FileStore,
         sessions: Callable[[], SessionPool],
     ) -> None:
         self.settings, self.database, self.models = settings, database, models
         self.events, self.inserter, self.dispatcher = events, inserter, dispatcher
         self.admission, self.quotas, self.holds = admission, quotas, holds
-        self.api_keys, self.status_board = api_keys, status
+        self.api_keys, self.status_board, self.store = api_keys, status, store
         self._sessions = sessions  # ONNX Runtime sessions, for inline models only
 
     # -- callers ------------------------------------------------------------------
@@ -159,22 +161,20 @@ class DataPlane:
         requests: Sequence[JobRequest],
         *,
         staged: Callable[[Session, list[Job]], object] | None = None,
+        key_field: str = "idempotency_key",
     ) -> list[Job | DomainError]:
         """Many jobs at once, in request order: each checked on its own (a bad one is
         its own error in the list; the others go on), then one quota count for all,
         one queue-bound count per model, one INSERT, one commit and one wake-up per
-        model. `staged` runs in the transaction, just before it commits: a door's own
-        rows beside the jobs. No idempotency keys here (each would take a lock)."""
+        model. A request with an idempotency key gets the job its key made before
+        (as `submit`); a key repeated in the list gets its first use's outcome.
+        `staged` runs in the transaction, just before it commits: a door's own
+        rows beside the jobs. `key_field` names the key in errors (the door's name)."""
         outcomes: list[Job | DomainError | None] = [None] * len(requests)
         checked: list[tuple[int, ModelCard, dict[str, Any]]] = []
         cards = _Cards(self.models, tenant.name)
         for index, request in enumerate(requests):
             try:
-                if request.idempotency_key is not None:
-                    raise InvalidRequest(
-                        "an idempotency key is taken by a single submit only",
-                        errors={"idempotency_key": ["not here"]},
-                    )
                 card = cards(request.model, request.version)
                 arrays = service.check_inputs(card, request.inputs)
                 if request.webhook is not None:
@@ -183,7 +183,9 @@ class DataPlane:
             except DomainError as exc:
                 outcomes[index] = exc
         if checked:
-            self._stage_many(tenant, requests, checked, outcomes, staged)
+            keys = _Keys(requests, checked, key_field)
+            self._stage_many(tenant, requests, keys, outcomes, staged)
+            keys.repeat(outcomes)
         done = [outcome for outcome in outcomes if outcome is not None]
         assert len(done) == len(requests), "each request has its job or its error"
         return done
@@ -192,11 +194,12 @@ class DataPlane:
         self,
         tenant: TenantRef,
         requests: Sequence[JobRequest],
-        checked: list[tuple[int, ModelCard, dict[str, Any]]],
+        keys: _Keys,
         outcomes: list[Job | DomainError | None],
         staged: Callable[[Session, list[Job]], object] | None,
     ) -> None:
         session = self.database.session()
+        checked = keys.claim(session, tenant.id, outcomes)
         admitted: list[tuple[int, ModelCard, dict[str, Any]]] = []
         # Refusals keep nothing: per priority the tenant's quotas, per model its bound.
         for group in _grouped(checked, lambda item: requests[item[0]].priority):
@@ -230,6 +233,7 @@ class DataPlane:
             session.commit()
             return
         jobs = service.stage_many(session, values)
+        keys.remember(session, tenant.id, order, jobs)
         if staged is not None:
             staged(session, jobs)
         session.commit()
@@ -423,7 +427,7 @@ class DataPlane:
         (checked at its start now, cut by a worker)."""
         webhook, session = request.webhook, self.database.session()
         batch = batches.create(
-            session, self.models, self.settings, tenant.id, request.model,
+            session, self.store, self.models, self.settings, tenant.id, request.model,
             request.version, inputs=request.inputs, file_id=request.file_id,
             webhook={"url": webhook.url, "events": list(webhook.events)} if webhook else None,
             tenant=tenant.name, quotas=self.quotas, admission=self.admission,
@@ -460,20 +464,24 @@ class DataPlane:
     def batch_results(
         self, tenant: TenantRef, batch_id: uuid.UUID, fmt: str, output: str | None
     ) -> tuple[Iterator[bytes], str]:
-        """The batch's outputs in input order as `fmt` (JSONL, or .npy of `output` or
-        of every output), and a file name; Conflict while unfinished or, for .npy,
-        with rows missing. The stream reads its chunks in sessions of its own."""
+        """The batch's outputs in input order as `fmt` (JSONL; .npy or Parquet of
+        `output` or of every output), and a file name; Conflict while unfinished or,
+        for .npy and Parquet, with rows missing. The stream reads its chunks in
+        sessions of its own and their parts from the file store, one at a time."""
         session = self.database.session()
         batch = batches.get(session, tenant.id, batch_id)
         card = self.models.card(batch.model, batch.model_version)
         counted = batches.progress(session, batch)
         results.check_ready(batch, counted.rows_failed, fmt)
-        chunks = results.chunks(self.database.sessionmaker, batch.id)
+        chunks = results.chunks(self.database.sessionmaker, self.store, batch.id)
         name = f"batch-{batch.id}"
         session.commit()
         if fmt == results.NPY:
-            names = results.npy_outputs(card, output)
+            names = results.numeric_outputs(card, output)
             return results.npy(names, counted.rows_done, chunks), name + ".npy"
+        if fmt == results.PARQUET:
+            names = results.numeric_outputs(card, output)
+            return results.parquet_file(card, names, chunks), name + ".parquet"
         return results.jsonl(card, chunks), name + ".jsonl"
 
     def start_split(self, batch_id: uuid.UUID) -> bool:
@@ -486,8 +494,9 @@ class DataPlane:
         past what the tenant may still store."""
         session = self.database.session()
         file = files.store(
-            session, tenant.id, filename, fmt, body, self.settings.max_upload_bytes, self.quotas
-        )
+            session, self.store, tenant.id, filename, fmt, body,
+            self.settings.max_upload_bytes, self.quotas,
+        )  # fmt: skip
         session.commit()
         return file
 
@@ -504,10 +513,13 @@ class DataPlane:
         return found
 
     def delete_file(self, tenant: TenantRef, file_id: uuid.UUID) -> None:
-        """Delete an upload; Conflict while a batch or a schedule reads it."""
+        """Delete an upload, and then its object; Conflict while a batch or a schedule
+        reads it."""
         session = self.database.session()
-        files.remove(session, tenant.id, file_id)
+        key = files.remove(session, tenant.id, file_id)
         session.commit()
+        if key is not None:
+            self.store.delete(key)
 
     def replay_dead_letter(self, tenant: TenantRef, letter_id: int, actor: str) -> uuid.UUID:
         """Put the letter's job back in the queue, same id; Conflict if it cannot be."""
@@ -877,6 +889,88 @@ class _Cards:
 
 
 T = TypeVar("T")
+
+
+class _Keys:
+    """The idempotency keys of a bulk submit: the first use of each key is claimed
+    (its earlier job returned instead of a new one), later uses of the same key
+    in the list repeat the first's outcome, or are an error for another request."""
+
+    def __init__(
+        self,
+        requests: Sequence[JobRequest],
+        checked: list[tuple[int, ModelCard, dict[str, Any]]],
+        field: str,
+    ) -> None:
+        self._requests, self._checked, self._field = requests, checked, field
+        self._first: dict[str, int] = {}  # key: the request that uses it first
+        self._prints: dict[str, str] = {}
+        self._repeats: list[tuple[int, int]] = []  # (request, the first with its key)
+        self._unkeyed: list[tuple[int, ModelCard, dict[str, Any]]] = []
+        self._keyed: list[tuple[int, ModelCard, dict[str, Any]]] = []
+        for item in checked:
+            request = requests[item[0]]
+            key = request.idempotency_key
+            if key is None:
+                self._unkeyed.append(item)
+                continue
+            print_ = service.fingerprint(request.model, request.version, request.inputs)
+            if key in self._first:
+                self._repeats.append((item[0], self._first[key]))
+                if self._prints[key] != print_:
+                    self._repeats[-1] = (item[0], -1)
+                continue
+            self._first[key], self._prints[key] = item[0], print_
+            self._keyed.append(item)
+
+    def claim(
+        self, session: Session, tenant_id: int, outcomes: list[Job | DomainError | None]
+    ) -> list[tuple[int, ModelCard, dict[str, Any]]]:
+        """Hold the keys; what is left to stage, in request order. A key's earlier
+        job (or its refusal) becomes that request's outcome at once."""
+        if not self._keyed:
+            return self._checked
+        claimed = idempotency.claim_many(session, tenant_id, self._prints, self._field)
+        earlier: dict[uuid.UUID, Job | None] = {
+            job_id: None for job_id in claimed.values() if isinstance(job_id, uuid.UUID)
+        }
+        if earlier:
+            for job in service.get_many(session, tenant_id, list(earlier)):
+                earlier[job.id] = job
+        left = list(self._unkeyed)
+        for item in self._keyed:
+            key = self._requests[item[0]].idempotency_key
+            assert key is not None
+            outcome = claimed[key]
+            if outcome is None:
+                left.append(item)
+            elif isinstance(outcome, DomainError):
+                outcomes[item[0]] = outcome
+            else:
+                outcomes[item[0]] = earlier[outcome] or NotFound(
+                    f"the job this {self._field} made ({outcome}) is gone",
+                    errors={self._field: ["its job was deleted; use a new key"]},
+                )
+        return sorted(left, key=lambda item: item[0])
+
+    def remember(self, session: Session, tenant_id: int, order: list[int], jobs: list[Job]) -> None:
+        """Record the keys of the new jobs, in their transaction."""
+        for index, job in zip(order, jobs, strict=True):
+            key = self._requests[index].idempotency_key
+            if key is not None:
+                idempotency.remember(session, tenant_id, key, self._prints[key], job.id)
+
+    def repeat(self, outcomes: list[Job | DomainError | None]) -> None:
+        """A key's later uses: the first's outcome, or an error for another request."""
+        for index, first in self._repeats:
+            outcomes[index] = (
+                outcomes[first] if first >= 0
+                else InvalidRequest(
+                    f"this {self._field} is used earlier in the list with a different "
+                    "request; give each request its own key",
+                    errors={self._field: ["already used with a different request body"]},
+                )
+            )  # fmt: skip
 
 
 def _grouped(items: list[T], key: Callable[[T], Any]) -> list[list[T]]:

@@ -20,7 +20,31 @@ from sqlalchemy.orm import Session
 from app.jobs.transitions import UUIDS
 
 CHUNK_TERMINAL = "('succeeded', 'failed', 'cancelled', 'expired')"
-# Uploaded files are stored in parts of exactly this size (the last may be shorter).
+
+
+# Where a batch's objects live in the file store, named by ids the service made:
+# a client's input never becomes part of a key.
+def file_key(tenant_id: int, file_id: uuid.UUID) -> str:
+    return f"files/{tenant_id}/{file_id}"
+
+
+def batch_key(batch_id: uuid.UUID) -> str:
+    """Every object of the batch is under this key (deleted together)."""
+    return f"batches/{batch_id}"
+
+
+def inputs_key(batch_id: uuid.UUID, index: int) -> str:
+    """A chunk's checked inputs, packed, where they were cut from a text or Parquet file."""
+    return f"{batch_key(batch_id)}/inputs/{index:08d}"
+
+
+def result_key(batch_id: uuid.UUID, index: int) -> str:
+    """A chunk's outputs, packed: written again whole by a retried chunk."""
+    return f"{batch_key(batch_id)}/results/{index:08d}"
+
+
+# Files uploaded before the file store are kept in PostgreSQL in parts of exactly
+# this size (the last may be shorter), and still read from there.
 PART_BYTES = 1 << 20
 
 
@@ -71,7 +95,8 @@ _SETTLE = text(
         SELECT r.id, 0 AS open,
                count(j.id) FILTER (WHERE j.status = 'succeeded') AS good,
                count(j.id) FILTER (WHERE j.status <> 'succeeded') AS bad,
-               coalesce(sum(octet_length(j.output_data)), 0) AS result_bytes
+               coalesce(sum(coalesce(j.output_bytes, octet_length(j.output_data))), 0)
+                   AS result_bytes
         FROM ready r LEFT JOIN jobs j ON j.batch_id = r.id
         GROUP BY r.id
     ),

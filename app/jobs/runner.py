@@ -28,11 +28,12 @@ from sqlalchemy.orm import Session
 
 from app.errors import UnknownModel
 from app.jobs import telemetry
-from app.jobs.chunks import read_range, settle
+from app.jobs.chunks import read_range, result_key, settle
 from app.jobs.guards import Guards
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
 from app.models.cards import ModelCard
 from app.models.registry import ModelRepository
+from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.runtime.engine import NonFiniteOutput, infer
 from app.runtime.engine import rows as engine_rows
@@ -59,6 +60,7 @@ class Runtime:
     sessions: SessionPool
     settings: Settings
     new_session: Callable[[], Session]
+    store: FileStore  # batch chunks' rows and results
     # Called when jobs outrun JOB_TIME_LIMIT_SECONDS. Worker children kill themselves
     # there (a hard time limit); elsewhere (tests, the API) nothing is set.
     on_time_limit: Callable[[list[ClaimedJob]], None] | None = None
@@ -185,7 +187,7 @@ def _run_group(
     runnable, requests = [], []
     for job in jobs:
         try:
-            requests.append(_inputs(session, card, job))
+            requests.append(_inputs(session, runtime.store, card, job))
             runnable.append(job)
         except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
             outcomes[job.id] = _failed(job, "invalid_input", exc)
@@ -198,7 +200,7 @@ def _run_group(
         outcome = (
             _after_error(runtime.settings, runtime.guards, job, result)
             if isinstance(result, Exception)
-            else _succeeded(job, result)
+            else _succeeded(runtime.store, job, result)
         )
         # What the job cost: its rows' share of the call (one figure per job, summed
         # per tenant by GET /usage).
@@ -213,15 +215,26 @@ def _rows(card: ModelCard, request: dict[str, np.ndarray]) -> int:
     return max(1, engine_rows(request)) if card.batching.max_batch_size > 0 else 1
 
 
-def _succeeded(job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:
+def _succeeded(store: FileStore, job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:
     """Outputs are stored packed in their declared datatypes (float32 stays 4 bytes
-    a value); they become JSON only when a client reads them."""
-    return Outcome(job.id, job.attempt, "succeeded", output_data=pack(outputs))
+    a value); they become JSON only when a client reads them. A batch chunk's go to
+    the file store, under a key of its own that a retry overwrites whole; its row
+    only records their size, when its finish is written."""
+    data = pack(outputs)
+    if job.batch_id is None or job.batch_index is None:
+        return Outcome(job.id, job.attempt, "succeeded", output_data=data)
+    size = store.write(result_key(job.batch_id, job.batch_index), data)
+    return Outcome(job.id, job.attempt, "succeeded", output_bytes=size)
 
 
-def _inputs(session: Session, card: ModelCard, job: ClaimedJob) -> dict[str, np.ndarray]:
-    if job.input_file_id is not None and job.input_data is not None:
-        return _rows_in_file(session, card, job.input_data, job.input_file_id, job.input_offset)
+def _inputs(
+    session: Session, store: FileStore, card: ModelCard, job: ClaimedJob
+) -> dict[str, np.ndarray]:
+    if job.input_data is not None and (job.input_key or job.input_file_id) is not None:
+        return _rows_in_file(session, store, card, job)
+    if job.input_key is not None:  # its own inputs, checked when its batch was cut
+        arrays = unpack(store.read(job.input_key))
+        return {spec.name: arrays[spec.name] for spec in card.inputs}
     if job.input_data is not None:
         arrays = unpack(job.input_data)
         return {spec.name: arrays[spec.name] for spec in card.inputs}
@@ -229,15 +242,20 @@ def _inputs(session: Session, card: ModelCard, job: ClaimedJob) -> dict[str, np.
 
 
 def _rows_in_file(
-    session: Session, card: ModelCard, header: bytes, file_id: uuid.UUID, offset: int | None
+    session: Session, store: FileStore, card: ModelCard, job: ClaimedJob
 ) -> dict[str, np.ndarray]:
     """A chunk whose rows were left in place in its .npy upload: its header
-    (the packed form's, naming shape and datatype) plus the file's bytes. They
+    (the packed form's, naming shape and datatype) plus the file's byte range,
+    from the store (or PostgreSQL, for a file uploaded before the store). They
     were not looked at when the batch was cut, so they are checked here like
     any job's inputs: a bad row fails its own chunk (invalid_input)."""
-    header = bytes(header)  # psycopg2 hands bytea over as a memoryview
-    size = tensor_bytes(header)
-    data = read_range(session, file_id, offset or 0, size)  # in the finish's transaction
+    header = bytes(job.input_data or b"")  # psycopg2 hands bytea over as a memoryview
+    size, offset = tensor_bytes(header), job.input_offset or 0
+    if job.input_key is not None:
+        data = store.read(job.input_key, offset, size)
+    else:
+        assert job.input_file_id is not None
+        data = read_range(session, job.input_file_id, offset, size)
     return parse_inputs(card, unpack(header + data))
 
 

@@ -21,8 +21,10 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.jobs import idempotency, retention, transitions
+from app.jobs.chunks import batch_key
 from app.jobs.dispatch import Dispatcher
 from app.jobs.guards import ALL_ON, Guards
+from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -63,19 +65,46 @@ def wake_waiting(session: Session, dispatcher: Dispatcher, older_than_s: float) 
     return sum(waiting.values())
 
 
-def purge(session: Session, settings: Settings) -> dict[str, Any]:
+def purge(session: Session, settings: Settings, store: FileStore) -> dict[str, Any]:
     keys = idempotency.forget_expired(session)
     session.commit()
-    total = 0
+    total = objects = 0
     if settings.retention_seconds > 0:
         while count := transitions.purge_old_data(session, settings.retention_seconds, BATCH):
             session.commit()
             total += count
         session.commit()
+        objects = purge_batch_objects(session, store, settings.retention_seconds)
     secrets = forget_previous_secrets(session)
     session.commit()
-    return {"purged": total, "idempotency_keys": keys, "previous_webhook_secrets": secrets,
+    return {"purged": total, "batch_objects": objects, "idempotency_keys": keys,
+            "previous_webhook_secrets": secrets,
             **retention.prune_all(session, settings)}  # fmt: skip
+
+
+def purge_batch_objects(session: Session, store: FileStore, older_than_s: float) -> int:
+    """Delete the file store's objects (chunk inputs, results) of batches finished
+    longer ago than retention, as their chunks' data in PostgreSQL is; returns how
+    many batches. Each is marked once its objects are gone, so a failed delete is
+    tried again at the next purge."""
+    done = 0
+    while True:
+        ids = list(session.scalars(_OLD_BATCHES, {"age": older_than_s, "limit": BATCH}))
+        session.commit()
+        for batch_id in ids:
+            store.delete(batch_key(batch_id))
+            session.execute(_PURGED, {"id": batch_id})
+            session.commit()
+        done += len(ids)
+        if len(ids) < BATCH:
+            return done
+
+
+_OLD_BATCHES = text(
+    "SELECT id FROM batches WHERE purged_at IS NULL AND finished_at IS NOT NULL "
+    "AND finished_at < now() - make_interval(secs => :age) ORDER BY finished_at LIMIT :limit"
+)
+_PURGED = text("UPDATE batches SET purged_at = now() WHERE id = :id")
 
 
 def forget_previous_secrets(session: Session) -> int:

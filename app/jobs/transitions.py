@@ -36,6 +36,8 @@ class ClaimedJob:
     batch_id: uuid.UUID | None = None  # a chunk of this batch
     input_file_id: uuid.UUID | None = None  # its rows are in this file, from input_offset
     input_offset: int | None = None
+    input_key: str | None = None  # the file store's object its rows are in
+    batch_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Outcome:
     attempt: int
     status: str  # "succeeded", "failed" or "retry"
     output_data: bytes | None = None  # outputs, packed (app.runtime.tensors.pack)
+    output_bytes: int | None = None  # a chunk's: the size of its outputs in the file store
     batch_share: float | None = None  # its rows over its micro-batch's
     compute_seconds: float | None = None  # that share of the ONNX Runtime call
     error_code: str | None = None
@@ -57,7 +60,7 @@ class Outcome:
 
 _CLAIMED = (
     "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at, batch_id, "
-    "input_file_id, input_offset"
+    "input_file_id, input_offset, input_key, batch_index"
 )
 _LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
 _CLAIMABLE = """
@@ -184,7 +187,7 @@ def claim_next_statement(guarded: bool = True) -> TextClause:
 def _claimed(r: Any) -> ClaimedJob:
     return ClaimedJob(
         r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts,
-        r.batch_id, r.input_file_id, r.input_offset,
+        r.batch_id, r.input_file_id, r.input_offset, r.input_key, r.batch_index,
     )  # fmt: skip
 
 
@@ -245,6 +248,7 @@ def finish_rows(session: Session, outcomes: list[Outcome], *, guarded: bool = Tr
         "attempts": [o.attempt for o in outcomes],
         "statuses": [o.status for o in outcomes],
         "output_data": [o.output_data for o in outcomes],
+        "output_bytes": [o.output_bytes for o in outcomes],
         "codes": [o.error_code for o in outcomes],
         "messages": [o.error_message for o in outcomes],
         "classes": [o.error_class for o in outcomes],
@@ -258,11 +262,11 @@ def finish_rows(session: Session, outcomes: list[Outcome], *, guarded: bool = Tr
         WITH v AS (
             SELECT * FROM unnest(
                 CAST(:ids AS uuid[]), CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
-                CAST(:output_data AS bytea[]),
+                CAST(:output_data AS bytea[]), CAST(:output_bytes AS bigint[]),
                 CAST(:codes AS text[]), CAST(:messages AS text[]), CAST(:classes AS text[]),
                 CAST(:tracebacks AS text[]), CAST(:delays AS float8[]),
                 CAST(:shares AS float8[]), CAST(:computes AS float8[])
-            ) AS v(id, attempt, status, output_data, error_code, error_message,
+            ) AS v(id, attempt, status, output_data, output_bytes, error_code, error_message,
                    error_class, traceback, delay, share, compute)
         ),
         moved AS (
@@ -270,6 +274,7 @@ def finish_rows(session: Session, outcomes: list[Outcome], *, guarded: bool = Tr
                 status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                               WHEN v.status = 'retry' THEN 'queued' ELSE v.status END,
                 output_data = CASE WHEN j.cancel_requested_at IS NULL THEN v.output_data END,
+                output_bytes = CASE WHEN j.cancel_requested_at IS NULL THEN v.output_bytes END,
                 batch_share = coalesce(v.share, j.batch_share),
                 compute_seconds = CASE WHEN v.compute IS NULL THEN j.compute_seconds
                                        ELSE coalesce(j.compute_seconds, 0) + v.compute END,

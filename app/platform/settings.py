@@ -11,6 +11,7 @@ before the processes start.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -40,6 +41,13 @@ def _switch(value: object) -> object:
     """On only for 1, true or yes (any case); any other word is off, never an error: a
     typo leaves private networks refused, the safe side."""
     return value.lower() in ("1", "true", "yes") if isinstance(value, str) else value
+
+
+def _json_object(value: object) -> object:
+    """A JSON object given as text (an environment variable); anything else as is."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else {}
+    return value
 
 
 def _log_prefix(value: str) -> str:
@@ -100,7 +108,19 @@ class Settings(BaseSettings):
     )
     max_upload_bytes: int = Field(
         default=2 * 1024 * 1024 * 1024,
-        description="The largest file POST /files accepts (stored in PostgreSQL).",
+        description="The largest file POST /files accepts (stored in the file store).",
+    )
+    file_store_url: str = Field(
+        default="",
+        description="Where uploaded files and batch results are kept: a directory, or any "
+        "fsspec URL (`s3://bucket/prefix` with `pip install s3fs`). Every API and worker "
+        "process must name the same store. Empty: VAR_DIR/files.",
+    )
+    file_store_options: Annotated[dict[str, Any], BeforeValidator(_json_object)] = Field(
+        default_factory=dict,
+        description="The store's fsspec storage options as a JSON object, e.g. "
+        '`{"endpoint_url": "http://minio:9000"}` for s3fs (which also reads '
+        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY itself).",
     )
     max_waits: int = Field(
         default=24,
@@ -504,6 +524,11 @@ class Settings(BaseSettings):
     def logs_url(self) -> str:
         """The Redis of the stream door's logs: STREAMS_REDIS_URL, else REDIS_URL."""
         return self.streams_redis_url or self.redis_url
+
+    @property
+    def store_url(self) -> str:
+        """FILE_STORE_URL, else the directory VAR_DIR/files."""
+        return self.file_store_url or str(self.var_dir / "files")
 
     @property
     def model_queue(self) -> str:

@@ -202,7 +202,8 @@ class Job(Base):
     webhook_url: Mapped[str | None] = mapped_column(Text)
     webhook_events: Mapped[list[str] | None] = mapped_column(ARRAY(String(32)))
     # A chunk of a batch: its place in the batch and its first row. Its outputs are
-    # packed tensors (`output_data`), never JSON: results are streamed from them.
+    # packed tensors, never JSON, in the file store (`output_bytes` their size) or,
+    # for chunks finished before the store, in `output_data`.
     batch_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("batches.id", ondelete="CASCADE")
     )
@@ -214,11 +215,16 @@ class Job(Base):
         UUID(as_uuid=True), ForeignKey("files.id", ondelete="SET NULL")
     )
     input_offset: Mapped[int | None] = mapped_column(BigInteger)
+    # The file store's object the chunk's rows are in: its upload (from input_offset)
+    # or its own packed inputs. NULL: the rows are in PostgreSQL, as before the store.
+    input_key: Mapped[str | None] = mapped_column(Text)
+    output_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class File(Base):
-    """An uploaded input file (`.npy`, `.jsonl`, `.csv`). Its bytes live in
-    `file_parts`, so any API or worker machine can read it from PostgreSQL."""
+    """An uploaded input file (`.npy`, `.jsonl`, `.csv`, `.parquet`). Its bytes are
+    the file store's object `store_key`; files uploaded before the store keep
+    theirs in `file_parts` (`store_key` NULL)."""
 
     __tablename__ = "files"
     __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at"),)
@@ -230,6 +236,7 @@ class File(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     parts: Mapped[int] = mapped_column(Integer)
+    store_key: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
@@ -266,6 +273,11 @@ class Batch(Base):
             postgresql_where=text("schedule_id IS NOT NULL"),
         ),
         Index(
+            "ix_batches_to_purge",
+            "finished_at",
+            postgresql_where=text("purged_at IS NULL AND finished_at IS NOT NULL"),
+        ),
+        Index(
             "ix_batches_to_export",
             "finished_at",
             postgresql_where=text("output_path IS NOT NULL AND exported_at IS NULL"),
@@ -298,6 +310,8 @@ class Batch(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Set when retention deleted its objects (chunk inputs, results) from the file store.
+    purged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # A schedule's run: which tick it is, and where its results are written.
     schedule_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("schedules.id", ondelete="SET NULL")

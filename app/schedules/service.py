@@ -30,6 +30,7 @@ from app.batches import service as batches
 from app.errors import DomainError, InvalidRequest, UnknownModel
 from app.models.registry import ModelRepository
 from app.platform.database import flush_unique
+from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, Schedule, Tenant
 from app.schedules import paths
@@ -189,6 +190,7 @@ def runs(session: Session, tenant_id: int, schedule_id: uuid.UUID, limit: int) -
 
 def fire_due(
     session: Session,
+    store: FileStore,
     repository: ModelRepository,
     settings: Settings,
     start_split: Callable[[uuid.UUID], bool],
@@ -207,7 +209,7 @@ def fire_due(
         if due is None:
             session.commit()
             break
-        batch = _run(session, repository, settings, due)
+        batch = _run(session, store, repository, settings, due)
         session.commit()  # the tick moved on and its batch exists, together, or neither
         fired.append(batch.id)
         if batch.status == "queued" and not start_split(batch.id):
@@ -218,7 +220,11 @@ def fire_due(
 
 
 def _run(
-    session: Session, repository: ModelRepository, settings: Settings, schedule: Schedule
+    session: Session,
+    store: FileStore,
+    repository: ModelRepository,
+    settings: Settings,
+    schedule: Schedule,
 ) -> Batch:
     """The run for the schedule's due tick, and the tick moved past now (missed
     ticks are not run again). A run whose input or model is unavailable is
@@ -231,9 +237,9 @@ def _run(
         tenant = _tenant(session, schedule.tenant_id).name
         card = repository.resolve_rescanning(schedule.model, schedule.model_version, tenant)
         batch = batches.new_batch(card, settings, schedule.tenant_id)
-        file_id = schedule.input_file_id or _import(session, settings, schedule, tick)
+        file_id = schedule.input_file_id or _import(session, store, settings, schedule, tick)
         with session.begin_nested():  # a run that fails its check leaves the tick's move
-            batches.attach_file(session, batch, card, file_id)
+            batches.attach_file(session, store, batch, card, file_id)
     except (DomainError, UnknownModel, paths.InputUnavailable) as exc:
         detail = exc.detail if isinstance(exc, DomainError) else str(exc)
         batch = Batch(
@@ -249,7 +255,9 @@ def _run(
     return batch
 
 
-def _import(session: Session, settings: Settings, schedule: Schedule, tick: datetime) -> uuid.UUID:
+def _import(
+    session: Session, store: FileStore, settings: Settings, schedule: Schedule, tick: datetime
+) -> uuid.UUID:
     """The run's input copied from the data area into the file store, in the
     run's transaction: the batch then reads it like any upload."""
     assert schedule.input_path is not None
@@ -257,13 +265,14 @@ def _import(session: Session, settings: Settings, schedule: Schedule, tick: date
     fmt, found = paths.input_files(root, schedule.input_path)
     name = f"{schedule.name}-{tick:%Y%m%dT%H%M%SZ}.{fmt}"
     with session.begin_nested():
-        file = files.store_parts(session, schedule.tenant_id, name, fmt,
+        file = files.store_parts(session, store, schedule.tenant_id, name, fmt,
                                  paths.read(fmt, found), settings.max_upload_bytes)  # fmt: skip
     return file.id
 
 
 def export_finished(
     session: Session,
+    store: FileStore,
     repository: ModelRepository,
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -285,7 +294,7 @@ def export_finished(
         if batch is None:
             break
         try:
-            written = _export(session, repository, settings, sessions, batch)
+            written = _export(session, store, repository, settings, sessions, batch)
             logger.info("batch %s: results written to %s", batch.id, written)
         except (DomainError, UnknownModel, OSError) as exc:
             logger.warning("could not write results of batch %s: %s", batch.id, exc)
@@ -300,6 +309,7 @@ def export_finished(
 
 def _export(
     session: Session,
+    store: FileStore,
     repository: ModelRepository,
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -315,12 +325,12 @@ def _export(
     stem = f"{schedule.name if schedule else 'batch'}-{when:%Y%m%dT%H%M%SZ}"
     card = repository.resolve_rescanning(batch.model, batch.model_version)
     counted = batches.progress(session, batch)
-    chunks = results.chunks(sessions, batch.id)
+    chunks = results.chunks(sessions, store, batch.id)
     body: Iterator[bytes]
     try:
         if batch.status != "succeeded" or counted.rows_failed:
             raise InvalidRequest("not every row has outputs")
-        names = results.npy_outputs(card, None)
+        names = results.numeric_outputs(card, None)
         body, target = results.npy(names, counted.rows_done, chunks), folder / f"{stem}.npy"
     except InvalidRequest:  # rows without outputs, or outputs that are not numbers
         body, target = results.jsonl(card, chunks), folder / f"{stem}.jsonl"

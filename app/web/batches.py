@@ -54,7 +54,7 @@ class BatchListSchema(Schema):
 class ResultsArgsSchema(Schema):
     output = fields.String(
         load_default=None,
-        metadata={"description": ".npy only: one output as a plain array (default: all, "
+        metadata={"description": ".npy and Parquet: one output (default: all; in an .npy, "
                   "as a structured array with a field per output)"},
     )  # fmt: skip
 
@@ -110,10 +110,11 @@ def cancel_batch(batch_id: uuid.UUID) -> dict[str, Any]:
 @blp.doc(
     responses={
         "200": {
-            "description": "The outputs in input order: JSONL (a line per row, with its "
-            "error where its chunk failed), or with `Accept: application/x-npy` one .npy "
-            "array (every row must have succeeded)",
-            "content": {results.JSONL: {}, results.NPY: {}},
+            "description": "The outputs in input order, streamed: JSONL (a line per row, "
+            "with its error where its chunk failed); with `Accept: application/x-npy` one "
+            ".npy array; with `Accept: application/vnd.apache.parquet` a Parquet file, a "
+            "column per output (.npy and Parquet: every row must have succeeded)",
+            "content": {results.JSONL: {}, results.NPY: {}, results.PARQUET: {}},
         }
     }
 )
@@ -122,7 +123,9 @@ def cancel_batch(batch_id: uuid.UUID) -> dict[str, Any]:
 @authenticated
 @blp.arguments(ResultsArgsSchema(), location="query")
 def batch_results(args: dict[str, Any], batch_id: uuid.UUID) -> Response:
-    fmt = request.accept_mimetypes.best_match([results.JSONL, results.NPY], results.JSONL)
+    fmt = request.accept_mimetypes.best_match(
+        [results.JSONL, results.NPY, results.PARQUET], results.JSONL
+    )
     body, name = plane().batch_results(current_tenant(), batch_id, fmt, args["output"])
     services().database.end_scope()  # the stream reads in sessions of its own
     return Response(

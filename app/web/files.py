@@ -1,4 +1,4 @@
-"""/files: upload an input file for batches, streamed into PostgreSQL."""
+"""/files: upload an input file for batches, streamed into the file store."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ blp = Blueprint("files", __name__, url_prefix="/files", description="Input files
 class FileSchema(Schema):
     id = fields.UUID()
     filename = fields.String()
-    format = fields.String(metadata={"enum": ["npy", "jsonl", "csv"]})
+    format = fields.String(metadata={"enum": list(files.FORMATS)})
     size_bytes = fields.Integer()
     sha256 = fields.String()
     created_at = fields.DateTime()
@@ -35,13 +35,15 @@ class UploadArgsSchema(Schema):
         load_default="upload", metadata={"description": "Its name; the extension gives the format"}
     )
     format = fields.String(
-        load_default=None, metadata={"description": "npy, jsonl or csv, if the name does not say"}
+        load_default=None,
+        metadata={"description": "npy, jsonl, csv or parquet, if the name does not say"},
     )
 
 
 _UPLOAD = {
     "description": "The file's bytes (Content-Type: application/octet-stream), up to "
-    "MAX_UPLOAD_BYTES (2 GiB by default)",
+    "MAX_UPLOAD_BYTES (2 GiB by default): .npy, .jsonl, .csv, or Parquet (a column per "
+    "model input, each row a list of the input's values, or one number)",
     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
 }
 

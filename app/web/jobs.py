@@ -7,9 +7,11 @@ import uuid
 from typing import Any
 
 from flask import Response, request, stream_with_context
+from marshmallow import ValidationError
 
 from app.dataplane import JobQuery, JobRequest, Wait, Webhook
-from app.errors import MalformedRequest, TooManyWaits
+from app.dataplane.problems import problem
+from app.errors import DomainError, InvalidRequest, MalformedRequest, TooManyWaits
 from app.jobs import service
 from app.platform.settings import Settings
 from app.platform.tables import TERMINAL_STATUSES, Job
@@ -17,7 +19,11 @@ from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
 from app.web.context import plane, services
 from app.web.event_stream import job_event_stream
+from app.web.problems import flatten
 from app.web.schemas import (
+    MAX_BULK_JOBS,
+    BulkSubmitSchema,
+    BulkSubmittedSchema,
     EventStreamArgsSchema,
     GetJobArgsSchema,
     JobPageSchema,
@@ -41,16 +47,10 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
 @blp.alt_response(429, response="TOO_MANY_REQUESTS", description="A queue or quota is full")
 def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
-    webhook = body["webhook"]
     job = plane().submit(
         current_tenant(),
-        JobRequest(
-            body["model"], body["inputs"], version=body["version"], priority=body["priority"],
-            deadline=service.deadline(body["deadline"], headers_in.get("cancel_after")),
-            idempotency_key=headers_in.get("idempotency_key"),
-            webhook=Webhook(webhook["url"], tuple(webhook["events"])) if webhook else None,
-        ),
-    )  # fmt: skip
+        job_request(body, headers_in.get("cancel_after"), headers_in.get("idempotency_key")),
+    )
     headers = {"Location": f"/jobs/{job.id}"}
     wait = preferred_wait(headers_in.get("prefer"), services().settings)
     if wait is None:
@@ -61,6 +61,50 @@ def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, 
         return job, 202, headers  # the job is accepted all the same: no wait, as RFC 7240 allows
     headers["Preference-Applied"] = f"wait={wait:g}"
     return job, 200 if job.status in TERMINAL_STATUSES else 202, headers
+
+
+def job_request(
+    body: dict[str, Any], cancel_after: float | None, idempotency_key: str | None
+) -> JobRequest:
+    webhook = body["webhook"]
+    return JobRequest(
+        body["model"], body["inputs"], version=body["version"], priority=body["priority"],
+        deadline=service.deadline(body["deadline"], cancel_after),
+        idempotency_key=idempotency_key,
+        webhook=Webhook(webhook["url"], tuple(webhook["events"])) if webhook else None,
+    )  # fmt: skip
+
+
+@blp.post("/bulk")
+@authenticated
+@blp.arguments(BulkSubmitSchema())
+@blp.response(202, BulkSubmittedSchema, description="Each item's job or its problem, in order")
+@blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Not a list of 1 to "
+                  f"{MAX_BULK_JOBS} objects")  # fmt: skip
+def submit_bulk(body: dict[str, Any]) -> dict[str, Any]:
+    """Many jobs in one request: one INSERT and one wake-up per model. An item that
+    cannot be accepted (bad inputs, an unknown model, a full queue or quota) is
+    answered with its own problem object; the others are accepted all the same."""
+    items: list[Job | dict[str, Any] | None] = [None] * len(body["jobs"])
+    requests: list[JobRequest] = []
+    places: list[int] = []
+    for index, item in enumerate(body["jobs"]):
+        try:
+            if isinstance(item, ValidationError):
+                raise InvalidRequest("; ".join(flatten(item.messages)), errors=item.messages)
+            requests.append(job_request(item, item["cancel_after"], item["idempotency_key"]))
+            places.append(index)
+        except DomainError as exc:
+            items[index] = item_problem(exc, index)
+    outcomes = plane().submit_many(current_tenant(), requests)
+    for index, outcome in zip(places, outcomes, strict=True):
+        items[index] = item_problem(outcome, index) if isinstance(outcome, DomainError) else outcome
+    refused = sum(isinstance(item, dict) for item in items)
+    return {"jobs": items, "accepted": len(items) - refused, "refused": refused}
+
+
+def item_problem(exc: DomainError, index: int) -> dict[str, Any]:
+    return {**problem(exc, request.path), "index": index}
 
 
 def preferred_wait(prefer: str | None, settings: Settings) -> float | None:

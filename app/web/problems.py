@@ -84,7 +84,7 @@ def problem_from_http_exception(exc: HTTPException) -> Problem:
         if isinstance(messages, dict) and len(messages) == 1:
             messages = next(iter(messages.values()))
         extra["errors"] = messages
-        detail = "; ".join(_flatten(messages)) or detail
+        detail = "; ".join(flatten(messages)) or detail
     if status == 400 and "json" in str(detail).lower():
         detail = "The request body is not valid JSON: " + str(detail)
     if status == 413:
@@ -101,16 +101,16 @@ def problem_from_http_exception(exc: HTTPException) -> Problem:
     return Problem(code, str(detail), status=status, headers=headers, **extra)
 
 
-def _flatten(messages: Any, path: str = "") -> list[str]:
+def flatten(messages: Any, path: str = "") -> list[str]:
     """Field errors as 'field.sub: message' lines, for the human-readable detail."""
     if isinstance(messages, dict):
         return [
             line
             for key, value in messages.items()
-            for line in _flatten(value, f"{path}.{key}" if path else str(key))
+            for line in flatten(value, f"{path}.{key}" if path else str(key))
         ]
     if isinstance(messages, list):
-        return [line for value in messages for line in _flatten(value, path)]
+        return [line for value in messages for line in flatten(value, path)]
     return [f"{path}: {messages}" if path else str(messages)]
 
 

@@ -128,6 +128,83 @@ class SubmitHeadersSchema(Schema):
     )
 
 
+MAX_BULK_JOBS = 1000  # a bulk's jobs: one INSERT; bounded like MAX_REQUEST_BYTES bounds bytes
+
+
+class BulkJobSchema(SubmitJobSchema):
+    """A job of a bulk: a POST /jobs body, with its headers as fields."""
+
+    idempotency_key = fields.String(
+        load_default=None,
+        validate=validate.Length(min=1, max=255),
+        metadata={
+            "description": "As the Idempotency-Key header of POST /jobs: this item's job "
+            "is made once; a retried bulk gets it again in this item's place"
+        },
+    )
+    cancel_after = fields.Float(
+        load_default=None,
+        validate=validate.Range(min=0, min_inclusive=False, max=MAX_CANCEL_AFTER_S),
+        metadata={"description": "As the Cancel-After header of POST /jobs (seconds)"},
+    )
+
+
+class EachOnItsOwn(fields.List):
+    """A list whose items load one by one: a bad item becomes its own
+    ValidationError in the list, so one bad job never refuses the others."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.make_error("invalid")
+        loaded: list[Any] = []
+        for item in value:
+            try:
+                loaded.append(self.inner.deserialize(item, **kwargs))
+            except ValidationError as exc:
+                loaded.append(exc)
+        return loaded
+
+
+class BulkSubmitSchema(Schema):
+    jobs = EachOnItsOwn(
+        fields.Nested(BulkJobSchema),
+        required=True,
+        validate=validate.Length(min=1, max=MAX_BULK_JOBS),
+        metadata={
+            "description": f"1 to {MAX_BULK_JOBS} job requests, each as a POST /jobs body "
+            "(with `idempotency_key` and `cancel_after` in place of those headers). Each is "
+            "checked on its own: a bad one is refused alone."
+        },
+    )
+
+
+class JobOrProblem(fields.Field):
+    """A bulk's item: its job, or the problem object that refused it."""
+
+    def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> Any:
+        return value if isinstance(value, dict) else JobSchema().dump(value)
+
+
+class BulkSubmittedSchema(Schema):
+    jobs = fields.List(
+        JobOrProblem(
+            metadata={
+                "anyOf": [
+                    {"$ref": "#/components/schemas/Job"},
+                    {"$ref": "#/components/schemas/Problem"},
+                ]
+            }
+        ),
+        metadata={
+            "description": "In request order: the accepted job (as POST /jobs answers it; "
+            "an Idempotency-Key's earlier job), or an RFC 9457 problem object saying why "
+            "that item alone was refused (its `status` a number, its `index` its place)"
+        },
+    )
+    accepted = fields.Integer(metadata={"description": "Items answered with a job"})
+    refused = fields.Integer(metadata={"description": "Items answered with a problem"})
+
+
 class GetJobArgsSchema(Schema):
     wait = fields.Float(
         load_default=0,

@@ -380,8 +380,8 @@ def test_bad_requests_are_clear_problems(
     problem(bclient.post("/batches", json={"model": "digits", "file_id": str(uuid.uuid4())},
                          headers=auth), 404)  # fmt: skip
     problem(bclient.post("/batches", json={"model": "nope", "inputs": {}}, headers=auth), 404)
-    body = problem(bclient.post("/files?filename=rows.parquet", data=b"x", headers=auth), 422)
-    assert "npy" in body["detail"]
+    body = problem(bclient.post("/files?filename=rows.xlsx", data=b"x", headers=auth), 422)
+    assert "npy" in body["detail"] and "parquet" in body["detail"]
     problem(bclient.post("/files?filename=rows.npy", data=b"", headers=auth), 422)
     too_big = b"0" * (64 * 1024 * 1024 + 1)
     body = problem(bclient.post("/files?filename=big.csv", data=too_big, headers=auth), 413)
@@ -405,7 +405,8 @@ def test_results_of_an_unfinished_batch_are_a_409(
     app = bclient.application
     with app.app_context(), database.sessionmaker() as session:  # no split: it stays queued
         batch = batches.create(
-            session, container_of(app).models, container_of(app).settings,
+            session, container_of(app).store, container_of(app).models,
+            container_of(app).settings,
             make_tenant_id(auth, database), "digits", None, file_id=uuid.UUID(file_id),
         )  # fmt: skip
         session.commit()

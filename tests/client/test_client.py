@@ -83,6 +83,30 @@ def test_submit_then_wait_by_long_poll_equals_onnx_runtime(
 
 
 @pytest.mark.usefixtures("worker")
+def test_submit_many_gives_each_input_its_job_or_its_error(
+    api: Client, model_repository: Path
+) -> None:
+    x = pixels(5)
+    inputs: list[Any] = [x[0:1], x[1:2], np.zeros((1, 63), np.float32), x[3:5]]
+    keys = [f"many-{uuid.uuid4().hex}-{n}" for n in range(4)]
+    outcomes = api.submit_many("digits", inputs, idempotency_keys=keys, per_request=2)
+    first, second, short, pair = outcomes
+    assert isinstance(short, ApiError) and short.status == 422 and "pixels" in short.errors
+    assert all(isinstance(job, Job) for job in (first, second, pair))
+    again = api.submit_many("digits", inputs, idempotency_keys=keys)
+    assert [getattr(job, "id", None) for job in again] == [
+        getattr(job, "id", None) for job in outcomes
+    ]  # a retried call makes no second job
+    for job, rows in ((first, x[0:1]), (second, x[1:2]), (pair, x[3:5])):
+        assert isinstance(job, Job)
+        done = api.wait(job.id, timeout=60)
+        assert done.succeeded, done
+        assert_outputs_equal(done.outputs or {}, direct(model_repository, rows))
+    with pytest.raises(ValueError, match="one idempotency key"):
+        api.submit_many("digits", inputs, idempotency_keys=keys[:2])
+
+
+@pytest.mark.usefixtures("worker")
 def test_wait_via_the_event_stream_and_resume_after_an_event(
     api: Client, model_repository: Path
 ) -> None:

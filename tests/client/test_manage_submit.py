@@ -60,3 +60,29 @@ def test_submit_errors_print_the_problem_detail_and_fail(
     stranger = manage(settings, "--model", "digits", "--input", str(tmp_path / "rows.npy"),
                       "--url", base_url, "--api-key", "ik_not-a-key")  # fmt: skip
     assert stranger.returncode == 1 and "401" in stranger.stderr
+
+
+@pytest.mark.usefixtures("worker")
+def test_submit_each_row_prints_a_line_a_row(
+    settings: Settings, base_url: str, api_key: str, model_repository: Path, tmp_path: Path
+) -> None:
+    x = (np.random.default_rng(6).random((3, 64)) * 16).astype(np.float32)
+    np.save(tmp_path / "rows.npy", x)
+    done = manage(settings, "--model", "digits", "--input", str(tmp_path / "rows.npy"),
+                  "--each-row", "--wait", "--url", base_url, INFERENCE_API_KEY=api_key)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    jobs = [json.loads(line) for line in done.stdout.splitlines()]
+    expected = SessionPool("cpu").run(
+        ModelCard.load(model_repository / "digits" / "1"), {"pixels": x}
+    )
+    assert [job["status"] for job in jobs] == ["succeeded"] * 3
+    assert [job["outputs"]["label"][0] for job in jobs] == expected["label"].tolist()
+    assert len({job["id"] for job in jobs}) == 3
+
+    (tmp_path / "mixed.json").write_text(json.dumps([[0.0] * 64, [0.0] * 63]))
+    mixed = manage(settings, "--model", "digits", "--input", str(tmp_path / "mixed.json"),
+                   "--each-row", "--url", base_url, INFERENCE_API_KEY=api_key)  # fmt: skip
+    assert mixed.returncode == 1, mixed.stderr
+    job, problem = (json.loads(line) for line in mixed.stdout.splitlines())
+    assert job["status"] in ("queued", "running", "succeeded")
+    assert problem["status"] == 422 and problem["index"] == 1 and "pixels" in problem["errors"]

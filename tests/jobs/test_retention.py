@@ -92,7 +92,8 @@ def test_logs_are_pruned_each_after_its_retention(
             "(:t, 'test.retention', 'x', now() - make_interval(days => :age))",
             t=tenant.id, age=age)  # fmt: skip
 
-    result = sweeps.purge(container_of(app).database.sessionmaker(), settings)
+    container = container_of(app)
+    result = sweeps.purge(container.database.sessionmaker(), settings, container.store)
 
     assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=old_job) == 0
     assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=new_job) >= 1

@@ -146,8 +146,12 @@ def test_a_tick_missed_while_down_fires_once_on_start(
         session.commit()
     started: list[uuid.UUID] = []
     with app.app_context(), database.sessionmaker() as session:
-        fired = service.fire_due(session, container_of(app).models, settings, _record(started))
-        again = service.fire_due(session, container_of(app).models, settings, _record(started))
+        fired = service.fire_due(
+            session, container_of(app).store, container_of(app).models, settings, _record(started)
+        )
+        again = service.fire_due(
+            session, container_of(app).store, container_of(app).models, settings, _record(started)
+        )
         schedule = session.get(Schedule, uuid.UUID(schedule_id))
         assert schedule is not None
         next_run = schedule.next_run_at
@@ -181,7 +185,9 @@ def test_a_run_whose_input_is_gone_or_leads_out_is_a_failed_run_saying_why(
             )
             session.commit()  # fmt: skip
         with app.app_context(), database.sessionmaker() as session:
-            service.fire_due(session, container_of(app).models, settings, _record([]))
+            service.fire_due(
+                session, container_of(app).store, container_of(app).models, settings, _record([])
+            )
         (root / "in2").unlink(missing_ok=True)  # then: gone
     failed = runs(client, tenant, schedule_id)
     assert [r["status"] for r in failed] == ["failed", "failed"]
