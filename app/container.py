@@ -153,6 +153,13 @@ class Container:
         return JobInserter(self.database.engine, lambda model: dispatcher.wake(model))
 
     @service
+    def records(self) -> JobInserter:
+        """The records of sync calls that ran inline, group-committed like submits."""
+        from app.jobs.inserts import JobInserter
+
+        return JobInserter(self.database.engine, None)
+
+    @service
     def admission(self) -> Admission:
         from app.jobs.admission import Admission
 
@@ -200,6 +207,7 @@ class Container:
             self.settings, self.database, self.models, self.events, self.inserter,
             self.dispatcher, self.admission, self.quotas, self.holds, self.api_keys,
             self.status, self.store, sessions=lambda: self.runtime.sessions,
+            records=self.records,
         )  # fmt: skip
 
     @service

@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import IO, Any, TypeVar
 
 import redis
@@ -46,6 +46,7 @@ from app.errors import (
     CallerLeft,
     Conflict,
     DomainError,
+    InferenceFailed,
     InvalidRequest,
     NotFound,
     Unavailable,
@@ -92,12 +93,14 @@ class DataPlane:
         status: StatusBoard,
         store: FileStore,
         sessions: Callable[[], SessionPool],
+        records: JobInserter,
     ) -> None:
         self.settings, self.database, self.models = settings, database, models
         self.events, self.inserter, self.dispatcher = events, inserter, dispatcher
         self.admission, self.quotas, self.holds = admission, quotas, holds
         self.api_keys, self.status_board, self.store = api_keys, status, store
         self._sessions = sessions  # ONNX Runtime sessions, for inline models only
+        self.records = records  # inline calls' job records
 
     # -- callers ------------------------------------------------------------------
 
@@ -291,13 +294,40 @@ class DataPlane:
         if sync.runs_inline(card):
             arrays = service.check_inputs(card, request.inputs)
             session = self.database.session()
-            self.quotas.admit_jobs(session, tenant.id, 0)  # counted, though no job is made
+            self.quotas.admit_jobs(session, tenant.id, 0)  # counted; never in flight
             session.commit()
-            done = sync.run_inline(self._sessions(), card, arrays)
-            return sync.Call(card, None, timeout_s, give_up_at, done)
+            done = self._run_inline(tenant, card, arrays)
+            return sync.Call(card, done.job_id, timeout_s, give_up_at, done)
         job = self._submit(tenant, card, _call_job(card, request))
         self.database.session().commit()  # the admission reads' transaction: a wait holds none
         return sync.Call(card, job.id, timeout_s, give_up_at)
+
+    def _run_inline(
+        self, tenant: TenantRef, card: ModelCard, arrays: dict[str, Any]
+    ) -> sync.Answer:
+        """Run an inline model's call here, then write its job record (succeeded or
+        failed) with the process's other records in one group commit, before the
+        caller is answered: the call is in GET /jobs/<id> and /usage like any job."""
+        started_at = datetime.now(UTC)
+        clock = time.perf_counter()
+        try:
+            done = sync.run_inline(self._sessions(), card, arrays)
+        except InferenceFailed as exc:
+            record = service.record_values(
+                card, arrays, tenant.id, started_at, time.perf_counter() - clock,
+                error=(str(exc.extra.get("error_code")), exc.detail),
+            )  # fmt: skip
+            self.records.insert(record)
+            exc.extra["job_id"] = str(record["id"])
+            metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
+            raise
+        record = service.record_values(
+            card, arrays, tenant.id, started_at, time.perf_counter() - clock,
+            outputs=done.outputs,
+        )  # fmt: skip
+        self.records.insert(record)
+        metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
+        return sync.Answer(card, done.outputs, record["id"])
 
     def start_calls(
         self, tenant: TenantRef, requests: Sequence[InferRequest]

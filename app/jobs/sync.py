@@ -7,7 +7,8 @@ bus until the job finishes or its time is up. The job outlives a caller that
 gave up: DeadlinePassed names it, and its result can be read at /jobs/<id>.
 
 A card with `"execution": "inline"` (small CPU models) runs in the calling
-process instead, through the same inference function, and leaves no job row.
+process instead, through the same inference function; its record (a finished
+job, without inputs) is written after it ran, before the caller is answered.
 The data plane (`app.dataplane`) composes these.
 """
 
@@ -97,7 +98,7 @@ class Calls:
         self.left = False
 
     def add(self, call: Call) -> None:
-        assert call.job_id is not None, "an inline call has its answer already"
+        assert call.done is None and call.job_id, "an inline call has its answer already"
         with self._lock:
             self._calls[call.job_id] = call
         self._subscription.add(call.job_id)
@@ -241,5 +242,5 @@ def ended_without_outputs(
 
 
 def failed(code: str, detail: str) -> InferenceFailed:
-    """An inline call's failure (no job to name)."""
+    """An inline call's failure (its record, once written, is named in `job_id`)."""
     return InferenceFailed(detail, error_code=code)

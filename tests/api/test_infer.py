@@ -154,18 +154,29 @@ def test_tritonclient_works_unchanged(
     client.close()
 
 
-def test_an_inline_model_runs_in_the_api_without_a_job(
+def test_an_inline_model_runs_in_the_api_and_leaves_its_record(
     sync_client: FlaskClient, tenant: TenantAuth, model_repository: Path, database: Database
 ) -> None:
     response = sync_client.post(
         f"/v2/models/{INLINE}/infer", json=v2_body(PIXELS), headers=tenant.headers
     )
     assert response.status_code == 200, response.get_data(as_text=True)
-    assert "parameters" not in response.json
+    job_id = response.json["parameters"]["job_id"]
     outputs = {o["name"]: o["data"] for o in response.json["outputs"]}
-    assert outputs["label"] == direct(model_repository / "digits" / "1", PIXELS)["label"].tolist()
-    with database.sessionmaker() as session:
-        assert session.scalar(select(func.count()).where(Job.tenant_id == tenant.id)) == 0
+    expected = direct(model_repository / "digits" / "1", PIXELS)
+    assert outputs["label"] == expected["label"].tolist()
+    record = sync_client.get(f"/jobs/{job_id}", headers=tenant.headers).json
+    assert record["status"] == "succeeded" and record["model"] == INLINE
+    assert record["priority"] == 10 and record["attempts"] == 1
+    assert record["outputs"]["label"] == expected["label"].tolist()
+    assert record["compute_seconds"] > 0 and record["finished_at"] >= record["started_at"]
+    with database.sessionmaker() as session:  # no inputs kept: nothing runs it again
+        kept = session.scalar(select(Job.input_data).where(Job.id == job_id))
+        assert kept is None
+        assert session.scalar(select(func.count()).where(Job.tenant_id == tenant.id)) == 1
+    usage = sync_client.get("/usage", headers=tenant.headers).json
+    [line] = [m for m in usage["models"] if m["model"] == INLINE]
+    assert line["jobs"] == 1 and line["succeeded"] == 1 and line["rows"] == len(PIXELS)
 
 
 @pytest.mark.parametrize("model", ["digits", INLINE])
@@ -180,6 +191,8 @@ def test_non_finite_outputs_fail_the_call_with_422(
     problem = response.json
     assert problem["type"] == "/problems/inference-failed"
     assert problem["error_code"] == "non_finite_output" and problem["error"] == problem["detail"]
+    record = sync_client.get(f"/jobs/{problem['job_id']}", headers=tenant.headers).json
+    assert record["status"] == "failed" and record["error"]["code"] == "non_finite_output"
 
 
 def test_a_call_that_runs_out_of_time_names_its_job(
