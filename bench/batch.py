@@ -22,7 +22,7 @@ from bench.contenders.base import HttpContender
 from bench.stats import rounded
 
 SHARED_ROLES = ("postgres", "redis")  # servers every contender uses, not its own
-CHUNK_ROWS = 4096  # the service's default BATCH_CHUNK_ROWS
+CHUNK_ROWS = 4096  # raw ORT is called on this many rows at a time (the reference of (g))
 
 
 def rows(n: int) -> np.ndarray:

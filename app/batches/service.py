@@ -164,9 +164,26 @@ def start_split(dispatcher: Dispatcher, batch_id: uuid.UUID) -> bool:
 
 
 def chunk_rows(card: ModelCard, settings: Settings) -> int:
-    """Rows per chunk job: a card may set its own (`batch_chunk_rows`)."""
-    rows = card.extra.get("batch_chunk_rows", settings.batch_chunk_rows)
-    return max(1, int(rows))
+    """Rows per chunk job: a card may set its own (`batch_chunk_rows`); else
+    BATCH_CHUNK_ROWS, fewer where a row is large, so a chunk's inputs stay within
+    BATCH_CHUNK_BYTES (a worker holds a chunk's inputs and outputs at once)."""
+    if "batch_chunk_rows" in card.extra:
+        return max(1, int(card.extra["batch_chunk_rows"]))
+    row = row_bytes(card)
+    fitting = settings.batch_chunk_bytes // row if row else settings.batch_chunk_rows
+    return max(1, min(settings.batch_chunk_rows, fitting))
+
+
+def row_bytes(card: ModelCard) -> int | None:
+    """Bytes of one row of the card's inputs; None when a size is not fixed (text,
+    or a dimension besides the batch one that is free)."""
+    total = 0
+    for spec in card.inputs:
+        dims = spec.shape[1:] if card.batching.max_batch_size > 0 else spec.shape
+        if spec.datatype == "BYTES" or spec.datatype not in V2_TO_NUMPY or min(dims, default=0) < 0:
+            return None
+        total += math.prod(dims) * V2_TO_NUMPY[spec.datatype].itemsize
+    return total or None
 
 
 def session_factory(session: Session) -> sessionmaker[Session]:

@@ -133,7 +133,7 @@ class Quotas:
         limits = self.limits(session, tenant_id)
         check_priority(priority, limits)
         self._rate(tenant_id, limits, requests)
-        if limits.in_flight is not None:
+        if limits.in_flight is not None and jobs:  # (an inline call is never in flight)
             self._in_flight(session, tenant_id, jobs, limits.in_flight)
 
     def admit_batch(self, session: Session, tenant_id: int, rows: int | None, chunks: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from app.runtime.datatypes import ORT_TO_V2
 from app.runtime.pipeline import unknown_steps
 
 logger = logging.getLogger(__name__)
+
+STAT_EVERY_S = 1.0
 
 _PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -48,17 +51,27 @@ class SessionPool:
         self.device_id = device_id
         # ref -> (model file's mtime, session): a replaced file is loaded again.
         self._sessions: dict[str, tuple[int, ort.InferenceSession]] = {}
+        # ref -> the card whose file was last looked at, and when
+        self._checked: dict[str, tuple[ModelCard, float]] = {}
         self._lock = threading.Lock()
 
     def get(self, card: ModelCard) -> ort.InferenceSession:
-        mtime = card.onnx_path.stat().st_mtime_ns
+        """The card's session. Its file is looked at again for a new card (the
+        repository saw a change) and otherwise at most every STAT_EVERY_S: an
+        inline model's calls would stat it each."""
+        now = time.monotonic()
         cached = self._sessions.get(card.ref)
+        seen, at = self._checked.get(card.ref, (None, 0.0))
+        if cached is not None and seen is card and now - at < STAT_EVERY_S:
+            return cached[1]
+        mtime = card.onnx_path.stat().st_mtime_ns
         if cached is None or cached[0] != mtime:
             with self._lock:
                 cached = self._sessions.get(card.ref)
                 if cached is None or cached[0] != mtime:
                     cached = (mtime, self._create(card))
                     self._sessions[card.ref] = cached
+        self._checked[card.ref] = (card, now)
         return cached[1]
 
     def run(

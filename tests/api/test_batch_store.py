@@ -86,7 +86,7 @@ def test_uploads_and_results_are_objects_in_the_store_not_rows_in_postgresql(
             .where(Job.batch_id == batch_id).order_by(Job.batch_index)
         ).all()  # fmt: skip
         result_bytes = session.scalar(sa.select(Batch.result_bytes).where(Batch.id == batch_id))
-    assert [c.batch_index for c in chunks] == [0, 1, 2]
+    assert [c.batch_index for c in chunks] == [0, 1, 2]  # chunks of 4096 rows
     assert all(c.no_data and c.input_key == key for c in chunks)
     sizes = [store.size(result_key(batch_id, c.batch_index)) for c in chunks]
     assert sizes == [c.output_bytes for c in chunks] and result_bytes == sum(sizes)  # quota

@@ -61,7 +61,11 @@ def batch_app(settings: Settings, model_repository: Path) -> Flask:
         shutil.copytree(model_repository / "digits" / "1", small)
         card = json.loads((small / "card.json").read_text())
         (small / "card.json").write_text(json.dumps({**card, "batch_chunk_rows": 16}))
-    limits = {"max_upload_bytes": 64 * 1024 * 1024, "webhook_allow_private_networks": True}
+    limits = {
+        "max_upload_bytes": 64 * 1024 * 1024,
+        "webhook_allow_private_networks": True,
+        "batch_chunk_rows": 4096,
+    }  # several chunks in batches of thousands of rows
     return create_app(settings.with_overrides(**limits))
 
 
