@@ -19,6 +19,7 @@ def create_app(settings: Settings | None = None, container: Container | None = N
     from app.container import Container
     from app.platform.embedded import resolve_urls
     from app.web import register_api, request_logs
+    from app.web.json_codec import OrjsonProvider
     from app.web.problems import register_error_handlers
 
     if container is None:
@@ -26,6 +27,7 @@ def create_app(settings: Settings | None = None, container: Container | None = N
     settings = container.settings
     logs.setup(settings.log_level, settings.log_format)
     app = Flask(__name__)
+    app.json = OrjsonProvider(app)
     request_logs.install(app, settings.log_format)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.extensions["container"] = container

@@ -15,7 +15,6 @@ checks the tensors against the model's card, like any job's inputs.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 from app.errors import InvalidRequest
 from app.models.cards import ModelCard
 from app.runtime.datatypes import V2_TO_NUMPY, encode_bytes, from_raw, is_bytes
+from app.web import json_codec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY = "application/octet-stream"
@@ -43,7 +43,7 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     """Raises InvalidRequest naming what does not follow the protocol."""
     head, rest = _split(body, header_length)
     try:
-        raw = json.loads(head)
+        raw = json_codec.loads(head)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _invalid("body", f"is not a JSON inference request ({exc})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("inputs"), list):
@@ -122,7 +122,7 @@ def encode_response(
         response["id"] = request.id
     if parameters:
         response["parameters"] = parameters
-    head = json.dumps(response, separators=(",", ":")).encode()
+    head = json_codec.dumps_bytes(response, sort_keys=False)
     if not blobs:
         return head, {"Content-Type": "application/json"}
     return b"".join([head, *blobs]), {"Content-Type": BINARY, HEADER_LENGTH: str(len(head))}

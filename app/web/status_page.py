@@ -32,7 +32,8 @@ from flask import (
     session,
     url_for,
 )
-from flask.sessions import SecureCookieSessionInterface
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
+from flask.wrappers import Request
 from werkzeug.wrappers import Response
 
 from app.errors import Forbidden
@@ -51,6 +52,7 @@ blp = Blueprint("status", __name__, description="Service status")
 pages = FlaskBlueprint("status_pages", __name__)
 
 SESSION_KEY = "operator_key_sha256"
+SESSION_PATHS = ("/status",)  # and "/": the pages that read or write the session
 SESSION_HOURS = 12
 MAX_KEY_CHARS = 200
 
@@ -59,6 +61,13 @@ class _SessionInterface(SecureCookieSessionInterface):
     """Flask's signed cookie, marked Secure when the request came over HTTPS
     (directly, or through the TLS proxy, which says so in X-Forwarded-Proto: a
     forged header can only make the cookie stricter)."""
+
+    def open_session(self, app: Flask, incoming: Request) -> SecureCookieSession | None:
+        """Only the status pages have a session: any other route (the API, on every
+        call) skips reading and signing the cookie. None: Flask's null session."""
+        if incoming.path != "/" and not incoming.path.startswith(SESSION_PATHS):
+            return None
+        return super().open_session(app, incoming)
 
     def get_cookie_secure(self, app: Flask) -> bool:
         forwarded = request.headers.get("X-Forwarded-Proto", "").lower() == "https"
