@@ -27,6 +27,7 @@ WORKLOADS = {
     "i": "(i) gRPC stream infer",
     "j": "(j) stream door",
     "k": "(k) bulk submit",
+    "l": "(l) sync infer, inline model",
 }
 # The goals of "a lean data plane", each a ratio (or a bound) within one run.
 TEXTBOOK_GOAL = 4.0  # (a) jobs/s vs the textbook design's
@@ -171,6 +172,11 @@ def targets(
     add("sync calls/s vs bare Flask + ORT, (f) 16 clients",
         ratio(f, (FLASK, "f")), ">=", SYNC_GOAL, f, (FLASK, "f"))  # fmt: skip
     add("sync call p50 ms, (f)", row(f).get("post_ms", {}).get("p50"), "<=", SYNC_P50_GOAL_MS, f)
+    inline = (SERVICE, "l")
+    add("sync calls/s on an inline model vs bare Flask + ORT, (l) 16 clients",
+        ratio(inline, (FLASK, "f")), ">=", SYNC_GOAL, inline, (FLASK, "f"))  # fmt: skip
+    add("sync call p50 ms on an inline model, (l)",
+        row(inline).get("post_ms", {}).get("p50"), "<=", SYNC_P50_GOAL_MS, inline)  # fmt: skip
     rows = f", {row(g)['rows']:,} rows" if row(g).get("rows") else ""
     add(f"batch rows/s vs raw ORT on the same rows, (g){rows}",
         row(g).get("share_of_raw_ort"), ">=", BATCH_GOAL, g)  # fmt: skip

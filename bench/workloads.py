@@ -23,6 +23,9 @@
     stream door only; see bench/stream.py).
 (k) bulk submit: the jobs of (a) sent as `POST /jobs/bulk` bodies of 100 from a
     few clients, timed to the last job's `finished_at` (see bench/bulk.py).
+(l) sync, inline: the calls of (f) on `digits-inline`, the same model with
+    `"execution": "inline"` on its card (it runs in the API process, each call
+    still leaving its job record).
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -210,17 +213,23 @@ def after_idle(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any] |
     }
 
 
-def sync_calls(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any] | None:
-    if c.sync_endpoint is None:
+def sync_calls(
+    c: HttpContender, bodies: Bodies, plan: Plan, inline: bool = False
+) -> dict[str, Any] | None:
+    """(f), or (l) on the contender's inline model."""
+    endpoint = c.inline_endpoint if inline else c.sync_endpoint
+    if endpoint is None:
         return None
     clients = plan.clients[0]
+    if inline:  # its session is made by the first calls of each API process
+        load.closed_loop(endpoint, bodies.sync, 8 * clients, clients)
     cpu0 = c.meter.sample()
-    result = load.closed_loop(c.sync_endpoint, bodies.sync, plan.jobs, clients)
+    result = load.closed_loop(endpoint, bodies.sync, plan.jobs, clients)
     cpu1 = c.meter.sample()
     span = result.last_answer - result.first_send
     return {
-        "workload": "f",
-        "variant": f"{clients} clients, {c.sync_endpoint.path}",
+        "workload": "l" if inline else "f",
+        "variant": f"{clients} clients, {endpoint.path}",
         "jobs": result.accepted,
         "jobs_per_s": rounded(result.accepted / span if span > 0 else None),
         **result.summary(),
@@ -299,6 +308,9 @@ def run_all(
     sync = sync_calls(c, bodies, plan) if plan.runs("f") else None
     if sync:
         record(sync)
+    inline = sync_calls(c, bodies, plan, inline=True) if plan.runs("l") else None
+    if inline:
+        record(inline)
     if c.grpc_endpoint is not None and bodies.grpc:
         if plan.runs("h"):
             record(grpc_calls(c, bodies, plan, streaming=False))

@@ -63,6 +63,7 @@ class HttpContender(abc.ABC):
         self.ctx = ctx
         self.endpoint: Endpoint | None = None
         self.sync_endpoint: Endpoint | None = None  # (f), where the contender has one
+        self.inline_endpoint: Endpoint | None = None  # (l): (f) on a model run inline
         self.bulk_endpoint: Endpoint | None = None  # (k), where it may have POST /jobs/bulk
         self.batch_port: int | None = None  # (g): /files and /batches, where it has them
         self.grpc_endpoint: GrpcEndpoint | None = None  # (h), (i), where it has a gRPC door

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from app.platform.settings import ROOT
 from bench import procs
@@ -17,6 +19,7 @@ from bench.infra import Database
 from bench.load import Endpoint
 
 READY_TIMEOUT_S = 180
+INLINE = "digits-inline"  # (l): digits run in the API process
 
 
 def classify(cmdline: list[str]) -> str | None:
@@ -58,11 +61,13 @@ class Service(HttpContender):
         if servers.embedded_redis:
             redis_db.client().flushdb()  # the bench's own Redis: nothing to keep
         port, flower_port, grpc_port = procs.free_port(), procs.free_port(), procs.free_port()
+        var = ROOT / "var" / "bench" / "service"
         env = procs.child_env(
             DATABASE_URL=self.database.url,
             REDIS_URL=redis_db.base_url,
-            VAR_DIR=str(ROOT / "var" / "bench" / "service"),
+            VAR_DIR=str(var),
             GRPC_PORT=str(grpc_port),
+            MODEL_REPOSITORY=str(with_inline_digits(self.ctx.model_repository, var / "models")),
         )
         log = self.log_path("up")
         self.proc = procs.spawn(
@@ -79,6 +84,7 @@ class Service(HttpContender):
         auth = {"Authorization": f"Bearer {api_key}"}
         self.endpoint = Endpoint(port, "/jobs", "id", auth)
         self.sync_endpoint = Endpoint(port, "/v2/models/digits/infer", "id", auth)
+        self.inline_endpoint = Endpoint(port, f"/v2/models/{INLINE}/infer", "id", auth)
         self.bulk_endpoint = Endpoint(port, "/jobs/bulk", "id", auth, many="jobs")
         self.batch_port = port
         from bench.grpc_load import GrpcEndpoint
@@ -95,6 +101,24 @@ class Service(HttpContender):
             procs.stop(self.proc, signal.SIGINT, timeout=60)
         if self.database is not None:
             self.ctx.servers.drop_database(self.database)
+
+
+def with_inline_digits(repository: Path, where: Path) -> Path:
+    """A repository of the same models (linked, not copied) plus `digits-inline`:
+    digits' file under a card that says `"execution": "inline"`, for (l)."""
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    for model in repository.iterdir():
+        if model.is_dir():
+            (where / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    version = where / INLINE / "1"
+    version.mkdir(parents=True)
+    digits = repository.resolve() / "digits" / "1"
+    (version / "model.onnx").symlink_to(digits / "model.onnx")
+    card = json.loads((digits / "card.json").read_text())
+    (version / "card.json").write_text(json.dumps({**card, "execution": "inline"}, indent=2))
+    return where
 
 
 def _bind(port: int, auth: dict[str, str], redis_url: str) -> StreamDoor:
