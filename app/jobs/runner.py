@@ -191,17 +191,22 @@ def _run_group(
             runnable.append(job)
         except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
             outcomes[job.id] = _failed(job, "invalid_input", exc)
+        except OSError as exc:  # the file store did not answer: the chunk's rows are kept
+            outcomes[job.id] = _store_error(runtime, job, exc)
     started = time.perf_counter()
     results = infer(runtime.sessions, card, requests)
     elapsed = time.perf_counter() - started
     sizes = [_rows(card, request) for request in requests]
     total = sum(sizes) or 1
     for job, result, size in zip(runnable, results, sizes, strict=True):
-        outcome = (
-            _after_error(runtime.settings, runtime.guards, job, result)
-            if isinstance(result, Exception)
-            else _succeeded(runtime.store, job, result)
-        )
+        try:
+            outcome = (
+                _after_error(runtime.settings, runtime.guards, job, result)
+                if isinstance(result, Exception)
+                else _succeeded(runtime.store, job, result)
+            )
+        except OSError as exc:  # its result part could not be written (a full disk)
+            outcome = _store_error(runtime, job, exc)
         # What the job cost: its rows' share of the call (one figure per job, summed
         # per tenant by GET /usage).
         outcomes[job.id] = replace(
@@ -266,6 +271,20 @@ def _after_error(settings: Settings, guards: Guards, job: ClaimedJob, exc: Excep
     if not _transient(exc):
         logger.warning("job %s failed: %s", job.id, exc)
         return _failed(job, "inference_error", exc)
+    return _retry(settings, guards, job, exc, "resource_exhausted")
+
+
+def _store_error(runtime: Runtime, job: ClaimedJob, exc: OSError) -> Outcome:
+    """The file store failed this chunk (unreachable, full, its object gone): tried
+    again later like any transient error, then dead-lettered; never a half-written
+    part taken as done (a part is written whole or not at all)."""
+    logger.warning("job %s: the file store failed: %s", job.id, exc)
+    return _retry(runtime.settings, runtime.guards, job, exc, "store_unavailable")
+
+
+def _retry(
+    settings: Settings, guards: Guards, job: ClaimedJob, exc: Exception, code: str
+) -> Outcome:
     if job.attempt >= job.max_attempts and guards.cap:
         logger.warning("job %s failed after %d attempts: %s", job.id, job.attempt, exc)
         return _failed(job, "retries_exhausted", exc)
@@ -275,7 +294,7 @@ def _after_error(settings: Settings, guards: Guards, job: ClaimedJob, exc: Excep
         job.id,
         job.attempt,
         "retry",
-        error_code="resource_exhausted",
+        error_code=code,
         error_message=f"{type(exc).__name__}: {exc}",
         error_class=type(exc).__name__,
         traceback="".join(traceback.format_exception(exc)),
