@@ -107,7 +107,7 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     engine = container.database.engine  # the data plane's, and its job writer's
     with container.database.scope() as session:  # the queue bound's reading, taken at most
         container.admission.admit(session, "digits", 0)  # every 0.5 s per model
-        container.quotas.admit_jobs(session, tenant.id, 0)  # and the tenant's quotas
+        container.quotas.admit_jobs(session, tenant.id, 1)  # and the tenant's quotas
         container.models.resolve("digits")  # and the shared model states, every 2 s
         telemetry.tenant_name(session, tenant.id)  # and its name, once per worker process
     event.listen(engine, "before_cursor_execute", record)

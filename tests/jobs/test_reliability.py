@@ -37,7 +37,9 @@ def ctx(app: Flask) -> Iterator[None]:
 def runtime_with(guards: Guards = ALL_ON, **overrides: Any) -> Runtime:
     base = services().runtime
     settings = base.settings.with_overrides(**overrides)
-    return Runtime(base.repository, base.sessions, settings, base.new_session, guards=guards)
+    return Runtime(
+        base.repository, base.sessions, settings, base.new_session, base.store, guards=guards
+    )
 
 
 def letters_for(database: Database, job_id: uuid.UUID) -> list[DeadLetter]:
@@ -284,7 +286,8 @@ def test_retention_deletes_old_inputs_and_outputs_but_keeps_the_job(
         runner.execute(session, services().runtime, [job_id])
     update_job(database, job_id, "finished_at = now() - interval '8 days'")
     with database.sessionmaker() as session:
-        assert sweeps.purge(session, services().runtime.settings)["purged"] >= 1
+        runtime = services().runtime
+        assert sweeps.purge(session, runtime.settings, runtime.store)["purged"] >= 1
     job = load_job(database, job_id)
     assert outputs_of(job) is None and job.purged_at is not None and job.status == "succeeded"
     with database.engine.connect() as conn:
