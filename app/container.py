@@ -101,7 +101,7 @@ class Container:
         """Uploaded files and batch results (FILE_STORE_URL, else VAR_DIR/files)."""
         from app.platform.filestore import FileStore
 
-        return FileStore(self.settings.store_url, self.settings.file_store_options)
+        return FileStore(self.settings.store_url, self.settings.store_options)
 
     @contextmanager
     def unit_of_work(self) -> Iterator[Session]:

@@ -95,6 +95,7 @@ def test_data_dir_follows_var_dir_unless_set(monkeypatch: pytest.MonkeyPatch) ->
         ("DRAIN_SECONDS", "fast", "DRAIN_SECONDS='fast': Input should be a valid number"),
         ("CUDA_DEVICES", "0,x", "CUDA_DEVICES='0,x' (item 2: 'x'): Input should be a valid"),
         ("WEBHOOK_RETRY_SCHEDULE", "5,,300", "WEBHOOK_RETRY_SCHEDULE='5,,300' (item 2: '')"),
+        ("FILE_STORE_OPTIONS", '["a"]', "FILE_STORE_OPTIONS='[\"a\"]': Value error, expected"),
     ],
 )
 def test_a_wrong_value_names_its_variable(
@@ -113,6 +114,14 @@ def test_fields_keep_their_types_and_settings_stay_frozen() -> None:
     assert hash(settings) == hash(Settings(var_dir=Path("/srv/var"), worker_queues=("gpu",)))
     with pytest.raises(ValidationError):
         settings.jobs_queue = "other"
+
+
+def test_file_store_options_are_a_json_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FILE_STORE_OPTIONS", '{"endpoint_url": "http://minio:9000"}')
+    settings = Settings.from_env()
+    assert settings.store_options == {"endpoint_url": "http://minio:9000"}
+    assert hash(settings)  # kept as text: the settings stay hashable
+    assert Settings().store_options == {}
 
 
 def test_with_overrides_checks_what_it_changes() -> None:

@@ -43,11 +43,13 @@ def _switch(value: object) -> object:
     return value.lower() in ("1", "true", "yes") if isinstance(value, str) else value
 
 
-def _json_object(value: object) -> object:
-    """A JSON object given as text (an environment variable); anything else as is."""
-    if isinstance(value, str):
-        return json.loads(value) if value.strip() else {}
-    return value
+def _json_object(value: object) -> str:
+    """A JSON object, kept as its text (a dict would make the settings unhashable):
+    given as text (an environment variable) or as a mapping."""
+    parsed = json.loads(value) if isinstance(value, str) and value.strip() else value or {}
+    if not isinstance(parsed, dict):
+        raise ValueError("expected a JSON object")
+    return json.dumps(parsed, sort_keys=True)
 
 
 def _log_prefix(value: str) -> str:
@@ -116,8 +118,8 @@ class Settings(BaseSettings):
         "fsspec URL (`s3://bucket/prefix` with `pip install s3fs`). Every API and worker "
         "process must name the same store. Empty: VAR_DIR/files.",
     )
-    file_store_options: Annotated[dict[str, Any], BeforeValidator(_json_object)] = Field(
-        default_factory=dict,
+    file_store_options: Annotated[str, BeforeValidator(_json_object)] = Field(
+        default="{}",
         description="The store's fsspec storage options as a JSON object, e.g. "
         '`{"endpoint_url": "http://minio:9000"}` for s3fs (which also reads '
         "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY itself).",
@@ -537,6 +539,12 @@ class Settings(BaseSettings):
     def store_url(self) -> str:
         """FILE_STORE_URL, else the directory VAR_DIR/files."""
         return self.file_store_url or str(self.var_dir / "files")
+
+    @property
+    def store_options(self) -> dict[str, Any]:
+        """FILE_STORE_OPTIONS as the mapping fsspec takes."""
+        options: dict[str, Any] = json.loads(self.file_store_options)
+        return options
 
     @property
     def model_queue(self) -> str:
