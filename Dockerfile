@@ -7,7 +7,7 @@ FROM python:3.11-slim
 # reservation), the NVIDIA container runtime mounts the CUDA driver libraries;
 # without one it is ignored and ONNX Runtime runs on the CPU.
 # PROMETHEUS_MULTIPROC_DIR: each container's processes count their metrics there
-# (its own /tmp), cleared when its gunicorn or Celery worker starts.
+# (its own /tmp), cleared when its API server or Celery worker starts.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -49,6 +49,5 @@ USER app
 
 EXPOSE 8000 5555
 
-CMD ["gunicorn", "--config", "python:app.platform.gunicorn_conf", "--bind", "0.0.0.0:8000", \
-     "--workers", "2", "--worker-class", "gthread", "--threads", "32", "--no-control-socket", \
-     "--access-logfile", "-", "app:create_app()"]
+CMD ["python", "-m", "app.cli.api_server", "--bind", "0.0.0.0:8000", "--workers", "2", \
+     "--threads", "32"]

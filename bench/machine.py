@@ -15,7 +15,7 @@ from app.platform.settings import ROOT
 
 PACKAGES = (
     "onnxruntime-gpu", "onnxruntime", "numpy", "celery", "kombu", "redis", "flask",
-    "gunicorn", "sqlalchemy", "psycopg2-binary", "flower", "matplotlib",
+    "gunicorn", "granian", "sqlalchemy", "psycopg2-binary", "flower", "matplotlib",
 )  # fmt: skip
 
 

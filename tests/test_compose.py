@@ -1,7 +1,7 @@
 """Static checks of docker-compose.yml and the Dockerfile (no Docker engine needed).
 
 Every command run from the application image must name an entry point that
-exists here: the Celery app module, the gunicorn factory, the manage.py command.
+exists here: the Celery app module, the API server module, the manage.py command.
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ def _check_celery(argv: list[str]) -> None:
     assert subcommand in ("worker", "beat", "flower")
 
 
-def _check_gunicorn(argv: list[str]) -> None:
-    match = re.fullmatch(r"([\w.]+):(\w+)\(\)", argv[-1])
-    assert match, f"gunicorn target {argv[-1]!r} is not module:factory()"
-    module, factory = match.groups()
-    assert factory in _top_level_names(_module_file(module))
+def _check_server(argv: list[str]) -> None:
+    """`python -m app.cli.api_server ...`: the API server's module, with its main."""
+    assert argv[0] == "app.cli.api_server", argv
+    assert "main" in _top_level_names(_module_file(argv[0]))
+    assert "--bind" in argv and argv[argv.index("--bind") + 1].endswith(":8000")
 
 
 def _check_manage(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,8 +177,8 @@ def test_image_commands_exist(monkeypatch: pytest.MonkeyPatch) -> None:
             argv = argv[2:]
         if argv[0] == "celery":
             _check_celery(argv)
-        elif argv[0] == "gunicorn":
-            _check_gunicorn(argv)
+        elif argv[0] == "app.cli.api_server":
+            _check_server(argv)
         elif argv[:2] == ["python", "manage.py"]:
             _check_manage(argv, monkeypatch)
         else:
@@ -191,9 +191,8 @@ def test_dockerfile_builds_model_and_serves_api() -> None:
     assert any("manage.py models build" in line for line in runs)
     (cmd,) = [line for line in lines if line.startswith(("CMD ", "ENTRYPOINT "))]
     argv = json.loads(cmd.split(" ", 1)[1])
-    assert argv[0] == "gunicorn"
-    assert argv[-1] == "app:create_app()"
-    _check_gunicorn(argv)
+    assert argv[:3] == ["python", "-m", "app.cli.api_server"]
+    _check_server(argv[2:])
     assert any(line.startswith("USER ") and "root" not in line for line in lines)
 
 

@@ -1,5 +1,5 @@
-"""What each process imports at start: the gunicorn master nothing that would be
-inherited across its fork, the Celery worker nothing of the HTTP door."""
+"""What each process imports at start: the API server's master nothing its workers
+would inherit, the Celery worker nothing of the HTTP door."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ def _modules_after(statement: str, settings: Settings) -> set[str]:
     return set(out.stdout.split())
 
 
-def test_the_gunicorn_master_imports_no_onnx_runtime_and_no_metrics_client(
+def test_the_api_servers_master_imports_no_onnx_runtime_and_no_metrics_client(
     settings: Settings,
 ) -> None:
-    # ONNX Runtime's state made before the fork hangs a worker's exit (a condition
+    # ONNX Runtime's state made before a fork hangs a worker's exit (a condition
     # variable destroyed in an atexit handler); prometheus_client imported before
     # PROMETHEUS_MULTIPROC_DIR is set counts in single-process mode.
-    modules = _modules_after("import app.platform.gunicorn_conf", settings)
-    assert "app.platform.gunicorn_conf" in modules
+    modules = _modules_after("import app.cli.api_server", settings)
+    assert "app.cli.api_server" in modules
     assert not {m for m in modules if m.split(".")[0] in ("onnxruntime", "prometheus_client")}
     assert "app.web" not in modules
 

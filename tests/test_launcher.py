@@ -155,7 +155,7 @@ def test_each_process_tree_counts_its_metrics_apart_and_workers_serve_theirs(
     assert children["grpc"].args[-2:] == ["-m", "app.grpc"]
     quiet = [c for name, c in children.items() if name not in ("api", "grpc", "streams")]
     assert all("--quiet" in c.args for c in quiet)
-    assert "--config" in children["api"].args
+    assert children["api"].args[1:3] == ["-m", "app.cli.api_server"]  # sets up its metrics
 
 
 def test_the_grpc_door_starts_on_its_port_unless_it_is_zero(

@@ -248,7 +248,7 @@ def _key(stack: Stack, tenant: str) -> dict[str, str]:
 
 
 def test_one_tenant_holding_streams_leaves_the_others_served(var_dir: Path) -> None:
-    """Under the real gunicorn (2 processes x 32 threads): a tenant opening many
+    """Under the real API server (2 processes x 32 threads): a tenant opening many
     event streams is refused beyond its share (429) and, however many it opens,
     another tenant's submit and the readiness check answer within seconds."""
     stack = Stack(var_dir)

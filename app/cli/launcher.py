@@ -55,15 +55,14 @@ CELERY = celery_command()
 WORKERS = ("worker", "webhooks", "control")
 
 
-def api_command(bind: str) -> list[str]:
-    """gunicorn serving the API: threads, so slow clients and open event streams do
-    not hold a process. Its config (app.platform.gunicorn_conf) sets up multi-process metrics,
-    and JSON logs with LOG_FORMAT=json (where the API logs requests itself)."""
+def api_command(bind: str, threads: int = 32) -> list[str]:
+    """The API under granian (app.cli.api_server): 2 processes of `threads` request threads,
+    so slow clients and open event streams hold a thread, not a process. It sets up
+    the multi-process metrics, and JSON logs with LOG_FORMAT=json (where the API logs
+    requests itself)."""
     return [
-        sys.executable, "-m", "gunicorn", "--config", "python:app.platform.gunicorn_conf",
-        "--bind", bind, "--workers", "2",
-        "--worker-class", "gthread", "--threads", "32", "--graceful-timeout", "10",
-        "--access-logfile", "-", "--no-control-socket", "app:create_app()",
+        sys.executable, "-m", "app.cli.api_server", "--bind", bind, "--workers", "2",
+        "--threads", str(threads),
     ]  # fmt: skip
 
 

@@ -125,7 +125,7 @@ def handler(fmt: str) -> logging.Handler:
 def setup(level: str | int, fmt: str, *, force: bool = False) -> None:
     """Configure the root logger once per process. Without `force` it is left
     alone when something else configured it already (as basicConfig does: pytest's
-    capture, gunicorn's dictConfig in JSON mode); with it, it is replaced (Celery)."""
+    capture, the API server's dictConfig in JSON mode); with it, it is replaced (Celery)."""
     root = logging.getLogger()
     ours = [h for h in root.handlers if getattr(h, "_inference", False)]
     if force or not root.handlers or ours:
@@ -157,19 +157,18 @@ def level_number(level: str | int) -> int:
     return number if isinstance(number, int) else logging.INFO
 
 
-def gunicorn_config(level: str, fmt: str) -> dict[str, Any] | None:
-    """gunicorn's logconfig_dict for JSON lines (None for text: gunicorn's own).
-    Its access log is silenced: the API logs each request itself (`request_line`)
-    with the request id, tenant and job id gunicorn cannot know."""
-    if fmt != "json":
-        return None
+def server_config(level: str) -> dict[str, Any]:
+    """The API server's (granian's) logging in JSON mode: its own lines as JSON on
+    stderr like every other, its access log silenced: the API logs each request
+    itself (`request_line`) with the request id, tenant and job id a server cannot
+    know."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "root": {"level": level, "handlers": ["console"]},
         "loggers": {
-            "gunicorn.error": {"level": "INFO", "handlers": [], "propagate": True},
-            "gunicorn.access": {"level": "WARNING", "handlers": [], "propagate": True},
+            "_granian": {"level": "INFO", "handlers": [], "propagate": True},
+            "granian.access": {"level": "WARNING", "handlers": [], "propagate": True},
         },
         "handlers": {
             "console": {

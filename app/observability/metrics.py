@@ -6,7 +6,7 @@ inference worker's pool children, webhook attempts in the webhook worker,
 sweep actions in the control worker. In multi-process mode
 (PROMETHEUS_MULTIPROC_DIR, see app.observability.metrics_dir) each process writes to mmap
 files of its own, and a scrape adds up every process of its tree: the API's
-`/metrics` its gunicorn workers', a worker's endpoint (WORKER_METRICS_PORT) its
+`/metrics` its API processes', a worker's endpoint (WORKER_METRICS_PORT) its
 pool children's. Scrape both: no number is in both.
 
 The queue gauges are read from PostgreSQL when the API is scraped

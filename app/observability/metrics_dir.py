@@ -1,14 +1,14 @@
 """Where prometheus_client keeps the metrics of a multi-process service.
 
-gunicorn's API processes and a Celery worker's pool children each count in
+The API server's processes and a Celery worker's pool children each count in
 files of their own (mmap, one per process) in PROMETHEUS_MULTIPROC_DIR; the
 process that answers a scrape adds them up. prometheus_client decides at its
 import whether to count that way, so this module does not import it: the
-gunicorn config and the Celery entry point call `ensure` before our metrics
+API server (app.cli.api_server) and the Celery entry point call `ensure` before our metrics
 are made.
 
 One directory per process tree (the API, each Celery worker): its root (the
-gunicorn master, Celery's main process) clears it at start, so the numbers of a
+API server's master, Celery's main process) clears it at start, so the numbers of a
 previous run are not added in. `manage.py up` gives each of its children one
 under VAR_DIR/metrics; docker-compose's containers each have their own /tmp.
 """

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 
 class LazyThread:
-    """A daemon thread started by the first call of `ensure()`: after gunicorn or
+    """A daemon thread started by the first call of `ensure()`: after the API server or
     Celery forked the process (threads do not survive a fork), only where it is
     needed, and again if it died."""
 

@@ -1,6 +1,6 @@
 """Engine and sessions.
 
-One engine per process. Forked children (Celery prefork, gunicorn) call
+One engine per process. Forked children (Celery prefork, the API server's workers) call
 `Database.after_fork()` so they never share the parent's sockets. A unit of
 work (an HTTP request, a Celery task, a CLI command) opens a `scope()`; inside
 it `session()` is one session, made on first use and closed when the scope

@@ -2,7 +2,7 @@
 status page's session key and `make run`'s Flower password.
 
 The first process that asks makes the secret and every other process on the
-machine (gunicorn's workers, a restart) reads the same one, so a cookie signed by
+machine (the API server's workers, a restart) reads the same one, so a cookie signed by
 one API process is good in the others and a saved Flower login survives restarts.
 """
 

@@ -1,12 +1,12 @@
-"""The bare Flask + ONNX Runtime sync endpoint (bench/peers/flask_ort.py), served
-with the service API's gunicorn settings (2 workers, gthread, 32 threads), so the
-two sync doors differ only in what runs inside a request."""
+"""The bare Flask + ONNX Runtime sync endpoint (bench/peers/flask_ort.py), under
+gunicorn as the team that builds it by hand would serve it (2 workers, gthread,
+32 threads a worker: the service API's processes and threads, access log on)."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 
-from app.cli.launcher import api_command
 from app.platform.settings import ROOT
 from bench import procs
 from bench.contenders.base import Context, HttpContender
@@ -14,14 +14,13 @@ from bench.load import Endpoint
 
 
 def gunicorn_command(bind: str) -> list[str]:
-    """The service's own API command line with this app in place of the service's and
-    without the service's gunicorn config (metrics directory, JSON logs): the same
-    workers, worker class, threads and access log."""
-    command = api_command(bind)
-    config = command.index("--config")
-    del command[config : config + 2]
-    command[-1] = "bench.peers.flask_ort:app"
-    return command
+    """gunicorn serving the bare endpoint, as many processes and threads as the
+    service's API has."""
+    return [
+        sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", "2",
+        "--worker-class", "gthread", "--threads", "32", "--graceful-timeout", "10",
+        "--access-logfile", "-", "--no-control-socket", "bench.peers.flask_ort:app",
+    ]  # fmt: skip
 
 
 class FlaskOrt(HttpContender):

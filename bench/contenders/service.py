@@ -25,7 +25,7 @@ INLINE = "digits-inline"  # (l): digits run in the API process
 def classify(cmdline: list[str]) -> str | None:
     """The launcher's children, named by what they run (their children inherit)."""
     text = " ".join(cmdline)
-    if "gunicorn" in text:
+    if "app.cli.api_server" in text or "granian" in text:
         return "api"
     if "app.grpc" in cmdline:
         return "grpc"
@@ -45,7 +45,7 @@ def classify(cmdline: list[str]) -> str | None:
 class Service(HttpContender):
     name = "service"
     description = (
-        "this service: manage.py up (gunicorn API, the gRPC door, the stream consumer, Celery "
+        "this service: manage.py up (granian API, the gRPC door, the stream consumer, Celery "
         "workers, beat, Flower)"
     )
 

@@ -63,8 +63,9 @@ def test_bad_requests_are_refused(client: FlaskClient) -> None:
     assert client.post("/v2/models/nothing/infer", json=wrong_width).status_code == 404
 
 
-def test_served_with_the_service_apis_workers_and_threads() -> None:
-    ours, theirs = gunicorn_command("127.0.0.1:1"), api_command("127.0.0.1:1")
-    for option in ("--workers", "--worker-class", "--threads", "--access-logfile"):
-        assert ours[ours.index(option) + 1] == theirs[theirs.index(option) + 1]
-    assert ours[-1] == "bench.peers.flask_ort:app"
+def test_served_by_gunicorn_with_the_service_apis_processes_and_threads() -> None:
+    peer, service = gunicorn_command("127.0.0.1:1"), api_command("127.0.0.1:1")
+    assert peer[1:3] == ["-m", "gunicorn"] and peer[-1] == "bench.peers.flask_ort:app"
+    assert peer[peer.index("--worker-class") + 1] == "gthread"
+    for option in ("--workers", "--threads"):
+        assert peer[peer.index(option) + 1] == service[service.index(option) + 1]

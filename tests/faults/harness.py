@@ -1,7 +1,7 @@
 """A whole service on loopback for fault injection, and a Jepsen-style tally.
 
 Each scenario gets its own stack: a private PostgreSQL (pgserver) and Redis
-(AOF on) under its own folder, the API (gunicorn), Celery workers and beat as
+(AOF on) under its own folder, the API (granian), Celery workers and beat as
 real processes, with short leases and sweeps so recovery fits in a test. A
 stack with guards off starts its workers and beat from the suite's own entry
 point (tests.faults.worker), which builds their container with those guards

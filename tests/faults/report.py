@@ -14,7 +14,7 @@ TALLIES: dict[tuple[str, str], Tally] = {}
 INTRO = """# Reliability: the fault suite's figures
 
 `make test-faults` (also run by CI) starts the whole service on loopback for
-each scenario (API under gunicorn, Celery workers, beat, a private PostgreSQL
+each scenario (the API under granian, Celery workers, beat, a private PostgreSQL
 and Redis with AOF), injects the fault, and tallies from the database what
 became of every job: a trigger logs each change of a job's status, attempt or
 result. Each scenario also runs with the guard that handles it switched off

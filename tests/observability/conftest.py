@@ -63,7 +63,7 @@ def scrape(url: str, token: str | None = None) -> Samples:
 
 
 class Service:
-    """A service process (API under gunicorn, a Celery worker, beat) with its
+    """A service process (the API under granian, a Celery worker, beat) with its
     stdout and stderr in files of their own."""
 
     def __init__(self, args: list[str], settings: Settings, folder: Path, name: str,

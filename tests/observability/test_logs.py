@@ -1,4 +1,4 @@
-"""Logs of the real processes: with LOG_FORMAT=json every line the API (gunicorn)
+"""Logs of the real processes: with LOG_FORMAT=json every line the API (granian)
 and a worker write is a JSON object, and one job is followed across them by its
 id; an idle control worker and beat write nothing, and a sweep that did
 something writes one line."""
@@ -58,7 +58,7 @@ def test_json_lines_follow_a_job_from_the_api_to_the_worker(
         assert response.status_code == 202, response.text
         assert response.headers["X-Request-ID"] == request_id  # echoed
         job_id = response.json()["id"]
-        # More submits than one process serves, to be counted by both gunicorn workers.
+        # More submits than one process serves, to be counted by both API processes.
         others = [requests.post(f"{base}/jobs", json=body, headers=tenant.headers, timeout=10)
                   for _ in range(5)]  # fmt: skip
         assert all(r.status_code == 202 for r in others)
@@ -83,8 +83,8 @@ def test_json_lines_follow_a_job_from_the_api_to_the_worker(
     api_lines, worker_lines = api.json_lines(), worker.json_lines()  # every line is JSON
     for line in api_lines + worker_lines:
         assert {"ts", "level", "logger", "message"} <= set(line), line
-    assert any(line["logger"] == "gunicorn.error" for line in api_lines)  # its own, too
-    assert not any(line["logger"] == "gunicorn.access" for line in api_lines)  # ours instead
+    assert any(line["logger"] == "_granian" for line in api_lines)  # the server's own, too
+    assert not any(line["logger"] == "granian.access" for line in api_lines)  # ours instead
     [submit] = [line for line in api_lines if line.get("request_id") == request_id]
     assert submit["logger"] == "app.requests" and submit["job_id"] == job_id
     assert submit["method"] == "POST" and submit["path"] == "/jobs" and submit["status"] == 202

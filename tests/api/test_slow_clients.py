@@ -1,0 +1,75 @@
+"""Slow clients against the real API server (`manage.py up`'s command line):
+hundreds of connections whose headers never end, or whose body never comes after
+a request that is refused anyway (no key), hold connections, not the request
+threads, so other tenants' requests are still answered. (Under gunicorn's gthread
+workers, each refused request's unsent body was drained by a request thread:
+200 of them took every thread.)"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.cli.launcher import api_command
+from app.platform.settings import ROOT, Settings
+from tests.conftest import TenantAuth, free_port, service_env, stop_process
+from tests.support import wait_until
+
+SLOW_BODIES = 200  # more than the API's 2 x 32 request threads
+SLOW_HEADERS = 100
+
+
+@pytest.fixture
+def api(settings: Settings, tmp_path: Path) -> Iterator[int]:
+    port = free_port()
+    log = (tmp_path / "api.log").open("wb")
+    env = service_env(settings, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"))
+    proc = subprocess.Popen(api_command(f"127.0.0.1:{port}"), cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_until(lambda: _live(port), "the API answers", 60)
+        yield port
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+def _live(port: int) -> bool:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", "/v2/health/live")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
+def test_unfinished_requests_do_not_starve_the_others(api: int, tenant: TenantAuth) -> None:
+    stuck: list[socket.socket] = []
+    try:
+        for _ in range(SLOW_BODIES):  # no key (a 401), then a body that never comes
+            conn = socket.create_connection(("127.0.0.1", api))
+            conn.sendall(b"POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n{\"model\": ")  # fmt: skip
+            stuck.append(conn)
+        for _ in range(SLOW_HEADERS):  # headers that never end
+            conn = socket.create_connection(("127.0.0.1", api))
+            conn.sendall(b"GET /v2/health/live HTTP/1.1\r\nHo")
+            stuck.append(conn)
+        body = json.dumps({"model": "digits", "inputs": {"pixels": [[0.0] * 64]}})
+        for _ in range(20):
+            client = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
+            client.request("POST", "/jobs", body,
+                           {**tenant.headers, "Content-Type": "application/json"})  # fmt: skip
+            answer = client.getresponse()
+            assert answer.status == 202, answer.read()[:300]
+            assert json.loads(answer.read())["status"] == "queued"
+            client.close()
+    finally:
+        for conn in stuck:
+            conn.close()
