@@ -308,26 +308,24 @@ class DataPlane:
         """Run an inline model's call here, then write its job record (succeeded or
         failed) with the process's other records in one group commit, before the
         caller is answered: the call is in GET /jobs/<id> and /usage like any job."""
-        started_at = datetime.now(UTC)
-        clock = time.perf_counter()
+        started_at, clock = datetime.now(UTC), time.perf_counter()
+        outputs, failure = None, None
         try:
-            done = sync.run_inline(self._sessions(), card, arrays)
+            outputs = sync.run_inline(self._sessions(), card, arrays).outputs
         except InferenceFailed as exc:
-            record = service.record_values(
-                card, arrays, tenant.id, started_at, time.perf_counter() - clock,
-                error=(str(exc.extra.get("error_code")), exc.detail),
-            )  # fmt: skip
-            self.records.insert(record)
-            exc.extra["job_id"] = str(record["id"])
-            metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
-            raise
+            failure = exc
+        error = None if failure is None else (str(failure.extra.get("error_code")), failure.detail)
         record = service.record_values(
             card, arrays, tenant.id, started_at, time.perf_counter() - clock,
-            outputs=done.outputs,
+            outputs=outputs, error=error,
         )  # fmt: skip
         self.records.insert(record)
         metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
-        return sync.Answer(card, done.outputs, record["id"])
+        if failure is not None:
+            failure.extra["job_id"] = str(record["id"])
+            raise failure
+        assert outputs is not None
+        return sync.Answer(card, outputs, record["id"])
 
     def start_calls(
         self, tenant: TenantRef, requests: Sequence[InferRequest]
@@ -935,7 +933,8 @@ class _Keys:
         self._requests, self._checked, self._field = requests, checked, field
         self._first: dict[str, int] = {}  # key: the request that uses it first
         self._prints: dict[str, str] = {}
-        self._repeats: list[tuple[int, int]] = []  # (request, the first with its key)
+        # (request, the first with its key; None: that key's first use was another request)
+        self._repeats: list[tuple[int, int | None]] = []
         self._unkeyed: list[tuple[int, ModelCard, dict[str, Any]]] = []
         self._keyed: list[tuple[int, ModelCard, dict[str, Any]]] = []
         for item in checked:
@@ -946,9 +945,8 @@ class _Keys:
                 continue
             print_ = service.fingerprint(request.model, request.version, request.inputs)
             if key in self._first:
-                self._repeats.append((item[0], self._first[key]))
-                if self._prints[key] != print_:
-                    self._repeats[-1] = (item[0], -1)
+                same = self._prints[key] == print_
+                self._repeats.append((item[0], self._first[key] if same else None))
                 continue
             self._first[key], self._prints[key] = item[0], print_
             self._keyed.append(item)
@@ -994,7 +992,7 @@ class _Keys:
         """A key's later uses: the first's outcome, or an error for another request."""
         for index, first in self._repeats:
             outcomes[index] = (
-                outcomes[first] if first >= 0
+                outcomes[first] if first is not None
                 else InvalidRequest(
                     f"this {self._field} is used earlier in the list with a different "
                     "request; give each request its own key",
