@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 import traceback
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -30,6 +29,7 @@ from app.errors import UnknownModel
 from app.jobs import telemetry
 from app.jobs.chunks import read_range, result_key, settle
 from app.jobs.guards import Guards
+from app.jobs.leases import LeaseKeeper
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
 from app.models.cards import ModelCard
 from app.models.registry import ModelRepository
@@ -66,6 +66,15 @@ class Runtime:
     on_time_limit: Callable[[list[ClaimedJob]], None] | None = None
     # The safety guards this path keeps (all on; the fault suite turns some off).
     guards: Guards = field(default_factory=Guards)
+    leases: LeaseKeeper = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.leases = LeaseKeeper(self._renew)
+
+    def _renew(self, jobs: list[ClaimedJob]) -> None:
+        with self.new_session() as session:
+            renew_leases(session, jobs, self.settings.job_lease_seconds)
+            session.commit()
 
 
 def drain(session: Session, runtime: Runtime, model: str, wake: Callable[[], object]) -> int:
@@ -318,37 +327,11 @@ def _failed(job: ClaimedJob, code: str, exc: Exception) -> Outcome:
     )
 
 
-@contextmanager
-def _leases_renewed(runtime: Runtime, jobs: list[ClaimedJob]) -> Iterator[None]:
-    """Renew the leases every third of their length until the block ends, and
-    enforce the time limit.
-
-    Short jobs end before the first renewal, so they cost no extra write.
-    """
-    interval = runtime.settings.job_lease_seconds / 3
-    limit = runtime.settings.job_time_limit_seconds
-    started = time.monotonic()
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(min(interval, max(0.0, limit - (time.monotonic() - started)))):
-            if runtime.on_time_limit and time.monotonic() - started >= limit:
-                logger.error(
-                    "job(s) %s exceeded the time limit of %gs", [str(j.id) for j in jobs], limit
-                )
-                runtime.on_time_limit(jobs)
-                return
-            try:
-                with runtime.new_session() as session:
-                    renew_leases(session, jobs, runtime.settings.job_lease_seconds)
-                    session.commit()
-            except Exception:  # the next renewal tries again; the lease is the backstop
-                logger.exception("could not renew leases")
-
-    thread = threading.Thread(target=renew, name="lease-renewal", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+def _leases_renewed(runtime: Runtime, jobs: list[ClaimedJob]) -> AbstractContextManager[None]:
+    """Renew the jobs' leases every third of their length while they run, and
+    enforce the time limit (app.jobs.leases)."""
+    settings = runtime.settings
+    return runtime.leases.holding(
+        jobs, settings.job_lease_seconds / 3, settings.job_time_limit_seconds,
+        runtime.on_time_limit,
+    )  # fmt: skip
