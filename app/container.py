@@ -24,6 +24,7 @@ from app.platform.embedded import resolve_urls
 from app.platform.settings import Settings
 
 if TYPE_CHECKING:
+    import redis
     from celery import Celery
     from sqlalchemy.orm import Session
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
     from app.jobs.quotas import Quotas
+    from app.jobs.replies import Replies, Reply
     from app.jobs.runner import Runtime
     from app.models.registry import ModelRepository
     from app.observability.metrics import QueueCollector
@@ -160,6 +162,27 @@ class Container:
         return JobInserter(self.database.engine, None)
 
     @service
+    def replies(self) -> Replies:
+        """This process's reply channel: sync calls' answers from the workers."""
+        from app.jobs.dispatch import redis_client
+        from app.jobs.replies import Replies
+
+        url = self.settings.redis_url
+        return Replies(lambda: redis_client(url))
+
+    @service
+    def reply_redis(self) -> redis.Redis:
+        """The worker's client for publishing answers (app.jobs.replies)."""
+        from app.jobs.dispatch import redis_client
+
+        return redis_client(self.settings.redis_url)
+
+    def _publish_replies(self, replies: list[tuple[str, Reply]]) -> None:
+        from app.jobs.replies import publish
+
+        publish(self.reply_redis, replies)
+
+    @service
     def admission(self) -> Admission:
         from app.jobs.admission import Admission
 
@@ -197,6 +220,7 @@ class Container:
             new_session=self.database.sessionmaker,
             store=self.store,
             guards=self.guards,
+            reply=self._publish_replies,
         )
 
     @service
@@ -207,7 +231,7 @@ class Container:
             self.settings, self.database, self.models, self.events, self.inserter,
             self.dispatcher, self.admission, self.quotas, self.holds, self.api_keys,
             self.status, self.store, sessions=lambda: self.runtime.sessions,
-            records=self.records,
+            records=self.records, replies=self.replies,
         )  # fmt: skip
 
     @service

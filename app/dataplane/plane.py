@@ -57,6 +57,7 @@ from app.jobs.dispatch import Dispatcher
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOBS, JobInserter
 from app.jobs.quotas import SYNC_PRIORITY, Quotas, check_priority
+from app.jobs.replies import Replies
 from app.models.cards import ModelCard
 from app.models.registry import PUBLIC, ModelRepository
 from app.observability import metrics
@@ -94,6 +95,7 @@ class DataPlane:
         store: FileStore,
         sessions: Callable[[], SessionPool],
         records: JobInserter,
+        replies: Replies,
     ) -> None:
         self.settings, self.database, self.models = settings, database, models
         self.events, self.inserter, self.dispatcher = events, inserter, dispatcher
@@ -101,6 +103,7 @@ class DataPlane:
         self.api_keys, self.status_board, self.store = api_keys, status, store
         self._sessions = sessions  # ONNX Runtime sessions, for inline models only
         self.records = records  # inline calls' job records
+        self.replies = replies  # where workers send this process's sync calls' answers
 
     # -- callers ------------------------------------------------------------------
 
@@ -145,6 +148,7 @@ class DataPlane:
         values = service.job_values(
             card, arrays, tenant.id, priority=request.priority, deadline=request.deadline,
             webhook=request.webhook, max_attempts=self.settings.job_max_attempts,
+            reply_to=request.reply_to,
         )  # fmt: skip
         if key is None:
             # Committed together with concurrent submits, its model woken (app.jobs.inserts).
@@ -229,7 +233,7 @@ class DataPlane:
                 values.append(service.job_values(
                     card, arrays, tenant.id, priority=request.priority,
                     deadline=request.deadline, webhook=request.webhook,
-                    max_attempts=self.settings.job_max_attempts,
+                    max_attempts=self.settings.job_max_attempts, reply_to=request.reply_to,
                 ))  # fmt: skip
                 order.append(index)
         if not values:
@@ -298,7 +302,7 @@ class DataPlane:
             session.commit()
             done = self._run_inline(tenant, card, arrays)
             return sync.Call(card, done.job_id, timeout_s, give_up_at, done)
-        job = self._submit(tenant, card, _call_job(card, request))
+        job = self._submit(tenant, card, _call_job(card, request, self.replies.channel))
         self.database.session().commit()  # the admission reads' transaction: a wait holds none
         return sync.Call(card, job.id, timeout_s, give_up_at)
 
@@ -347,7 +351,7 @@ class DataPlane:
                 started[index] = exc
                 continue
             queued.append((index, card, self._call_timeout(request)))
-            jobs.append(_call_job(card, request))
+            jobs.append(_call_job(card, request, self.replies.channel))
         for (index, card, timeout_s), job in zip(
             queued, self.submit_many(tenant, jobs), strict=True
         ):
@@ -370,7 +374,7 @@ class DataPlane:
         take them back as they end. Close it when done. `gather_s`: how long to let
         changes gather after the first before reading them (for many calls: fewer
         reads, each answer that much later)."""
-        return sync.Calls(self.database.engine, self.events.subscribe(), tenant.id, gather_s)
+        return sync.Calls(self.database.engine, self.replies.follow(), tenant.id, gather_s)
 
     def hold(self, tenant: TenantRef) -> Callable[[], None]:
         """One of the tenant's waits, for a door that keeps a caller waiting for
@@ -888,11 +892,12 @@ class DataPlane:
                 return total
 
 
-def _call_job(card: ModelCard, request: InferRequest) -> JobRequest:
-    """A sync call's job: ahead of every async job of its model (a caller waits)."""
+def _call_job(card: ModelCard, request: InferRequest, reply_to: str) -> JobRequest:
+    """A sync call's job: ahead of every async job of its model (a caller waits),
+    its answer sent to this process's reply channel."""
     return JobRequest(
         card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY,
-        deadline=request.deadline,
+        deadline=request.deadline, reply_to=reply_to,
     )  # fmt: skip
 
 

@@ -42,6 +42,9 @@ class JobRequest:
     deadline: datetime | None = None
     idempotency_key: str | None = None
     webhook: Webhook | None = None
+    # A sync call's job: the channel its worker sends the answer to (set by the
+    # data plane, never by a client).
+    reply_to: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -30,11 +31,13 @@ from app.jobs import telemetry
 from app.jobs.chunks import read_range, result_key, settle
 from app.jobs.guards import Guards
 from app.jobs.leases import LeaseKeeper
+from app.jobs.replies import Reply
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
 from app.models.cards import ModelCard
 from app.models.registry import ModelRepository
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
+from app.platform.tables import TERMINAL_STATUSES
 from app.runtime.engine import NonFiniteOutput, infer
 from app.runtime.engine import rows as engine_rows
 from app.runtime.sessions import SessionPool
@@ -66,6 +69,9 @@ class Runtime:
     on_time_limit: Callable[[list[ClaimedJob]], None] | None = None
     # The safety guards this path keeps (all on; the fault suite turns some off).
     guards: Guards = field(default_factory=Guards)
+    # Sends sync calls' answers to their callers' channels (app.jobs.replies), after
+    # the commit; None where nobody waits so (tests of the execute path alone).
+    reply: Callable[[list[tuple[str, Reply]]], None] | None = None
     leases: LeaseKeeper = field(init=False)
 
     def __post_init__(self) -> None:
@@ -151,6 +157,7 @@ def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -
     telemetry.finished(session, claimed, rows)  # metrics and a line per finished job
     written = {row.id for row in rows}
     session.commit()
+    _reply(runtime, claimed, outcomes, rows)  # after the commit: the record is there first
     if batches := {job.batch_id for job in claimed if job.batch_id is not None}:
         settle(session, batches)  # after the commit: the last chunk's writer sees every chunk
         session.commit()
@@ -162,6 +169,34 @@ def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -
                 outcome.attempt,
             )
     return outcomes
+
+
+def _reply(
+    runtime: Runtime, claimed: list[ClaimedJob], outcomes: list[Outcome], rows: list[Any]
+) -> None:
+    """Send each finished sync call's answer to its caller's process; a lost one is
+    read from PostgreSQL by its caller instead, so a failure here is only logged."""
+    channels = {job.id: job.reply_to for job in claimed if job.reply_to}
+    if not channels or runtime.reply is None:
+        return
+    by_job = {outcome.job_id: outcome for outcome in outcomes}
+    replies = [
+        (channels[row.id], _answer(row, by_job[row.id]))
+        for row in rows
+        if row.id in channels and row.status in TERMINAL_STATUSES
+    ]
+    try:
+        if replies:
+            runtime.reply(replies)
+    except Exception as exc:
+        logger.warning("could not send %d answer(s) (%s); callers read them", len(replies), exc)
+
+
+def _answer(row: Any, outcome: Outcome) -> Reply:
+    """A finished job's answer: its status as written (cancelled, where asked while
+    it ran), and its outputs only where it succeeded."""
+    outputs = outcome.output_data if row.status == "succeeded" else None
+    return Reply(row.id, row.status, row.error_code, outcome.error_message, outputs)
 
 
 def backoff_delay(settings: Settings, attempt: int) -> float:

@@ -55,8 +55,10 @@ def job_values(
     deadline: datetime | None,
     webhook: Webhook | None,
     max_attempts: int,
+    reply_to: str | None = None,
 ) -> dict[str, Any]:
-    """A new queued job's columns. A card may set its own `max_attempts`."""
+    """A new queued job's columns. A card may set its own `max_attempts`;
+    `reply_to`: a sync call's reply channel (app.jobs.replies)."""
     return {
         "id": uuid.uuid4(),
         "tenant_id": tenant_id,
@@ -71,6 +73,7 @@ def job_values(
         "deadline_at": deadline,
         "webhook_url": webhook.url if webhook else None,
         "webhook_events": list(webhook.events) if webhook else None,
+        "reply_to": reply_to,
     }
 
 

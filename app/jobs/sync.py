@@ -24,7 +24,7 @@ import numpy as np
 from sqlalchemy import Engine, bindparam, text
 
 from app.errors import DeadlinePassed, DomainError, InferenceFailed
-from app.jobs.events import Subscription
+from app.jobs.replies import Follower
 from app.jobs.transitions import UUIDS
 from app.models.cards import ModelCard
 from app.platform.tables import TERMINAL_STATUSES
@@ -43,14 +43,20 @@ class Answer:
 
 
 class Outcome(Protocol):
-    """What a caller's answer is made from: a `Job`, or a row of `_READ`."""
+    """What a caller's answer is made from: a `Job`, a row of `_READ`, or a `Reply`."""
 
-    id: uuid.UUID
-    status: str
-    error_code: str | None
-    error_message: str | None
-    output_data: bytes | None
-    outputs: dict[str, Any] | None
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error_code(self) -> str | None: ...
+    @property
+    def error_message(self) -> str | None: ...
+    @property
+    def output_data(self) -> bytes | None: ...
+    @property
+    def outputs(self) -> dict[str, Any] | None: ...
 
 
 # A followed call's job as its answer needs it: a Core statement (the ORM's query
@@ -81,17 +87,18 @@ Ended = Answer | DomainError
 
 class Calls:
     """Many sync calls of one caller followed at once (a gRPC stream's, or the
-    one call of a unary request): one subscription on the event bus for all
-    their jobs, and one query per wake-up for those that finished. Reads only;
-    it owns no transaction.
+    one call of a unary request). Their answers come over Redis, straight from
+    the workers (app.jobs.replies); a call not answered so within CHECK_S, or
+    whose caller's time ran out, is read from PostgreSQL (one query for all that
+    are due). Reads only; it owns no transaction.
 
     `leave()` (from any thread: the caller went away) ends the current and every
     later `finished` at once; `left` says it happened."""
 
     def __init__(
-        self, engine: Engine, subscription: Subscription, tenant_id: int, gather_s: float = 0.0
+        self, engine: Engine, follower: Follower, tenant_id: int, gather_s: float = 0.0
     ) -> None:
-        self._engine, self._subscription, self.gather_s = engine, subscription, gather_s
+        self._engine, self._follower, self.gather_s = engine, follower, gather_s
         self._tenant_id = tenant_id
         self._calls: dict[uuid.UUID, Call] = {}
         self._lock = threading.Lock()  # one thread adds calls while another takes them back
@@ -101,7 +108,7 @@ class Calls:
         assert call.done is None and call.job_id, "an inline call has its answer already"
         with self._lock:
             self._calls[call.job_id] = call
-        self._subscription.add(call.job_id)
+        self._follower.add(call.job_id)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -113,11 +120,11 @@ class Calls:
 
     def wake(self) -> None:
         """End the current `finished` now (another thread has news for its caller)."""
-        self._subscription.poke()
+        self._follower.poke()
 
     def leave(self) -> None:
         self.left = True
-        self._subscription.poke()
+        self._follower.poke()
 
     def finished(self, timeout_s: float) -> list[tuple[Call, Ended]]:
         """The calls that ended, each with its answer or error, waiting up to
@@ -127,32 +134,40 @@ class Calls:
         with self._lock:
             first_late = min((c.give_up_at for c in self._calls.values()), default=now + timeout_s)
         wait_s = 0.0 if self.left else max(0.0, min(timeout_s, first_late - now))
-        changed = self._subscription.wait(wait_s)
-        if changed and self.gather_s and not self.left:
-            # A job's claim and its finish are two changes a few ms apart: gathered,
-            # one read sees more jobs finished (a stream's; a unary call waits none).
+        heard, due = self._follower.wait(wait_s)
+        if heard and self.gather_s and not self.left:
+            # Answers of one micro-batch come a moment apart: gathered, a stream's
+            # caller is handed more of them at once (a unary call waits none).
             time.sleep(self.gather_s)
-            changed |= self._subscription.wait(0)
+            more, due_too = self._follower.wait(0)
+            heard |= more
+            due |= due_too
         now = time.monotonic()
         with self._lock:
             late = {job_id for job_id, call in self._calls.items() if call.give_up_at <= now}
-            calls = {
-                job_id: self._calls[job_id] for job_id in (changed | late) & self._calls.keys()
+            answered = {job_id: reply for job_id, reply in heard.items() if job_id in self._calls}
+            to_read = {
+                job_id: self._calls[job_id]
+                for job_id in (due | late) & self._calls.keys()
+                if job_id not in answered
             }
-        ended: list[tuple[Call, Ended]] = []
-        for job in self._read(calls, now) if calls else ():
+        ended = [
+            (self._calls[job_id], _ended(self._calls[job_id], r)) for job_id, r in answered.items()
+        ]
+        late -= answered.keys()
+        for job in self._read(to_read, now) if to_read else ():
             late.discard(job.id)
-            ended.append((calls[job.id], _ended(calls[job.id], job)))  # unfinished: too late
+            ended.append((to_read[job.id], _ended(to_read[job.id], job)))  # unfinished: too late
         for job_id in late:  # gone from the table (purged): it cannot end any more
-            ended.append((calls[job_id], late_error(job_id, None, calls[job_id].timeout_s)))
+            ended.append((to_read[job_id], late_error(job_id, None, to_read[job_id].timeout_s)))
         with self._lock:
             for call, _ in ended:
                 self._calls.pop(call.job_id, None)  # type: ignore[arg-type]
-        self._subscription.discard([call.job_id for call, _ in ended if call.job_id])
+        self._follower.discard([call.job_id for call, _ in ended if call.job_id])
         return ended
 
     def close(self) -> None:
-        self._subscription.close()
+        self._follower.close()
 
     def _read(self, calls: dict[uuid.UUID, Call], now: float) -> list[Outcome]:
         """Of these calls' jobs, those that finished, and those whose caller's time

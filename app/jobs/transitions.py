@@ -38,6 +38,7 @@ class ClaimedJob:
     input_offset: int | None = None
     input_key: str | None = None  # the file store's object its rows are in
     batch_index: int | None = None
+    reply_to: str | None = None  # a sync call's: where its answer is published
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Outcome:
 
 _CLAIMED = (
     "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at, batch_id, "
-    "input_file_id, input_offset, input_key, batch_index"
+    "input_file_id, input_offset, input_key, batch_index, reply_to"
 )
 _LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
 _CLAIMABLE = """
@@ -187,7 +188,7 @@ def claim_next_statement(guarded: bool = True) -> TextClause:
 def _claimed(r: Any) -> ClaimedJob:
     return ClaimedJob(
         r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts,
-        r.batch_id, r.input_file_id, r.input_offset, r.input_key, r.batch_index,
+        r.batch_id, r.input_file_id, r.input_offset, r.input_key, r.batch_index, r.reply_to,
     )  # fmt: skip
 
 

@@ -219,6 +219,9 @@ class Job(Base):
     # or its own packed inputs. NULL: the rows are in PostgreSQL, as before the store.
     input_key: Mapped[str | None] = mapped_column(Text)
     output_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # A sync call's job: the Redis channel its worker publishes the answer on, once
+    # the record is committed (app.jobs.replies); NULL for every other job.
+    reply_to: Mapped[str | None] = mapped_column(Text)
 
 
 class File(Base):
