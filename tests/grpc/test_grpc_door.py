@@ -29,6 +29,7 @@ from app.platform.tables import Job, Tenant
 from app.runtime.sessions import SessionPool
 from app.tenancy.keys import create_operator_key
 from tests.conftest import TenantAuth, make_tenant
+from tests.grpc.conftest import FailsOnce
 from tests.support import wait_until
 
 RNG = np.random.default_rng(11)
@@ -370,3 +371,38 @@ def test_a_bytes_shape_its_data_cannot_hold_is_refused_before_any_allocation(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "does not fit shape [1099511627776]" in refused.value.details()
     assert "element 1 has no 4-byte length" in refused.value.details()
+
+
+def test_an_unexpected_error_is_internal_without_its_internals(
+    serve_grpc: Any, tenant: TenantAuth, worker: Any, model_repository: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The data plane fails unexpectedly inside a call: INTERNAL, with a reference
+    to the logged error and nothing of it; the next call is answered."""
+    running = serve_grpc()
+    plane = running.container.dataplane
+    broken = FailsOnce(plane.infer)
+    monkeypatch.setattr(plane, "infer", broken)
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="digits", id="boom")
+        request.inputs.add(name="pixels", datatype="FP32", shape=[5, 64])
+        request.raw_input_contents.append(PIXELS.tobytes())
+        metadata = list(key_of(tenant).items())
+        logged_at = caplog.at_level("ERROR", logger="app.grpc.status")
+        with logged_at, pytest.raises(grpc.RpcError) as failed:
+            stub.ModelInfer(request, metadata=metadata, timeout=30)
+        error = failed.value
+        assert error.code() == grpc.StatusCode.INTERNAL
+        said = error.details() + repr(error.trailing_metadata() or ())
+        assert not [part for part in FailsOnce.INTERNALS if part in said], said
+        # The reference the caller got finds the whole error in the log.
+        reference = error.details().split("reference ")[1].split(")")[0]
+        [logged] = [r for r in caplog.records if reference in r.getMessage()]
+        assert logged.exc_info is not None and str(logged.exc_info[1]) == FailsOnce.SECRET
+
+        # The next call on the same channel is answered, by the same server.
+        answer = stub.ModelInfer(request, metadata=metadata, timeout=60)
+        assert broken.calls == 2
+        label = np.frombuffer(answer.raw_output_contents[0], "<i8")
+        assert np.array_equal(label, direct(model_repository, PIXELS)["label"])
