@@ -17,6 +17,8 @@ import tritonclient.grpc as triton
 from flask import Flask
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import func, select, update
+from tritonclient.grpc import service_pb2 as triton_pb
+from tritonclient.grpc import service_pb2_grpc as triton_pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from app.grpc.generated import grpc_service_pb2 as pb
@@ -168,6 +170,39 @@ def test_typed_contents_and_requested_outputs(
     assert response.id == "typed" and [o.name for o in response.outputs] == ["label"]
     [label] = response.raw_output_contents
     assert np.array_equal(np.frombuffer(label, "<i8"), direct(model_repository, PIXELS)["label"])
+
+
+def test_typed_contents_through_tritonclients_messages_equal_the_http_door(
+    grpc_server: Running, tenant: TenantAuth, worker: Any, app: Flask
+) -> None:
+    """Typed contents (`fp32_contents`), sent in tritonclient.grpc's own generated
+    messages through its own stub (its InferInput only sends raw contents), read
+    back by its InferResult: the same outputs, bit for bit, as the HTTP sync door
+    answers for the same rows."""
+    pixels = (RNG.random((7, 64)) * 16).astype(np.float32)
+    request = triton_pb.ModelInferRequest(model_name="digits", id="typed-triton")
+    tensor = request.inputs.add(name="pixels", datatype="FP32", shape=[7, 64])
+    tensor.contents.fp32_contents.extend(pixels.reshape(-1).tolist())
+    request.outputs.add(name="probabilities")
+    request.outputs.add(name="label")
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_server.port}") as channel:
+        stub = triton_pb_grpc.GRPCInferenceServiceStub(channel)
+        response = stub.ModelInfer(request, metadata=list(key_of(tenant).items()), timeout=60)
+    result = triton.InferResult(response)
+    assert response.id == "typed-triton"
+    assert [o.name for o in response.outputs] == ["probabilities", "label"]
+    body = {"inputs": [{"name": "pixels", "shape": [7, 64], "datatype": "FP32",
+                        "data": pixels.reshape(-1).tolist()}]}  # fmt: skip
+    http = app.test_client().post("/v2/models/digits/infer", json=body, headers=tenant.headers)
+    assert http.status_code == 200, http.get_data(as_text=True)
+    outputs = {o["name"]: o for o in http.json["outputs"]}
+    label, probabilities = result.as_numpy("label"), result.as_numpy("probabilities")
+    assert label.dtype == np.int64 and probabilities.dtype == np.float32
+    assert label.tolist() == outputs["label"]["data"] and list(label.shape) == [7]
+    assert np.array_equal(
+        probabilities, np.asarray(outputs["probabilities"]["data"], np.float32).reshape(7, 10)
+    )
+    assert list(probabilities.shape) == outputs["probabilities"]["shape"]
 
 
 @pytest.mark.parametrize(
