@@ -18,7 +18,11 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = {"postgres", "redis", "migrate", "api", "grpc", "worker", "beat", "flower"}
+# Each door (HTTP, gRPC, streams), the workers, beat, flower and what they stand on.
+SERVICES = {
+    "postgres", "redis", "migrate", "api", "grpc", "streams", "worker", "cpu-worker",
+    "webhook-worker", "control-worker", "beat", "flower",
+}  # fmt: skip
 
 
 def _compose() -> dict[str, Any]:

@@ -50,6 +50,43 @@ def test_ratios_within_the_run_decide_each_target() -> None:
     assert t["batch: largest RSS of any service process"]["value"] == 480.0
 
 
+GRPC_STREAM = "gRPC stream calls/s vs the HTTP sync door's"
+STREAM_DOOR = "stream door jobs/s vs the async HTTP door"
+
+
+def _door_targets(h: float, i: float | None, j: float) -> dict[str, dict[str, Any]]:
+    """The targets of a run whose sync (f) made 1,000 calls/s and async (a) 800
+    jobs/s, with the gRPC unary (h), gRPC stream (i) and stream door (j) rows."""
+    results = [
+        _row("service", "a", jobs_per_s=800.0),
+        _row("service", "f", jobs_per_s=1000.0),
+        _row("service", "h", jobs_per_s=h),
+        _row("service", "j", jobs_per_s=j),
+    ]
+    if i is not None:
+        results.append(_row("service", "i", jobs_per_s=i))
+    statuses = [{"name": n, "status": RAN} for n in report.CONTENDERS]
+    return _by_name(report.targets(results, [], None, statuses, {}))
+
+
+def test_the_grpc_stream_and_stream_door_targets_are_decided_by_their_own_rows() -> None:
+    """(i)/(f) >= 2 and (j)/(a) >= 1.5, each decided by its own row: a unary gRPC
+    row (h) on the other side of the bound changes neither."""
+    met = _door_targets(h=1500.0, i=2000.0, j=1200.0)  # exactly at both goals
+    assert (met[GRPC_STREAM]["value"], met[GRPC_STREAM]["met"]) == (2.0, True)
+    assert (met[STREAM_DOOR]["value"], met[STREAM_DOOR]["met"]) == (1.5, True)
+    assert met[GRPC_STREAM]["goal"] == 2.0 and met[STREAM_DOOR]["goal"] == 1.5
+
+    short = _door_targets(h=2500.0, i=1990.0, j=1192.0)
+    assert (short[GRPC_STREAM]["value"], short[GRPC_STREAM]["met"]) == (1.99, False)
+    assert (short[STREAM_DOOR]["value"], short[STREAM_DOOR]["met"]) == (1.49, False)
+
+    no_stream = _door_targets(h=2500.0, i=None, j=1200.0)
+    assert no_stream[GRPC_STREAM]["met"] is None
+    assert no_stream[GRPC_STREAM]["why"] == "no (i) gRPC stream infer row for service"
+    assert no_stream[STREAM_DOOR]["met"] is True
+
+
 def test_a_figure_not_measured_says_why() -> None:
     results = [
         _row("service", "a", jobs_per_s=900.0),

@@ -43,3 +43,21 @@ def triton_client(grpc_server: Running) -> Iterator[triton.InferenceServerClient
     client = triton.InferenceServerClient(f"127.0.0.1:{grpc_server.port}")
     yield client
     client.close()
+
+
+class FailsOnce:
+    """A data-plane method that raises an error of the service's own (never a
+    DomainError) on its first call, then does what it did before: the unexpected
+    failure a bug or a lost dependency makes, in the running server."""
+
+    SECRET = "secret detail: /srv/models/digits.onnx at 0xdeadbeef"
+    INTERNALS = ("secret", "deadbeef", "RuntimeError", "Traceback", "/srv/")
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self.method, self.calls = method, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError(self.SECRET)
+        return self.method(*args, **kwargs)

@@ -17,6 +17,8 @@ import tritonclient.grpc as triton
 from flask import Flask
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import func, select, update
+from tritonclient.grpc import service_pb2 as triton_pb
+from tritonclient.grpc import service_pb2_grpc as triton_pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from app.grpc.generated import grpc_service_pb2 as pb
@@ -29,6 +31,7 @@ from app.platform.tables import Job, Tenant
 from app.runtime.sessions import SessionPool
 from app.tenancy.keys import create_operator_key
 from tests.conftest import TenantAuth, make_tenant
+from tests.grpc.conftest import FailsOnce
 from tests.support import wait_until
 
 RNG = np.random.default_rng(11)
@@ -167,6 +170,39 @@ def test_typed_contents_and_requested_outputs(
     assert response.id == "typed" and [o.name for o in response.outputs] == ["label"]
     [label] = response.raw_output_contents
     assert np.array_equal(np.frombuffer(label, "<i8"), direct(model_repository, PIXELS)["label"])
+
+
+def test_typed_contents_through_tritonclients_messages_equal_the_http_door(
+    grpc_server: Running, tenant: TenantAuth, worker: Any, app: Flask
+) -> None:
+    """Typed contents (`fp32_contents`), sent in tritonclient.grpc's own generated
+    messages through its own stub (its InferInput only sends raw contents), read
+    back by its InferResult: the same outputs, bit for bit, as the HTTP sync door
+    answers for the same rows."""
+    pixels = (RNG.random((7, 64)) * 16).astype(np.float32)
+    request = triton_pb.ModelInferRequest(model_name="digits", id="typed-triton")
+    tensor = request.inputs.add(name="pixels", datatype="FP32", shape=[7, 64])
+    tensor.contents.fp32_contents.extend(pixels.reshape(-1).tolist())
+    request.outputs.add(name="probabilities")
+    request.outputs.add(name="label")
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_server.port}") as channel:
+        stub = triton_pb_grpc.GRPCInferenceServiceStub(channel)
+        response = stub.ModelInfer(request, metadata=list(key_of(tenant).items()), timeout=60)
+    result = triton.InferResult(response)
+    assert response.id == "typed-triton"
+    assert [o.name for o in response.outputs] == ["probabilities", "label"]
+    body = {"inputs": [{"name": "pixels", "shape": [7, 64], "datatype": "FP32",
+                        "data": pixels.reshape(-1).tolist()}]}  # fmt: skip
+    http = app.test_client().post("/v2/models/digits/infer", json=body, headers=tenant.headers)
+    assert http.status_code == 200, http.get_data(as_text=True)
+    outputs = {o["name"]: o for o in http.json["outputs"]}
+    label, probabilities = result.as_numpy("label"), result.as_numpy("probabilities")
+    assert label.dtype == np.int64 and probabilities.dtype == np.float32
+    assert label.tolist() == outputs["label"]["data"] and list(label.shape) == [7]
+    assert np.array_equal(
+        probabilities, np.asarray(outputs["probabilities"]["data"], np.float32).reshape(7, 10)
+    )
+    assert list(probabilities.shape) == outputs["probabilities"]["shape"]
 
 
 @pytest.mark.parametrize(
@@ -370,3 +406,38 @@ def test_a_bytes_shape_its_data_cannot_hold_is_refused_before_any_allocation(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "does not fit shape [1099511627776]" in refused.value.details()
     assert "element 1 has no 4-byte length" in refused.value.details()
+
+
+def test_an_unexpected_error_is_internal_without_its_internals(
+    serve_grpc: Any, tenant: TenantAuth, worker: Any, model_repository: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The data plane fails unexpectedly inside a call: INTERNAL, with a reference
+    to the logged error and nothing of it; the next call is answered."""
+    running = serve_grpc()
+    plane = running.container.dataplane
+    broken = FailsOnce(plane.infer)
+    monkeypatch.setattr(plane, "infer", broken)
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="digits", id="boom")
+        request.inputs.add(name="pixels", datatype="FP32", shape=[5, 64])
+        request.raw_input_contents.append(PIXELS.tobytes())
+        metadata = list(key_of(tenant).items())
+        logged_at = caplog.at_level("ERROR", logger="app.grpc.status")
+        with logged_at, pytest.raises(grpc.RpcError) as failed:
+            stub.ModelInfer(request, metadata=metadata, timeout=30)
+        error = failed.value
+        assert error.code() == grpc.StatusCode.INTERNAL
+        said = error.details() + repr(error.trailing_metadata() or ())
+        assert not [part for part in FailsOnce.INTERNALS if part in said], said
+        # The reference the caller got finds the whole error in the log.
+        reference = error.details().split("reference ")[1].split(")")[0]
+        [logged] = [r for r in caplog.records if reference in r.getMessage()]
+        assert logged.exc_info is not None and str(logged.exc_info[1]) == FailsOnce.SECRET
+
+        # The next call on the same channel is answered, by the same server.
+        answer = stub.ModelInfer(request, metadata=metadata, timeout=60)
+        assert broken.calls == 2
+        label = np.frombuffer(answer.raw_output_contents[0], "<i8")
+        assert np.array_equal(label, direct(model_repository, PIXELS)["label"])

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import tritonclient.grpc as triton
 from sklearn.datasets import load_digits
 from sqlalchemy import select
@@ -23,6 +24,7 @@ from app.platform.database import Database
 from app.platform.tables import Job
 from app.runtime.sessions import SessionPool
 from tests.conftest import TenantAuth, make_tenant
+from tests.grpc.conftest import FailsOnce
 from tests.support import wait_until
 
 ROWS = load_digits().data.astype(np.float32)
@@ -219,3 +221,61 @@ def test_a_small_byte_budget_still_lets_every_request_through(
     client.stop_stream()
     client.close()
     assert not answers.errors and len(answers.results) == 30
+
+
+def test_an_unexpected_error_answers_its_request_internal_and_the_stream_goes_on(
+    serve_grpc: Callable[..., Running], tenant: TenantAuth, worker: Any,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The data plane fails unexpectedly while starting one request: that request
+    is answered INTERNAL with a reference and nothing of the error, and the next
+    request on the same stream is answered."""
+    running = serve_grpc()
+    plane = running.container.dataplane
+    broken = FailsOnce(plane.start_calls)
+    monkeypatch.setattr(plane, "start_calls", broken)
+    client, answers = client_of(running), Answers()
+    client.start_stream(answers, headers=key_of(tenant))
+    with caplog.at_level("ERROR", logger="app.grpc.status"):
+        client.async_stream_infer("digits", [row_input(0)], request_id="boom")
+        wait_until(answers.count, "the failed request's answer", 30)
+    client.async_stream_infer("digits", [row_input(1)], request_id="after")
+    client.stop_stream()
+    client.close()
+    assert broken.calls == 2 and list(answers.results) == ["after"]
+    assert answers.results["after"].as_numpy("label").shape == (1,)
+    [error] = answers.errors
+    message = str(error.message())
+    assert message.startswith("request 'boom': INTERNAL: internal error (reference "), message
+    assert not [part for part in FailsOnce.INTERNALS if part in message], message
+    reference = message.split("reference ")[1].split(")")[0]
+    [logged] = [r for r in caplog.records if reference in r.getMessage()]
+    assert logged.exc_info is not None and str(logged.exc_info[1]) == FailsOnce.SECRET
+
+
+def test_a_stream_that_cannot_start_ends_internal_and_the_next_one_works(
+    serve_grpc: Callable[..., Running], tenant: TenantAuth, worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The data plane fails unexpectedly as a stream opens: the stream ends with
+    status INTERNAL and nothing of the error; a new stream on the same client is
+    served, and the tenant's wait the failed one held was given back."""
+    running = serve_grpc(grpc_max_streams_per_tenant=1)
+    plane = running.container.dataplane
+    broken = FailsOnce(plane.follow_calls)
+    monkeypatch.setattr(plane, "follow_calls", broken)
+    client, failed = client_of(running), Answers()
+    client.start_stream(failed, headers=key_of(tenant))
+    wait_until(lambda: failed.errors, "the stream to fail", 30)
+    [error] = failed.errors
+    assert str(error.status()) == "StatusCode.INTERNAL", error
+    message = str(error.message())
+    assert "internal error (reference " in message, message
+    assert not [part for part in FailsOnce.INTERNALS if part in message], message
+    client.stop_stream()
+    answers = Answers()
+    client.start_stream(answers, headers=key_of(tenant))
+    client.async_stream_infer("digits", [row_input(2)], request_id="next")
+    client.stop_stream()
+    client.close()
+    assert broken.calls == 2 and not answers.errors and list(answers.results) == ["next"]

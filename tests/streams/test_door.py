@@ -251,3 +251,30 @@ def test_the_door_works_on_the_embedded_redis_6_2_over_a_unix_socket(
     finally:
         if server is not None:
             embedded.stop_redis(server)
+
+
+def test_a_job_that_fails_while_running_has_an_output_entry_with_its_problem(
+    client: FlaskClient, tenant: TenantAuth, logs: RedisLogs, consumer: ConsumerProcess,
+) -> None:  # fmt: skip
+    """A well-formed entry whose job fails on the worker (finite pixels so large the
+    model's softmax gives NaN: non_finite_output) is no dead letter: its output
+    entry says `failed`, names the job and carries the problem a sync call of the
+    same job answers; the entries around it succeed."""
+    binding = bind(client, tenant)
+    huge = {"id": "huge", "inputs": json.dumps({"pixels": [[3e38] * 64]})}
+    produce(logs, binding["input"], [request(0), huge, request(1)])
+    results = {r["id"]: r for r in wait_for_results(logs, binding["output"], 3)}
+    assert sorted(results) == ["huge", "r0", "r1"]
+    assert results["r0"]["status"] == results["r1"]["status"] == "succeeded"
+    failed = results["huge"]
+    assert failed["status"] == "failed" and "outputs" not in failed
+    job_id = failed["job_id"]
+    error = failed["error"]
+    assert error["type"] == "/problems/inference-failed" and error["title"] == "Inference failed"
+    assert error["status"] == 422  # the inputs' fault, as on the HTTP door
+    assert error["error_code"] == "non_finite_output" and error["job_status"] == "failed"
+    assert error["job_id"] == job_id and error["instance"] == f"/jobs/{job_id}"
+    assert error["detail"].startswith(f"job {job_id} ended failed (non_finite_output: ")
+    job = client.get(f"/jobs/{job_id}", headers=tenant.headers).json
+    assert job["status"] == "failed" and job["error"]["code"] == "non_finite_output"
+    assert logs.client.xlen(binding["dead_letter"]) == 0  # not a poison entry
