@@ -193,3 +193,15 @@ def test_the_hub_hears_replies_again_after_its_connection_is_killed(
     assert [done.job_id for done, _ in ended] == [job_id]
     assert isinstance(ended[0][1], sync.Answer)
     calls.close()
+
+
+def test_replies_nobody_waits_for_are_bounded(hub: Replies) -> None:
+    """Answers of callers that gave up (or of another process's jobs) cannot grow
+    the process: at most EARLY_MAX are kept, for at most EARLY_S."""
+    for _ in range(replies.EARLY_MAX + 500):
+        hub._deliver(Reply(uuid.uuid4(), "succeeded", None, None, b"x" * 100))
+    assert len(hub._early) == replies.EARLY_MAX
+    kept = next(iter(hub._early))
+    hub._early[kept] = (time.monotonic() - replies.EARLY_S - 1, hub._early[kept][1])
+    hub._deliver(Reply(uuid.uuid4(), "failed", "x", "y", None))
+    assert kept not in hub._early, "an old one goes when a new one comes"
