@@ -239,16 +239,23 @@ class DataPlane:
         if not values:
             session.commit()
             return
-        jobs = service.stage_many(session, values)
-        keys.remember(session, tenant.id, order, jobs)
-        if staged is not None:
-            staged(session, jobs)
-        session.commit()
+        if keys.none and staged is None:
+            # Nothing else to write with them: the rows go in the process's coalesced
+            # INSERT (app.jobs.inserts), all in one statement, their models woken.
+            session.commit()  # the admission reads' transaction: the wait holds none
+            written = self.inserter.insert_many(values)
+            jobs = [Job(**v, **d) for v, d in zip(values, written, strict=True)]
+        else:
+            jobs = service.stage_many(session, values)
+            keys.remember(session, tenant.id, order, jobs)
+            if staged is not None:
+                staged(session, jobs)
+            session.commit()
+            for woken in _grouped(jobs, lambda job: job.model):
+                self._wake(session, woken[0].model, [job.id for job in woken])
         for index, job in zip(order, jobs, strict=True):
             outcomes[index] = job
             metrics.JOBS_SUBMITTED.labels(job.model, tenant.name).inc()
-        for woken in _grouped(jobs, lambda job: job.model):
-            self._wake(session, woken[0].model, [job.id for job in woken])
 
     def _wake(self, session: Session, model: str, job_ids: list[uuid.UUID]) -> None:
         """After the commit: wake the model for these jobs, or leave them to the sweep."""
@@ -942,6 +949,7 @@ class _Keys:
         self._repeats: list[tuple[int, int | None]] = []
         self._unkeyed: list[tuple[int, ModelCard, dict[str, Any]]] = []
         self._keyed: list[tuple[int, ModelCard, dict[str, Any]]] = []
+        self.none = not any(requests[item[0]].idempotency_key for item in checked)
         for item in checked:
             request = requests[item[0]]
             key = request.idempotency_key

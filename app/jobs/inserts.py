@@ -40,9 +40,9 @@ MAX_BATCH = 256
 
 @dataclass
 class _Pending:
-    values: dict[str, Any]
+    rows: list[dict[str, Any]]  # one submit's rows: always written in one batch
     done: threading.Event = field(default_factory=threading.Event)
-    defaults: dict[str, Any] | None = None
+    defaults: list[dict[str, Any]] | None = None
     error: BaseException | None = None
 
 
@@ -58,7 +58,14 @@ class JobInserter:
 
     def insert(self, values: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         """Insert one job row (committed when this returns); the server defaults."""
-        pending = _Pending(values)
+        return self.insert_many([values], timeout)[0]
+
+    def insert_many(
+        self, rows: list[dict[str, Any]], timeout: float = 60.0
+    ) -> list[dict[str, Any]]:
+        """Insert these rows together (all committed, or none, when this returns);
+        each row's server defaults, in order."""
+        pending = _Pending(rows)
         self._writer.ensure()
         self._queue.put(pending)
         if not pending.done.wait(timeout):
@@ -71,17 +78,19 @@ class JobInserter:
     def _run(self) -> None:
         while True:
             batch = [self._queue.get()]
-            while len(batch) < MAX_BATCH:
+            rows = len(batch[0].rows)
+            while rows < MAX_BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+                rows += len(batch[-1].rows)
             self._write(batch)
 
     def _write(self, batch: list[_Pending]) -> None:
         try:
             with self._engine.begin() as conn:
-                rows = conn.execute(INSERT_JOBS, [p.values for p in batch]).all()
+                rows = conn.execute(INSERT_JOBS, [v for p in batch for v in p.rows]).all()
         except BaseException as exc:  # handed to every waiting submit, which raises it
             for pending in batch:
                 pending.error = exc
@@ -89,12 +98,13 @@ class JobInserter:
             return
         defaults = {row.id: row._asdict() for row in rows}
         for pending in batch:
-            pending.defaults = defaults[pending.values["id"]]
-            del pending.defaults["id"]
+            pending.defaults = [defaults[values["id"]] for values in pending.rows]
+            for written in pending.defaults:
+                del written["id"]
         try:
             self._wake_models(batch)
         except Exception:  # committed all the same: the sweep wakes what is left
-            logger.exception("could not wake workers for %d new job(s)", len(batch))
+            logger.exception("could not wake workers for %d new job(s)", len(defaults))
         finally:
             for pending in batch:
                 pending.done.set()
@@ -103,9 +113,9 @@ class JobInserter:
         if self._wake is None:
             return
         unsent: list[uuid.UUID] = []
-        for model in {p.values["model"] for p in batch}:
+        for model in {values["model"] for p in batch for values in p.rows}:
             if not self._wake(model):
-                unsent += [p.values["id"] for p in batch if p.values["model"] == model]
+                unsent += [v["id"] for p in batch for v in p.rows if v["model"] == model]
         if unsent:
             with self._engine.begin() as conn:
                 conn.execute(MARK_UNSENT, {"ids": unsent})

@@ -89,3 +89,28 @@ def test_a_failed_wake_up_leaves_the_rows_for_the_sweep(
     with database.sessionmaker() as session:
         job = session.get(Job, values["id"])
         assert job is not None and job.status == "queued" and job.enqueued_at is None
+
+
+def test_many_rows_of_one_submit_commit_together_or_not_at_all(
+    database: Database, tenant: TenantAuth
+) -> None:
+    """A bulk's or a stream batch's rows are one unit, even above the writer's batch
+    size: a bad row keeps every row of its submit out, and only those."""
+    woken: list[str] = []
+    inserter = JobInserter(database.engine, wake=lambda model: woken.append(model) or True)
+    good = [row(tenant.id) for _ in range(300)]  # more than MAX_BATCH (256)
+    written = inserter.insert_many(good)
+    assert [d["created_at"] for d in written] == [written[0]["created_at"]] * 300
+    bad = [row(tenant.id) for _ in range(299)] + [{**row(tenant.id), "id": good[0]["id"]}]
+    try:
+        inserter.insert_many(bad)
+        raise AssertionError("a duplicate id must refuse its submit")
+    except sa.exc.IntegrityError:
+        pass
+    after = inserter.insert(row(tenant.id))  # the writer goes on
+    assert after["created_at"] is not None
+    with database.sessionmaker() as session:
+        ids = [v["id"] for v in good + bad[:-1]]
+        stored = set(session.scalars(sa.select(Job.id).where(Job.id.in_(ids))))
+    assert stored == {v["id"] for v in good}, "none of the failed submit's rows is kept"
+    assert woken and set(woken) == {"digits"}
