@@ -21,6 +21,7 @@ from flask.testing import FlaskClient
 from sklearn.datasets import load_digits
 
 from app.models.registry import ModelRepository
+from app.platform import embedded
 from app.platform.database import Database
 from app.platform.logstreams import RedisLogs
 from app.platform.settings import ROOT, Settings
@@ -68,6 +69,17 @@ class ConsumerProcess:
     def stop(self) -> None:
         stop_process(self.proc, 30)
         self.log.close()
+
+
+@pytest.fixture(scope="session")
+def embedded_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The embedded Redis 6.2 (what `make run` starts where no REDIS_URL is set),
+    one for the session's tests that check the oldest server the door supports."""
+    folder: Path = tmp_path_factory.mktemp("redis62")
+    server = embedded.start_redis(folder)
+    yield embedded.redis_url(folder)
+    if server is not None:
+        embedded.stop_redis(server)
 
 
 @pytest.fixture

@@ -4,15 +4,12 @@ servers the service meets: the run's (7.x) and the embedded one (6.2)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from app.bindings.names import full_name, tenant_prefix
-from app.platform import embedded
 from app.platform.settings import ROOT, Settings
 from tests.conftest import RUN_ID
 
@@ -33,21 +30,12 @@ def password(rule: str) -> str:
     return secret
 
 
-@pytest.fixture(scope="module")
-def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder: Path = tmp_path_factory.mktemp("redis62-acl")
-    server = embedded.start_redis(folder)
-    yield embedded.redis_url(folder)
-    if server is not None:
-        embedded.stop_redis(server)
-
-
 @pytest.fixture(params=["run", pytest.param("embedded", marks=pytest.mark.processes)])
 def server(request: pytest.FixtureRequest, settings: Settings) -> dict[str, Any]:
     """How to reach the server, less its database: the rule's users may not
     SELECT, so they (and these tests) use database 0, the default."""
     url = settings.redis_url if request.param == "run" else request.getfixturevalue(
-        "embedded_server"
+        "embedded_redis"
     )  # fmt: skip
     kwargs = redis.Redis.from_url(url).connection_pool.connection_kwargs
     return {k: v for k, v in kwargs.items() if k in ("host", "port", "path", "unix_socket_path")}

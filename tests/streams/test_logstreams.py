@@ -6,22 +6,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from app.platform import embedded
 from app.platform.logstreams import LAG_COUNT_CAP, LogGone, RedisLogs
 from app.platform.settings import Settings
-
-
-@pytest.fixture(scope="module")
-def embedded_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder: Path = tmp_path_factory.mktemp("redis62")
-    server = embedded.start_redis(folder)
-    yield embedded.redis_url(folder)
-    if server is not None:
-        embedded.stop_redis(server)
 
 
 @pytest.fixture(params=["run", pytest.param("embedded", marks=pytest.mark.processes)])
