@@ -80,7 +80,13 @@ class SessionPool:
         """The graph's outputs `names` (default: the card's outputs) for `inputs`."""
         session = self.get(card)
         names = names if names is not None else [spec.name for spec in card.outputs]
-        values = session.run(names, inputs)
+        try:
+            values = session.run(names, inputs)
+        except Exception:
+            # A model that fails has its file looked at again on its next call: a fix
+            # deployed just now (then its dead letters replayed) is picked up at once.
+            self._checked.pop(card.ref, None)
+            raise
         return dict(zip(names, values, strict=True))
 
     def _create(self, card: ModelCard) -> ort.InferenceSession:

@@ -91,3 +91,18 @@ def test_a_model_without_batching_runs_one_call_per_request(model_repository: Pa
     pool = CountingPool()
     results = infer(pool, slow, [request, request])
     assert pool.calls == [1, 1] and not any(isinstance(r, Exception) for r in results)
+
+
+def test_a_failing_model_s_file_is_looked_at_again_on_its_next_call(tmp_path: Path) -> None:
+    """A fix deployed right after a failure (and its dead letters replayed at once)
+    is run at once, not after the file's next periodic look (STAT_EVERY_S)."""
+    from tests.models import HUGE, build_memhog
+
+    build_memhog(tmp_path)
+    card = ModelRepository(tmp_path).resolve("memhog")
+    pool = SessionPool("cpu", 1)
+    huge = {"n": np.array([HUGE], dtype=np.int64)}
+    with pytest.raises(Exception, match="allocate"):
+        pool.run(card, huge)
+    build_memhog(tmp_path, fixed=True)  # within the second: no periodic look yet
+    assert float(pool.run(card, huge)["total"]) == 1000.0
