@@ -949,7 +949,6 @@ class _Keys:
         self._repeats: list[tuple[int, int | None]] = []
         self._unkeyed: list[tuple[int, ModelCard, dict[str, Any]]] = []
         self._keyed: list[tuple[int, ModelCard, dict[str, Any]]] = []
-        self.none = not any(requests[item[0]].idempotency_key for item in checked)
         for item in checked:
             request = requests[item[0]]
             key = request.idempotency_key
@@ -963,6 +962,11 @@ class _Keys:
                 continue
             self._first[key], self._prints[key] = item[0], print_
             self._keyed.append(item)
+
+    @property
+    def none(self) -> bool:
+        """No request of the list has a key."""
+        return not self._keyed and not self._repeats
 
     def claim(
         self, session: Session, tenant_id: int, outcomes: list[Job | DomainError | None]

@@ -56,7 +56,6 @@ class EventBus:
         self._engine, self._application_name = engine, application_name
         self._changes: dict[str, int] = {}
         self._watchers: dict[str, int] = {}
-        self._subscribed: dict[str, set[Subscription]] = {}
         self._condition = threading.Condition()
         self._listener = LazyThread(self._listen_forever, "job-events")
         self._listening = threading.Event()
@@ -79,26 +78,6 @@ class EventBus:
                 if not self._watchers[key]:
                     del self._watchers[key], self._changes[key]
 
-    def subscribe(self) -> Subscription:
-        """A waiter on many jobs at once (a gRPC stream's calls): one event for all
-        of them, so a thread follows hundreds of jobs without a wake-up per change
-        of somebody else's job."""
-        self._ensure_listening()
-        return Subscription(self)
-
-    def _subscribe(self, subscription: Subscription, key: str) -> None:
-        with self._condition:
-            self._subscribed.setdefault(key, set()).add(subscription)
-
-    def _unsubscribe(self, subscription: Subscription, keys: set[str]) -> None:
-        with self._condition:
-            for key in keys:
-                subscribers = self._subscribed.get(key)
-                if subscribers is not None:
-                    subscribers.discard(subscription)
-                    if not subscribers:
-                        del self._subscribed[key]
-
     def _version(self, key: str) -> int:
         with self._condition:
             return self._changes[key]
@@ -116,8 +95,6 @@ class EventBus:
                     if key in self._changes:
                         self._changes[key] += 1
                         woken = True
-                    for subscription in self._subscribed.get(key, ()):
-                        subscription._mark({key})
             if woken:
                 self._condition.notify_all()
 
@@ -126,9 +103,6 @@ class EventBus:
         with self._condition:
             for key in self._changes:
                 self._changes[key] += 1
-            for key, subscribers in self._subscribed.items():
-                for subscription in subscribers:
-                    subscription._mark({key})
             if self._changes:
                 self._condition.notify_all()
 
@@ -191,58 +165,6 @@ class Watch:
     def wait(self, seen: int, timeout: float) -> int:
         """Block until the job changed after version `seen`, or `timeout` passed."""
         return self.bus._wait(self.key, seen, timeout)
-
-
-class Subscription:
-    """Jobs one waiter follows; `wait` hands over the ids that changed since the
-    last call (a job added is handed over once at first, so a change between its
-    submit and `add` is never missed: the waiter reads it)."""
-
-    def __init__(self, bus: EventBus) -> None:
-        self._bus = bus
-        self._keys: set[str] = set()
-        self._changed: set[str] = set()
-        self._event = threading.Event()
-        self._closed = False
-
-    def add(self, job_id: uuid.UUID) -> None:
-        """Follow a job too; nothing once closed (its caller is gone)."""
-        key = str(job_id)
-        with self._bus._condition:  # (re-entrant) one thread adds while another waits
-            if self._closed:
-                return
-            self._keys.add(key)
-            self._bus._subscribe(self, key)
-            self._mark({key})
-
-    def discard(self, job_ids: list[uuid.UUID]) -> None:
-        with self._bus._condition:
-            keys = {str(job_id) for job_id in job_ids} & self._keys
-            self._keys -= keys
-            self._bus._unsubscribe(self, keys)
-
-    def wait(self, timeout: float) -> set[uuid.UUID]:
-        """The followed jobs that changed, waiting up to `timeout` for the first."""
-        self._event.wait(timeout)
-        with self._bus._condition:
-            changed, self._changed = self._changed & self._keys, set()
-            self._event.clear()
-        return {uuid.UUID(key) for key in changed}
-
-    def poke(self) -> None:
-        """End the current `wait` now (with what changed so far)."""
-        self._event.set()
-
-    def close(self) -> None:
-        with self._bus._condition:
-            self._closed = True
-            self._bus._unsubscribe(self, self._keys)
-            self._keys = set()
-
-    def _mark(self, keys: set[str]) -> None:
-        """Under the bus's condition."""
-        self._changed |= keys
-        self._event.set()
 
 
 def events_after(session: Session, job_id: uuid.UUID, after_id: int) -> list[JobEvent]:
