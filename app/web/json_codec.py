@@ -34,12 +34,18 @@ def _default(value: Any) -> Any:
     return DefaultJSONProvider.default(value)
 
 
+_COMPACT = {"separators": (",", ":")}
+
+
 class OrjsonProvider(DefaultJSONProvider):
     """Flask's JSON provider over orjson; a call with options orjson does not take
     (indent, a `default`...) goes to the standard library as before."""
 
     def dumps(self, obj: Any, **kwargs: Any) -> str:
-        if kwargs:
+        # jsonify (and flask-smorest's every answer) asks for compact separators,
+        # which is how orjson writes anyway: only other options go to the standard
+        # library, or every answer would.
+        if kwargs and kwargs != _COMPACT:
             return super().dumps(obj, **kwargs)
         return dumps_bytes(obj).decode()
 
