@@ -45,6 +45,7 @@ from app.runtime.tensors import pack
 from app.tenancy.keys import TenantRef, create_api_key
 from app.web.context import container_of
 from tests.models import build_memhog, build_slow
+from tests.s3 import S3, moto_s3
 from tests.support import (
     PROCESS_FIXTURES,
     PROCESSES,
@@ -146,6 +147,14 @@ def settings(database_url: str, redis_url: str, model_repository: Path) -> Itera
     )
     yield made
     shutil.rmtree(made.store_url, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3]:
+    """An S3-protocol server on loopback (moto's, standing in for S3) with a bucket of
+    this run; each test keeps its objects under a prefix of its own."""
+    with moto_s3(f"test-{RUN_ID}") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -115,8 +115,8 @@ class Settings(BaseSettings):
     file_store_url: str = Field(
         default="",
         description="Where uploaded files and batch results are kept: a directory, or any "
-        "fsspec URL (`s3://bucket/prefix` with `pip install s3fs`). Every API and worker "
-        "process must name the same store. Empty: VAR_DIR/files.",
+        "fsspec URL (`s3://bucket/prefix` through s3fs, which requirements.txt installs). "
+        "Every API and worker process must name the same store. Empty: VAR_DIR/files.",
     )
     file_store_options: Annotated[str, BeforeValidator(_json_object)] = Field(
         default="{}",

@@ -1,6 +1,7 @@
-"""A chunk whose result part cannot be written (a full or broken file store) is
-tried again later, like any transient failure, and never counted as done; once
-the store answers, the same chunk succeeds and its part is read back whole."""
+"""A chunk whose result part cannot be written (a full or broken file store, an S3
+endpoint that does not answer) is tried again later, like any transient failure,
+and never counted as done; once the store answers, the same chunk succeeds and its
+part is read back whole."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 import sqlalchemy as sa
 from flask import Flask
 
@@ -20,17 +22,32 @@ from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.platform.tables import Job
 from app.web.context import container_of
-from tests.conftest import TenantAuth, load_job
+from tests.conftest import TenantAuth, free_port, load_job
 
 ROWS = (np.random.default_rng(3).random((6, 64)) * 16).astype(np.float32)
 
 
+def broken_store(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> FileStore:
+    if where == "s3":  # the test bucket's server, at a port where nothing listens
+        s3 = request.getfixturevalue("s3")
+        gone = {"endpoint_url": f"http://127.0.0.1:{free_port()}",
+                "config_kwargs": {"retries": {"total_max_attempts": 1}}}  # fmt: skip
+        return FileStore(s3.url("gone"), {**s3.options, **gone})
+    broken = tmp_path / "store"
+    broken.mkdir()
+    (broken / "batches").write_text("a file where the store wants a folder")
+    return FileStore(str(broken))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_chunk_whose_part_cannot_be_written_is_retried_then_succeeds(
     make_app: Callable[..., Flask],
     settings: Settings,
     database: Database,
     tenant: TenantAuth,
     tmp_path: Path,
+    request: pytest.FixtureRequest,
+    where: str,
 ) -> None:
     # A queue no worker reads: the chunks wait for this test to run them.
     app = make_app(jobs_queue=f"{settings.jobs_queue}-idle-{uuid.uuid4().hex[:6]}")
@@ -44,12 +61,10 @@ def test_a_chunk_whose_part_cannot_be_written_is_retried_then_succeeds(
     with database.sessionmaker() as session:
         [chunk] = session.scalars(sa.select(Job.id).where(Job.batch_id == batch_id)).all()
 
-    broken = tmp_path / "store"
-    broken.mkdir()
-    (broken / "batches").write_text("a file where the store wants a folder")
+    broken = broken_store(where, tmp_path, request)
     good = container_of(app).runtime
     with app.app_context(), database.sessionmaker() as session:
-        [failed] = runner.execute(session, replace(good, store=FileStore(str(broken))), [chunk])
+        [failed] = runner.execute(session, replace(good, store=broken), [chunk])
     assert failed.status == "retry" and failed.error_code == "store_unavailable"
     job = load_job(database, chunk)
     assert job.status == "queued" and job.attempts == 1 and job.output_bytes is None
