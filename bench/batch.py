@@ -50,10 +50,14 @@ class PeakRss:
         self._thread.join()
 
     def _run(self) -> None:
+        # The list of processes is taken again each second (a worker child may be
+        # replaced); reading their RSS ten times a second is cheap, listing is not.
+        listed_at, processes = -1.0, []
         while not self._stop.wait(0.1):
-            for proc, role in self.meter.processes():
-                if role in SHARED_ROLES:
-                    continue
+            if time.monotonic() - listed_at >= 1.0:
+                listed_at = time.monotonic()
+                processes = [(p, r) for p, r in self.meter.processes() if r not in SHARED_ROLES]
+            for proc, role in processes:
                 try:
                     mb = proc.memory_info().rss / 2**20
                 except psutil.Error:

@@ -24,17 +24,25 @@ def _cpu_seconds(proc: psutil.Process) -> float:
     return float(t.user + t.system + t.children_user + t.children_system)
 
 
-def _tree(root: psutil.Process) -> Iterable[tuple[psutil.Process, psutil.Process | None]]:
+def _children_by_parent() -> dict[int, list[psutil.Process]]:
+    """Every process of the machine by its parent's pid, from one pass over /proc
+    (psutil's `children()` makes a pass for each process asked: sampling 40
+    processes ten times a second cost the bench a core of the two it shares)."""
+    children: dict[int, list[psutil.Process]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        children.setdefault(proc.info["ppid"], []).append(proc)
+    return children
+
+
+def _tree(
+    root: psutil.Process, children: dict[int, list[psutil.Process]]
+) -> Iterable[tuple[psutil.Process, psutil.Process | None]]:
     """(process, parent) for `root` and every descendant, parents first."""
     yield root, None
     stack = [root]
     while stack:
         parent = stack.pop()
-        try:
-            children = parent.children()
-        except psutil.Error:
-            continue
-        for child in children:
+        for child in children.get(parent.pid, ()):
             yield child, parent
             stack.append(child)
 
@@ -47,23 +55,32 @@ class RoleMeter:
     trees: dict[int, str] = field(default_factory=dict)
     classify: Classifier = lambda _cmdline: None
     client: bool = True  # count this process's own CPU as the role "client"
+    # A process's own role by its command line, read once per (pid, start time).
+    _classified: dict[tuple[int, float], str | None] = field(default_factory=dict)
 
     def processes(self) -> Iterator[tuple[psutil.Process, str]]:
         """Every process of every tree, with its role."""
+        children = _children_by_parent()
         for pid, default_role in self.trees.items():
             try:
                 root = psutil.Process(pid)
             except psutil.Error:
                 continue
             roles: dict[int, str] = {}
-            for proc, parent in _tree(root):
+            for proc, parent in _tree(root, children):
                 try:
-                    role = self.classify(proc.cmdline()) if parent is not None else None
+                    role = self._role_of(proc) if parent is not None else None
                 except psutil.Error:
                     continue
                 inherited = roles.get(parent.pid, default_role) if parent else default_role
                 roles[proc.pid] = role or inherited
                 yield proc, roles[proc.pid]
+
+    def _role_of(self, proc: psutil.Process) -> str | None:
+        key = (proc.pid, proc.create_time())
+        if key not in self._classified:
+            self._classified[key] = self.classify(proc.cmdline())
+        return self._classified[key]
 
     def sample(self) -> dict[str, float]:
         totals: dict[str, float] = {}
