@@ -23,6 +23,12 @@ from app.runtime.pipeline import unknown_steps
 logger = logging.getLogger(__name__)
 
 STAT_EVERY_S = 1.0
+# On CPU a call of many rows (a batch's chunk) runs as calls of about this many
+# bytes of inputs, and never fewer rows than the card's max_batch_size: ORT ran
+# digits at 1.88 ms of CPU per 1,000 rows in calls of 16,384 rows and at 1.25 in
+# calls of 1,024, whose working set stays in the CPU's caches. A GPU wants the
+# largest call it can get, so there a call is never cut.
+CPU_CALL_BYTES = 256 * 1024
 
 _PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -79,15 +85,43 @@ class SessionPool:
     ) -> dict[str, np.ndarray]:
         """The graph's outputs `names` (default: the card's outputs) for `inputs`."""
         session = self.get(card)
+        step = self._rows_per_call(card, session, inputs) if names is None else None
         names = names if names is not None else [spec.name for spec in card.outputs]
         try:
-            values = session.run(names, inputs)
+            if step is None:
+                values = session.run(names, inputs)
+            else:
+                total = len(next(iter(inputs.values())))
+                parts = [
+                    session.run(names, {k: v[i : i + step] for k, v in inputs.items()})
+                    for i in range(0, total, step)
+                ]
+                values = [np.concatenate(outputs) for outputs in zip(*parts, strict=True)]
         except Exception:
             # A model that fails has its file looked at again on its next call: a fix
             # deployed just now (then its dead letters replayed) is picked up at once.
             self._checked.pop(card.ref, None)
             raise
         return dict(zip(names, values, strict=True))
+
+    @staticmethod
+    def _rows_per_call(
+        card: ModelCard, session: ort.InferenceSession, inputs: dict[str, np.ndarray]
+    ) -> int | None:
+        """How many rows each call takes when `inputs` are cut (CPU_CALL_BYTES);
+        None: one call. Only a card that batches by rows, every tensor's first
+        dimension its rows, is cut."""
+        limit = card.batching.max_batch_size
+        total = len(next(iter(inputs.values()))) if inputs else 0
+        if limit <= 0 or total <= limit:
+            return None
+        if any(spec.shape[:1] != (-1,) for spec in (*card.inputs, *card.outputs)):
+            return None
+        if session.get_providers()[0] != "CPUExecutionProvider":
+            return None
+        row_bytes = sum(array.nbytes for array in inputs.values()) // total
+        step = max(limit, CPU_CALL_BYTES // max(1, row_bytes))
+        return step if step < total else None
 
     def _create(self, card: ModelCard) -> ort.InferenceSession:
         options = ort.SessionOptions()

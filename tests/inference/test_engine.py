@@ -11,7 +11,7 @@ from sklearn.datasets import load_digits
 from app.models.cards import ModelCard
 from app.models.registry import ModelRepository
 from app.runtime.engine import Arrays, NonFiniteOutput, infer
-from app.runtime.sessions import SessionPool
+from app.runtime.sessions import CPU_CALL_BYTES, SessionPool
 
 
 class CountingPool(SessionPool):
@@ -106,3 +106,31 @@ def test_a_failing_model_s_file_is_looked_at_again_on_its_next_call(tmp_path: Pa
         pool.run(card, huge)
     build_memhog(tmp_path, fixed=True)  # within the second: no periodic look yet
     assert float(pool.run(card, huge)["total"]) == 1000.0
+
+
+def test_on_cpu_many_rows_run_in_calls_of_cache_sized_parts_with_the_same_result(
+    card: ModelCard,
+) -> None:
+    """A batch's chunk of 5,000 rows runs in calls of CPU_CALL_BYTES of inputs (1,024
+    digits rows of 256 bytes), bit for bit what one call of all of them gives."""
+    pixels = np.resize(load_digits().data.astype(np.float32), (5000, 64))
+    pool = SessionPool("cpu", 1)
+    session = pool.get(card)
+    names = ["label", "probabilities"]
+    whole = dict(zip(names, session.run(names, {"pixels": pixels}), strict=True))
+    calls: list[int] = []
+    run = session.run
+
+    def counted(names: list[str], feeds: Arrays) -> list[np.ndarray]:
+        calls.append(len(feeds["pixels"]))
+        return run(names, feeds)
+
+    session.run = counted  # type: ignore[method-assign]  # the real call, counted
+    cut = pool.run(card, {"pixels": pixels})
+    assert calls == [1024] * 4 + [904]
+    assert CPU_CALL_BYTES // (64 * 4) == 1024
+    for name, array in whole.items():
+        assert np.array_equal(cut[name], array), name
+    calls.clear()
+    pool.run(card, {"pixels": pixels[:64]})  # at most max_batch_size rows: one call
+    assert calls == [64]
