@@ -41,7 +41,14 @@ from app.platform.tables import TERMINAL_STATUSES
 from app.runtime.engine import NonFiniteOutput, infer
 from app.runtime.engine import rows as engine_rows
 from app.runtime.sessions import SessionPool
-from app.runtime.tensors import from_json, pack, parse_inputs, tensor_bytes, unpack
+from app.runtime.tensors import (
+    from_json,
+    pack,
+    parse_inputs,
+    tensor_bytes,
+    unpack,
+    unpack_apart,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -305,7 +312,7 @@ def _rows_in_file(
     else:
         assert job.input_file_id is not None
         data = read_range(session, job.input_file_id, offset, size)
-    return parse_inputs(card, unpack(header + data))
+    return parse_inputs(card, unpack_apart(header, data))
 
 
 def _after_error(settings: Settings, guards: Guards, job: ClaimedJob, exc: Exception) -> Outcome:

@@ -119,9 +119,23 @@ def tensor_bytes(header: bytes) -> int:
 
 def unpack(data: bytes | memoryview) -> dict[str, np.ndarray]:
     (length,) = struct.unpack_from("<I", data)
-    offset = 4 + length
+    return _arrays(json.loads(bytes(data[4 : 4 + length])), data, 4 + length)
+
+
+def unpack_apart(header: bytes, data: bytes | memoryview) -> dict[str, np.ndarray]:
+    """`unpack(header + data)` without joining them: `data` (a batch chunk's rows,
+    megabytes) is read where it lies, not copied after its header."""
+    (length,) = struct.unpack_from("<I", header)
+    return _arrays(json.loads(header[4 : 4 + length]), data, 0)
+
+
+def _arrays(
+    tensors: list[dict[str, Any]], data: bytes | memoryview, offset: int
+) -> dict[str, np.ndarray]:
+    """The tensors a packed header names, from `data` at `offset` on, which they
+    must fill to its end."""
     arrays: dict[str, np.ndarray] = {}
-    for tensor in json.loads(bytes(data[4:offset])):
+    for tensor in tensors:
         count = math.prod(tensor["shape"])
         if is_bytes(tensor["datatype"]):
             items, offset = decode_bytes(data, count, offset)

@@ -13,7 +13,16 @@ import pytest
 from app.errors import UnknownModel
 from app.models.registry import ModelRepository
 from app.runtime.sessions import ModelMismatch, SessionPool, device_for
-from app.runtime.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack
+from app.runtime.tensors import (
+    InvalidInputs,
+    from_json,
+    pack,
+    pack_header,
+    parse_inputs,
+    to_json,
+    unpack,
+    unpack_apart,
+)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +120,21 @@ def test_packed_tensors_round_trip_at_their_raw_size(dtype: str) -> None:
 def test_packed_tensors_with_bytes_left_over_are_refused() -> None:
     with pytest.raises(ValueError, match="left over"):
         unpack(pack({"a": np.zeros(4, np.float32)}) + b"\0")
+
+
+def test_a_header_and_its_data_apart_read_as_the_packed_whole() -> None:
+    """A batch chunk's header and its rows (a byte range of the upload) are read
+    without joining them: the arrays lie in the data, uncopied."""
+    arrays = {"a": np.arange(128, dtype=np.float32).reshape(2, 64), "b": np.arange(3)}
+    packed = pack(arrays)
+    header = pack_header([(n, "FP32" if n == "a" else "INT64", a.shape) for n, a in arrays.items()])
+    data = packed[len(header) :]
+    apart = unpack_apart(header, data)
+    for name, array in unpack(packed).items():
+        assert np.array_equal(apart[name], array)
+    assert np.shares_memory(apart["a"], np.frombuffer(data, np.uint8))
+    with pytest.raises(ValueError, match="left over"):
+        unpack_apart(header, data + b"\0")
 
 
 def test_worker_processes_are_pinned_one_per_gpu() -> None:
