@@ -28,6 +28,7 @@ from app.models.cards import ModelCard
 from app.runtime.tensors import InvalidInputs, parse_inputs
 
 FORMATS = ("npy", "jsonl", "csv")  # read from a stream of bytes; Parquet: app.batches.parquet
+TEXT_BLOCK_ROWS = 4096
 Arrays = dict[str, np.ndarray]
 
 
@@ -45,11 +46,38 @@ def chunks(
     """Checked arrays of `chunk_rows` rows (the last may be shorter), starting
     after `skip_rows` rows."""
     readers = {"npy": _npy_rows, "jsonl": _jsonl_rows, "csv": _csv_rows}
+    # Text is parsed TEXT_BLOCK_ROWS at a time (its Python objects take some 30
+    # times the bytes of the arrays they become), then joined into chunks.
+    block = chunk_rows if fmt == "npy" else min(chunk_rows, TEXT_BLOCK_ROWS)
     row = skip_rows
-    for raw in readers[fmt](card, iter(parts), chunk_rows, skip_rows):
+    checked_blocks: list[Arrays] = []
+    for raw in readers[fmt](card, iter(parts), block, skip_rows):
         arrays = checked(card, row, raw)
-        yield arrays
-        row += len(next(iter(arrays.values())))
+        row += _rows(arrays)
+        if block == chunk_rows:
+            yield arrays
+            continue
+        checked_blocks.append(arrays)
+        while sum(map(_rows, checked_blocks)) >= chunk_rows:
+            chunk, rest = _split(_joined(checked_blocks), chunk_rows)
+            checked_blocks = [rest] if _rows(rest) else []
+            yield chunk
+    if checked_blocks:
+        yield _joined(checked_blocks)
+
+
+def _rows(arrays: Arrays) -> int:
+    return len(next(iter(arrays.values())))
+
+
+def _joined(blocks: list[Arrays]) -> Arrays:
+    if len(blocks) == 1:
+        return blocks[0]
+    return {name: np.concatenate([b[name] for b in blocks]) for name in blocks[0]}
+
+
+def _split(arrays: Arrays, rows: int) -> tuple[Arrays, Arrays]:
+    return {k: v[:rows] for k, v in arrays.items()}, {k: v[rows:] for k, v in arrays.items()}
 
 
 def checked(card: ModelCard, first_row: int, raw: dict[str, Any]) -> Arrays:

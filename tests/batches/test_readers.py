@@ -44,6 +44,28 @@ def test_rows_come_back_whole_in_order_whatever_the_part_size(fmt: str, part_siz
     assert np.array_equal(np.concatenate([c["pixels"] for c in chunks]), PIXELS)
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_text_is_parsed_in_blocks_and_joined_into_whole_chunks(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk of text rows is parsed TEXT_BLOCK_ROWS at a time (never a whole large
+    chunk's Python objects at once), yet comes back as chunks of exactly chunk_rows."""
+    monkeypatch.setattr(readers, "TEXT_BLOCK_ROWS", 7)
+    gathered: list[int] = []
+    gather = readers._gathered
+
+    def counted(rows: Iterator[dict[str, object]], names: list[str], n: int) -> Iterator[dict]:
+        for block in gather(rows, names, n):
+            gathered.append(len(block["pixels"]))
+            yield block
+
+    monkeypatch.setattr(readers, "_gathered", counted)
+    chunks = list(readers.chunks(CARD, fmt, parts(encoded(fmt), 500), 20, skip_rows=3))
+    assert [len(c["pixels"]) for c in chunks] == [20] * 5
+    assert np.array_equal(np.concatenate([c["pixels"] for c in chunks]), PIXELS[3:])
+    assert max(gathered) == 7 and sum(gathered) == 100
+
+
 @pytest.mark.parametrize("fmt", readers.FORMATS)
 def test_a_split_resumes_after_the_rows_it_already_cut(fmt: str) -> None:
     chunks = list(readers.chunks(CARD, fmt, parts(encoded(fmt), 333), 16, skip_rows=48))
