@@ -171,7 +171,7 @@ class Settings(BaseSettings):
         "this time.",
     )
     batch_chunk_rows: int = Field(
-        default=16384,
+        default=32768,
         description="Rows per chunk job of a batch, at most (a model's card may set its own): "
         "each chunk costs a claim and a finish, so fewer, larger chunks run closer to raw "
         "ONNX Runtime; a retry repeats one chunk.",
