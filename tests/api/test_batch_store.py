@@ -51,6 +51,17 @@ def parquet_bytes(table: pa.Table, row_group_size: int) -> bytes:
     return out.getvalue()
 
 
+def chunks_of(database: Database, batch_id: uuid.UUID) -> list[Any]:
+    """The batch's chunk jobs in order: index, result size, input key, and whether
+    their outputs are out of PostgreSQL (`no_data`)."""
+    with database.sessionmaker() as session:
+        return list(session.execute(
+            sa.select(Job.batch_index, Job.output_bytes, Job.input_key,
+                      Job.output_data.is_(None).label("no_data"))
+            .where(Job.batch_id == batch_id).order_by(Job.batch_index)
+        ))  # fmt: skip
+
+
 def pixels_column(pixels: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(pixels.reshape(-1)), pixels.shape[1])
 
@@ -79,12 +90,8 @@ def test_uploads_and_results_are_objects_in_the_store_not_rows_in_postgresql(
     done = wait_batch(bclient, auth, batch["id"])
     assert done["status"] == "succeeded" and done["rows_done"] == 10_000
     batch_id = uuid.UUID(batch["id"])
+    chunks = chunks_of(database, batch_id)
     with database.sessionmaker() as session:
-        chunks = session.execute(
-            sa.select(Job.batch_index, Job.output_bytes, Job.input_key,
-                      Job.output_data.is_(None).label("no_data"))
-            .where(Job.batch_id == batch_id).order_by(Job.batch_index)
-        ).all()  # fmt: skip
         result_bytes = session.scalar(sa.select(Batch.result_bytes).where(Batch.id == batch_id))
     assert [c.batch_index for c in chunks] == [0, 1, 2]  # chunks of 4096 rows
     assert all(c.no_data and c.input_key == key for c in chunks)

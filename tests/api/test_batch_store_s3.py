@@ -25,8 +25,9 @@ from app.jobs import sweeps
 from app.jobs.chunks import file_key, result_key
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Batch, File, FilePart, Job
+from app.platform.tables import Batch, File, FilePart
 from app.web.context import container_of
+from tests.api.test_batch_store import chunks_of
 from tests.api.test_batches import direct, npy_bytes, npy_results, rows, submit, upload, wait_batch
 from tests.conftest import RUN_ID, TenantAuth, WorkerProcess
 from tests.s3 import BLOCK, S3
@@ -136,12 +137,7 @@ def test_uploads_and_results_are_objects_in_the_bucket_equal_to_direct_ort_and_t
     done = wait_batch(client, auth, batch["id"])
     assert done["status"] == "succeeded" and done["rows_done"] == len(PIXELS), done
     batch_id = uuid.UUID(batch["id"])
-    with database.sessionmaker() as session:
-        chunks = session.execute(
-            sa.select(Job.batch_index, Job.output_bytes, Job.input_key,
-                      Job.output_data.is_(None).label("no_data"))
-            .where(Job.batch_id == batch_id).order_by(Job.batch_index)
-        ).all()  # fmt: skip
+    chunks = chunks_of(database, batch_id)
     assert [c.batch_index for c in chunks] == list(range(7))  # chunks of 4096 rows
     assert all(c.no_data and c.input_key == key for c in chunks)  # rows read in place
     objects = s3.objects(PREFIX)
