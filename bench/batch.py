@@ -67,11 +67,9 @@ class PeakRss:
 
 def raw_ort(model_file: Path, pixels: np.ndarray, threads: int) -> float:
     """Rows/s of ORT on these rows in chunks of CHUNK_ROWS, `threads` intra-op threads."""
-    import onnxruntime as ort
+    from bench.peers.raw_ort import session as raw_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+    session = raw_session(model_file, threads)
     session.run(None, {"pixels": pixels[:CHUNK_ROWS]})
     started = time.perf_counter()
     for start in range(0, len(pixels), CHUNK_ROWS):

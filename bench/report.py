@@ -89,6 +89,13 @@ def _match(results: list[dict[str, Any]], contender: str, row: dict[str, Any]) -
     return None
 
 
+def _on(raw: dict[str, Any]) -> str:
+    """Where raw ORT ran, when not on the CPU (ORT_PROVIDER=cuda on a GPU)."""
+    provider = raw.get("provider", "CPUExecutionProvider")
+    short = provider.removesuffix("ExecutionProvider")
+    return "" if short == "CPU" else f", {short}"
+
+
 def raw_best(raw: list[dict[str, Any]], model: str) -> dict[str, Any] | None:
     rows = [r for r in raw if r["model"] == model]
     return max(rows, key=lambda r: r["rows_per_s"]) if rows else None
@@ -260,7 +267,8 @@ def markdown(data: dict[str, Any]) -> str:
         assert best is not None
         lines.append(
             f"| {RAW} | best of 1-2 threads x batch 1-512, {model} (t{best['threads']}, "
-            f"b{best['batch']}) | ({_fmt(best['rows_per_s'], 0)} rows/s) | - | - | - | - | "
+            f"b{best['batch']}{_on(best)}) | ({_fmt(best['rows_per_s'], 0)} rows/s) | "
+            "- | - | - | - | "
             f"{best['cpu_ms_per_1000_rows']:.2f} per 1000 rows |"
         )
     for row in results:

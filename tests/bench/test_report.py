@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import report
 from bench.runner import Options, make_plan, skipped
 
@@ -126,3 +128,27 @@ def test_a_figure_not_measured_says_why() -> None:
     )  # fmt: skip
     assert "n/a (route missing)" in page
     assert "n/a: textbook not run (--only)" in page
+
+
+@pytest.mark.parametrize(
+    ("provider", "shown"),
+    [
+        ("CUDAExecutionProvider", "heavy (t1, b512, CUDA) |"),
+        ("CPUExecutionProvider", "heavy (t1, b512) |"),
+    ],
+)
+def test_raw_ort_says_when_it_ran_on_cuda(provider: str, shown: str) -> None:
+    """ORT_PROVIDER=cuda on a GPU: raw ORT's sessions ran on CUDA, and its row says so."""
+    raw = [{"contender": "raw-ort", "model": "heavy", "threads": 1, "batch": 512,
+            "rows_per_s": 9000.0, "cpu_ms_per_1000_rows": 0.1, "provider": provider}]  # fmt: skip
+    page = report.markdown(
+        {
+            "run": {"started": "now", "argv": [], "mode": "quick", "repeat": 1, "seconds": 1.0,
+                    "plan": {"heavy_model": "heavy"}},
+            "machine": {"cpu_model": "cpu", "logical_cores": 2, "physical_cores": 2,
+                        "memory_gib": 1, "gpus": [], "os": "linux",
+                        "load_average_at_start": [0, 0, 0], "git": "abc", "versions": {}},
+            "results": [], "raw_ort": raw, "contenders": [], "notes": [], "targets": [],
+        }
+    )  # fmt: skip
+    assert shown in page
