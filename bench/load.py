@@ -284,6 +284,16 @@ def bulk_bodies(jobs: Sequence[bytes], per_bulk: int) -> list[bytes]:
     ]
 
 
+def text_bodies(model: str, texts: Sequence[str], per_job: int) -> list[bytes]:
+    """`{"model", "inputs": {"text": [...]}}` bodies of `per_job` texts each, every
+    rotation of `texts` once (an embedding model's jobs)."""
+    bodies = []
+    for first in range(len(texts)):
+        batch = [texts[(first + i) % len(texts)] for i in range(per_job)]
+        bodies.append(json.dumps({"model": model, "inputs": {"text": batch}}).encode())
+    return bodies
+
+
 def job_bodies(model: str, rows: Sequence[Sequence[float]], rows_per_job: int) -> list[bytes]:
     """Request bodies, encoded once: `{"model", "inputs": {"pixels": [...]}}`, the
     service's own format, sent unchanged to every contender."""

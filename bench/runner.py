@@ -64,6 +64,7 @@ def make_plan(o: Options, heavy_model: str | None) -> Plan:
         raw_ort_s=0.3 if quick else 1.0,
         batch_rows=o.batch_rows if o.batch_rows is not None else (200_000 if quick else 1_000_000),
         bulk_jobs=4 * (o.jobs or (1000 if quick else 3000)),
+        embed_jobs=60 if quick else 200,
         workloads=o.workloads,
     )
 
@@ -98,7 +99,8 @@ def _bodies(plan: Plan) -> Bodies:
 
     from bench.bulk import BULK_SIZE
     from bench.grpc_load import infer_messages
-    from bench.load import bulk_bodies, infer_bodies, job_bodies
+    from bench.load import bulk_bodies, infer_bodies, job_bodies, text_bodies
+    from bench.peers.raw_ort import EMBED_MODEL, EMBED_ROWS, SENTENCES
     from bench.stream import entry_fields
 
     rows = load_digits().data.tolist()
@@ -107,7 +109,7 @@ def _bodies(plan: Plan) -> Bodies:
     digits = job_bodies("digits", rows, 1)
     return Bodies(
         digits, heavy, infer_bodies(rows), stream, infer_messages(rows),
-        bulk_bodies(digits, BULK_SIZE),
+        bulk_bodies(digits, BULK_SIZE), text_bodies(EMBED_MODEL, SENTENCES, EMBED_ROWS),
     )  # fmt: skip
 
 
@@ -129,6 +131,12 @@ def _raw_ort(ctx: Context, plan: Plan, rows: list[dict[str, Any]]) -> None:
                              "repeat": repeat, "model": model, **r})  # fmt: skip
             best = max(r["rows_per_s"] for r in measured)
             logger.info("raw ORT %s: best %s rows/s", model, best)
+        if plan.embed_jobs and raw_ort.model_file(ctx.model_repository, raw_ort.EMBED_MODEL):
+            model = raw_ort.EMBED_MODEL
+            for r in raw_ort.measure_pipeline(ctx.model_repository, model, plan.raw_ort_s):
+                variant = f"{model} t{r['threads']} b{r['batch']}"
+                rows.append({"contender": report.RAW, "workload": "raw", "variant": variant,
+                             "repeat": repeat, "model": model, **r})  # fmt: skip
 
 
 def _celery_noop(ctx: Context, plan: Plan, rows: list[dict[str, Any]]) -> None:

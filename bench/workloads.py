@@ -26,6 +26,9 @@
 (l) sync, inline: the calls of (f) on `digits-inline`, the same model with
     `"execution": "inline"` on its card (it runs in the API process, each call
     still leaving its job record).
+(m) embeddings: async minilm jobs of 32 sentences each from a few clients;
+    sentences/s against raw ORT running the same pipeline (tokenizer, graph,
+    pooling) in one process (contenders that serve minilm only).
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -67,6 +70,8 @@ class Plan:
     raw_ort_s: float  # seconds per raw ORT measurement
     batch_rows: int = 0  # (g), 0: skipped
     bulk_jobs: int = 0  # (k), 0: skipped
+    embed_jobs: int = 0  # (m), 0: skipped
+    embed_clients: int = 4
     workloads: tuple[str, ...] = ()  # the workloads to run (letters); empty: all
 
     def runs(self, workload: str) -> bool:
@@ -81,6 +86,7 @@ class Bodies:
     stream: list[tuple[bytes, bytes]] = field(default_factory=list)  # (j): (id, inputs)
     grpc: Sequence[bytes] = ()  # (h), (i): the rows as serialized gRPC ModelInferRequests
     bulk: Sequence[bytes] = ()  # (k): POST /jobs/bulk bodies of one-row digits jobs
+    embed: Sequence[bytes] = ()  # (m): minilm jobs of EMBED_ROWS sentences
 
 
 def _measure_closed(
@@ -129,6 +135,21 @@ def compute_bound(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any
         "variant": f"{plan.heavy_model} x{plan.heavy_rows} rows",
         **row,
         "rows_per_s": rounded(per_s * plan.heavy_rows if per_s else None),
+    }
+
+
+def embeddings(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any]:
+    from bench.peers.raw_ort import EMBED_MODEL, EMBED_ROWS
+
+    row = _measure_closed(
+        c, bodies.embed, plan.embed_jobs, plan.embed_clients, plan.drain_timeout_s
+    )
+    per_s = row["jobs_per_s"]
+    return {
+        "workload": "m",
+        "variant": f"{EMBED_MODEL} x{EMBED_ROWS} sentences, {plan.embed_clients} clients",
+        **row,
+        "rows_per_s": rounded(per_s * EMBED_ROWS if per_s else None),
     }
 
 
@@ -298,6 +319,8 @@ def run_all(
             first_rate = row["jobs_per_s"]
     if plan.heavy_model and c.runs_heavy_model and plan.runs("b"):
         record(compute_bound(c, bodies, plan))
+    if plan.embed_jobs and c.runs_embedding_model and bodies.embed and plan.runs("m"):
+        record(embeddings(c, bodies, plan))
     if plan.runs("c"):
         record(burst(c, bodies, plan))
     if first_rate and plan.runs("d"):

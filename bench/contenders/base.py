@@ -58,6 +58,7 @@ class HttpContender(abc.ABC):
     name: str = ""
     description: str = ""
     runs_heavy_model: bool = True
+    runs_embedding_model: bool = False  # (m): serves minilm's text jobs
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

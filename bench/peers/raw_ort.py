@@ -20,6 +20,22 @@ import onnxruntime as ort
 THREADS = (1, 2)
 BATCHES = (1, 8, 32, 128, 512)
 MIN_CALLS = 3
+# (m): the embedding model, the sentences a job of it carries, and the calls its
+# raw measurement makes (the service's own tokenizer, graph and pooling in one
+# process: what a worker runs, without a job around it).
+EMBED_MODEL = "minilm"
+EMBED_ROWS = 32
+EMBED_BATCHES = (8, 32, 128)
+SENTENCES = (
+    "A man is eating food.",
+    "A man is riding a white horse on an enclosed ground.",
+    "The new movie is awesome and the audience loved every minute of it.",
+    "Two children are playing in the sand near the water on a sunny afternoon.",
+    "The quarterly report shows revenue grew while costs stayed flat.",
+    "Please restart the worker after the model file has been replaced.",
+    "A woman is slicing tomatoes in a small kitchen.",
+    "The train to the airport leaves every fifteen minutes from platform two.",
+)
 
 
 def model_file(repository: Path, name: str) -> Path | None:
@@ -61,6 +77,48 @@ def rows_per_second(
         elapsed = time.perf_counter() - start
         if elapsed >= seconds and calls >= MIN_CALLS:
             return calls * batch / elapsed
+
+
+def measure_pipeline(
+    repository: Path,
+    model: str,
+    seconds: float,
+    threads: Sequence[int] = THREADS,
+    batches: Sequence[int] = EMBED_BATCHES,
+) -> list[dict[str, Any]]:
+    """`measure` for a model whose card has a pipeline (minilm: tokenizer, graph,
+    pooling), run as the service's workers run it, on SENTENCES."""
+    from app.models.registry import ModelRepository
+    from app.platform.settings import Settings
+    from app.runtime import pipeline
+    from app.runtime.sessions import SessionPool
+    from app.runtime.tensors import parse_inputs
+
+    card = ModelRepository(repository).resolve(model)
+    results = []
+    for n in threads:
+        pool = SessionPool(Settings().ort_provider, n)
+        for batch in batches:
+            texts = [SENTENCES[i % len(SENTENCES)] for i in range(batch)]
+            inputs = parse_inputs(card, {card.inputs[0].name: texts})
+            pipeline.run(pool, card, inputs)  # the session, made on first use
+            cpu, wall, calls = time.process_time(), time.perf_counter(), 0
+            while (elapsed := time.perf_counter() - wall) < seconds or calls < MIN_CALLS:
+                pipeline.run(pool, card, inputs)
+                calls += 1
+            rate = calls * batch / elapsed
+            results.append(
+                {
+                    "threads": n,
+                    "batch": batch,
+                    "rows_per_s": round(rate, 1),
+                    "cpu_ms_per_1000_rows": round(
+                        1e6 * (time.process_time() - cpu) / (rate * elapsed), 3
+                    ),
+                    "provider": pool.providers()[card.ref],
+                }
+            )
+    return results
 
 
 def measure(

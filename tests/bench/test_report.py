@@ -152,3 +152,18 @@ def test_raw_ort_says_when_it_ran_on_cuda(provider: str, shown: str) -> None:
         }
     )  # fmt: skip
     assert shown in page
+
+
+@pytest.mark.parametrize(("sentences_per_s", "met"), [(85.0, True), (84.9, False)])
+def test_the_embedding_target_compares_with_raw_ort_on_minilm(
+    sentences_per_s: float, met: bool
+) -> None:
+    """(m) against raw ORT's best minilm row, not the heavy model's or digits'."""
+    results = [{"contender": "service", "workload": "m", "variant": "minilm x32",
+                "jobs_per_s": sentences_per_s / 32, "rows_per_s": sentences_per_s}]  # fmt: skip
+    raw = [{"contender": "raw-ort", "model": model, "threads": 1, "batch": 32,
+            "rows_per_s": rate, "cpu_ms_per_1000_rows": 1.0}
+           for model, rate in (("minilm", 100.0), ("heavy", 10.0), ("digits", 1e6))]  # fmt: skip
+    [embedding] = [t for t in report.targets(results, raw, "heavy")
+                   if t["target"].startswith("embedding")]  # fmt: skip
+    assert embedding["value"] == round(sentences_per_s / 100, 3) and embedding["met"] is met
