@@ -126,31 +126,28 @@ def async_jobs(c: HttpContender, bodies: Bodies, plan: Plan, clients: int) -> di
 
 
 def compute_bound(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any]:
-    row = _measure_closed(
-        c, bodies.heavy, plan.heavy_jobs, plan.heavy_clients, plan.drain_timeout_s
-    )
-    per_s = row["jobs_per_s"]
-    return {
-        "workload": "b",
-        "variant": f"{plan.heavy_model} x{plan.heavy_rows} rows",
-        **row,
-        "rows_per_s": rounded(per_s * plan.heavy_rows if per_s else None),
-    }
+    variant = f"{plan.heavy_model} x{plan.heavy_rows} rows"
+    return _rows_of_jobs(c, "b", variant, bodies.heavy, plan.heavy_jobs, plan.heavy_clients,
+                         plan.heavy_rows, plan.drain_timeout_s)  # fmt: skip
 
 
 def embeddings(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any]:
     from bench.peers.raw_ort import EMBED_MODEL, EMBED_ROWS
 
-    row = _measure_closed(
-        c, bodies.embed, plan.embed_jobs, plan.embed_clients, plan.drain_timeout_s
-    )
+    variant = f"{EMBED_MODEL} x{EMBED_ROWS} sentences, {plan.embed_clients} clients"
+    return _rows_of_jobs(c, "m", variant, bodies.embed, plan.embed_jobs, plan.embed_clients,
+                         EMBED_ROWS, plan.drain_timeout_s)  # fmt: skip
+
+
+def _rows_of_jobs(
+    c: HttpContender, workload: str, variant: str, bodies: Sequence[bytes], jobs: int,
+    clients: int, rows_per_job: int, timeout: float,
+) -> dict[str, Any]:  # fmt: skip
+    """A closed loop of jobs of many rows each; their rows/s besides jobs/s."""
+    row = _measure_closed(c, bodies, jobs, clients, timeout)
     per_s = row["jobs_per_s"]
-    return {
-        "workload": "m",
-        "variant": f"{EMBED_MODEL} x{EMBED_ROWS} sentences, {plan.embed_clients} clients",
-        **row,
-        "rows_per_s": rounded(per_s * EMBED_ROWS if per_s else None),
-    }
+    rows_per_s = rounded(per_s * rows_per_job if per_s else None)
+    return {"workload": workload, "variant": variant, **row, "rows_per_s": rows_per_s}
 
 
 def burst(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any]:
