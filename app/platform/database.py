@@ -83,14 +83,21 @@ class Database:
 
 
 def flush_unique(session: Session, refusal: Callable[[], Exception]) -> None:
-    """Write the session's pending changes now, in a savepoint: when they break a
-    unique constraint, `refusal()` is raised instead (a domain error naming what
-    is taken), and the caller's transaction goes on."""
+    """Write the session's pending changes now: when they break a unique
+    constraint, `refusal()` is raised instead (a domain error naming what is
+    taken). It is built first: a failed flush leaves the objects it would name
+    unreadable. `begin_nested()` flushes what is pending before its SAVEPOINT,
+    so a change that breaks the constraint fails outside the savepoint; the
+    session is then rolled back (its transaction could not go on), else the
+    caller's transaction goes on."""
+    refused = refusal()
     try:
         with session.begin_nested():
             session.flush()
     except exc.IntegrityError:
-        raise refusal() from None
+        if not session.is_active:
+            session.rollback()
+        raise refused from None
 
 
 def database_unavailable(error: BaseException) -> bool:

@@ -101,7 +101,10 @@ def update_schedule(
 ) -> Schedule:
     """Change some fields; a new cron, time zone or resume starts from the next tick."""
     schedule = get(session, tenant_id, schedule_id, lock=True)
-    _apply(session, repository, settings, schedule, changes, creating=False)
+    # Its checks query the database: a query's autoflush would write a name the
+    # tenant already has before _flush_unique could refuse it (a 500, not a 422).
+    with session.no_autoflush:
+        _apply(session, repository, settings, schedule, changes, creating=False)
     schedule.updated_at = datetime.now(UTC)
     _flush_unique(session, schedule)
     return schedule

@@ -232,6 +232,13 @@ def test_bad_schedules_are_clear_problems(
     assert client.get(f"{url}/runs", headers=other.headers).status_code == 404
     assert client.get("/schedules", headers=other.headers).json["items"] == []
     assert client.patch(url, json={"cron": "x"}, headers=tenant.headers).status_code == 422
+    second = client.post("/schedules", json={**good, "name": "ok2"}, headers=tenant.headers)
+    renamed = client.patch(url, json={"name": "ok2", "model": "digits"}, headers=tenant.headers)
+    assert renamed.status_code == 422, renamed.json  # another schedule's name: not a 500
+    assert renamed.json["errors"] == {"name": ["unique among your schedules"]}
+    assert client.get(url, headers=tenant.headers).json["name"] == "ok"
+    removed = client.delete(f"/schedules/{second.json['id']}", headers=tenant.headers)
+    assert removed.status_code == 204
     assert client.get(url).status_code == 401
     assert client.delete(url, headers=tenant.headers).status_code == 204
     assert client.get(url, headers=tenant.headers).status_code == 404
