@@ -84,14 +84,16 @@ def test_a_key_with_a_lifetime_stops_working_when_it_expires_even_if_cached(
     app = make_app(api_key_cache_seconds=600)
     client = app.test_client()
     name = f"expiring-{uuid.uuid4().hex[:8]}"
-    made = run_manage(settings, "create-api-key", "--tenant", name, "--expires-in-days", "0.00004")
+    # ~10 s of life: the first request, right after, must come before it ends, even
+    # on a busy machine where one manage.py run takes seconds
+    made = run_manage(settings, "create-api-key", "--tenant", name, "--expires-in-days", "0.00012")
     assert made.returncode == 0, made.stderr
-    shown = json.loads(run_manage(settings, "create-api-key", "--tenant", name, "--json").stdout)
     key = made.stdout.split("api key:")[1].split()[0]
     expiring = {"Authorization": f"Bearer {key}"}
+    assert client.get("/jobs?limit=1", headers=expiring).status_code == 200  # now cached
+    shown = json.loads(run_manage(settings, "create-api-key", "--tenant", name, "--json").stdout)
     lasting = {"Authorization": f"Bearer {shown['api_key']}"}
     assert set(shown) == {"tenant", "api_key", "webhook_secret"}  # no expiry: as ever
-    assert client.get("/jobs?limit=1", headers=expiring).status_code == 200  # now cached
     listed = [json.loads(line) for line in run_manage(settings, "list-api-keys", "--tenant", name)
               .stdout.splitlines()]  # fmt: skip
     assert [row["prefix"] for row in listed] == [key[:10], shown["api_key"][:10]]
