@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from app.platform.settings import ROOT
 from tests.faults import report
+from tests.faults.harness import FaultStack
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,3 +26,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def make_stack(
+    model_repository: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., FaultStack]]:
+    """`make_stack(guards_off, **env)`: a whole stack under var/test, closed after the
+    test; a failed test's process logs are kept under var/test/fault-logs."""
+    stacks: list[FaultStack] = []
+
+    def make(guards_off: str = "", **env: str) -> FaultStack:
+        root = ROOT / "var" / "test" / f"fault-{uuid.uuid4().hex[:8]}"
+        stack = FaultStack(root, model_repository, guards_off, **env)
+        stacks.append(stack)
+        return stack
+
+    yield make
+    outcome = getattr(request.node, "rep_call", None)
+    for stack in stacks:
+        if outcome is not None and outcome.failed:
+            stack.keep_logs(ROOT / "var" / "test" / "fault-logs" / request.node.name)
+        stack.close()

@@ -16,79 +16,24 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import requests
 import sqlalchemy as sa
 import tritonclient.grpc as grpcclient
-from sklearn.datasets import load_digits
 
 from app.jobs import transitions
-from app.platform.settings import ROOT
 from app.platform.tables import Tenant
 from tests.faults.harness import FaultStack, Tally
 from tests.faults.report import record
+from tests.faults.scenarios import GUARD, ROWS, check, digits, grpc_slow_inputs, slow
 from tests.models import HUGE, build_memhog
 
 pytestmark = [pytest.mark.faults, pytest.mark.processes]
-
-ROWS = load_digits().data.tolist()
-ON, OFF = True, False
-
-
-def digits(i: int = 0) -> dict[str, Any]:
-    return {"model": "digits", "inputs": {"pixels": [ROWS[i % len(ROWS)]]}}
-
-
-def grpc_slow_inputs(seconds: float) -> list[Any]:
-    """The `slow` model's inputs as tritonclient sends them (about `seconds` of work)."""
-    x = grpcclient.InferInput("x", [1, 64], "FP32")
-    x.set_data_from_numpy(np.full((1, 64), 0.1, np.float32))
-    steps = grpcclient.InferInput("steps", [1], "INT64")
-    steps.set_data_from_numpy(np.array([max(1, int(seconds / 2e-6))], np.int64))
-    return [x, steps]
-
-
-def slow(seconds: float) -> dict[str, Any]:
-    return {"model": "slow", "inputs": {"x": [[0.1] * 64], "steps": [max(1, int(seconds / 2e-6))]}}
-
-
-@pytest.fixture
-def make_stack(
-    model_repository: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., FaultStack]]:
-    stacks: list[FaultStack] = []
-
-    def make(guards_off: str = "", **env: str) -> FaultStack:
-        root = ROOT / "var" / "test" / f"fault-{uuid.uuid4().hex[:8]}"
-        stack = FaultStack(root, model_repository, guards_off, **env)
-        stacks.append(stack)
-        return stack
-
-    yield make
-    report = getattr(request.node, "rep_call", None)
-    for stack in stacks:
-        if report is not None and report.failed:
-            stack.keep_logs(ROOT / "var" / "test" / "fault-logs" / request.node.name)
-        stack.close()
-
-
-def check(tally: Tally, guarded: bool, failure: Callable[[Tally], bool]) -> None:
-    record(tally)
-    if guarded:
-        assert tally.lost == 0, tally
-        assert tally.duplicate_results == 0 and tally.illegal_transitions == 0, tally
-        assert tally.completed == tally.acknowledged, tally
-    else:
-        assert failure(tally), f"with its guard off the scenario should fail: {tally}"
-
-
-GUARD = pytest.mark.parametrize("guarded", [ON, OFF], ids=["guard on", "guard off"])
 
 
 @GUARD
