@@ -409,10 +409,14 @@ def _soak_tables(results: list[dict[str, Any]]) -> list[str]:
                           for k in r["kills"]) or "none"  # fmt: skip
         capacity = (f"half of {_fmt(r['capacity_jobs_per_s'])} jobs/s, {r['capacity_from']}"
                     if r.get("capacity_jobs_per_s") else r["capacity_from"])  # fmt: skip
+        busy = 100 * r["cpu_busy"] if r.get("cpu_busy") is not None else None
+        cost = (f"; CPU per job {_fmt(r['cpu_ms_per_job'].get('total'), 2)} ms (every role but "
+                f"the client; (a): {_fmt(r.get('capacity_cpu_ms_per_job'), 2)} ms), the cores "
+                f"{_fmt(busy, 0)}% busy (every process, the bench's too)")  # fmt: skip
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
         lines += ["", f"### (n) soak, {r['contender']}: {r['variant']}", "",
                   f"{_fmt(r['rate_per_s'])} jobs/s ({capacity}) for {r['seconds']:g} s; "
-                  f"worker children killed at {kills}.", "",
+                  f"worker children killed at {kills}{cost}.", "",
                   f"Jobs created during the soak, by status: {statuses}. Lost: **{r['lost']}** "
                   f"(jobs not final {r['not_final']}, accepted async jobs not final "
                   f"{r['async_not_final']}, stream entries without a result "
@@ -429,12 +433,22 @@ def _soak_tables(results: list[dict[str, Any]]) -> list[str]:
                 f"{_fmt(p['max'], 2)} |"
             )
         lines += _soak_windows(r)
-        lines += ["", f"RSS MB of every process of the service, after warm-up and at the end "
-                  f"(flat: growth under {RSS_GROWTH_MB:g} MB):", "",
-                  "| process | start | end | growth |", "|---|---:|---:|---:|"]  # fmt: skip
-        for p in r["rss_mb"]:
-            lines.append(f"| {p['process']} | {_fmt(p['start_mb'])} | {_fmt(p['end_mb'])} | "
-                         f"{_fmt(p['growth_mb'])} |")  # fmt: skip
+        lines += _soak_rss(r)
+    return lines
+
+
+def _soak_rss(r: dict[str, Any]) -> list[str]:
+    """Each process's RSS after warm-up, at each window's end, and its growth."""
+    ends = r.get("rss_by_window_mb") or []
+    at = [min(r["seconds"], (i + 1) * r["window_s"]) for i in range(len(ends))]
+    heads = ["process", "start", *(f"{_fmt(t, 0)} s" for t in at), "growth"]
+    lines = ["", "RSS MB of every process of the service after warm-up, at the end of each "
+             f"window, and its growth (flat: under {RSS_GROWTH_MB:g} MB):", "",
+             "| " + " | ".join(heads) + " |", "|---|" + "---:|" * (len(heads) - 1)]  # fmt: skip
+    for p in r["rss_mb"]:
+        cells = [p["process"], _fmt(p["start_mb"]), *(_fmt(end.get(p["process"])) for end in ends),
+                 _fmt(p["growth_mb"])]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

@@ -160,14 +160,17 @@ def _warm(c: HttpContender, bodies: Bodies) -> None:
         stream_jobs(c, bodies.stream[:calls], 60)
 
 
-def soak(c: HttpContender, bodies: Bodies, plan: Plan, capacity: float | None) -> dict[str, Any]:
-    """The soak; `capacity` is (a)'s jobs/s from the same repeat, if it ran."""
+def soak(
+    c: HttpContender, bodies: Bodies, plan: Plan, measured: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The soak; `measured` is (a)'s row from the same repeat, if it ran."""
     assert c.endpoint is not None and isinstance(c.store, PostgresJobs)
     store = c.store
     capacity_from = "(a) in this repeat"
-    if not plan.soak_rate and not capacity:
-        capacity = async_jobs(c, bodies, plan, plan.clients[0])["jobs_per_s"]
+    if not plan.soak_rate and not (measured and measured.get("jobs_per_s")):
+        measured = async_jobs(c, bodies, plan, plan.clients[0])
         capacity_from = f"(a) run first: {plan.jobs} jobs, {plan.clients[0]} clients"
+    capacity = (measured or {}).get("jobs_per_s")
     rate = plan.soak_rate or (capacity or 0.0) / 2
     if rate <= 0:
         raise RuntimeError("soak: no rate (capacity not measured)")
@@ -176,7 +179,7 @@ def soak(c: HttpContender, bodies: Bodies, plan: Plan, capacity: float | None) -
     seconds, window_s = plan.soak_s, plan.soak_kill_s
     count = windows.window_count(seconds, window_s)
     rss_start = rss_snapshot(c.meter)
-    cpu0 = c.meter.sample()
+    cpu0, cpu0_at = c.meter.sample(), time.perf_counter()
     start = time.perf_counter() + 1.0  # time for every door's threads to start
     epoch_start = start + (time.time() - time.perf_counter())
     doors = _doors(c, bodies, rate, seconds, start)
@@ -188,7 +191,7 @@ def soak(c: HttpContender, bodies: Bodies, plan: Plan, capacity: float | None) -
         results = {name: future.result() for name, future in futures.items()}
     events.join(timeout=window_s + 60)
     events.stopped.set()
-    cpu1 = c.meter.sample()
+    cpu1, cpu1_at = c.meter.sample(), time.perf_counter()
     progress, drained = wait_until_done(store, 0, epoch_start - 1, DRAIN_S)
     rss_end = events.rss[-1] if events.rss else rss_snapshot(c.meter)
 
@@ -209,8 +212,9 @@ def soak(c: HttpContender, bodies: Bodies, plan: Plan, capacity: float | None) -
     stream_unanswered = stream.sent - stream.errors - stream.accepted if stream else 0
     rss = windows.rss_rows(rss_start, rss_end)
     drifts = {name: windows.p99_drift(rows) for name, rows in per_window.items()}
+    # jobs: answered HTTP and gRPC requests, and every entry appended to the stream
     accepted = sum(r.accepted for name, r in results.items() if name != "stream")
-    accepted += stream.sent - stream.errors if stream else 0
+    accepted += stream.sent if stream else 0
     kill_min = window_s / 60
     return {
         "workload": "n",
@@ -221,6 +225,8 @@ def soak(c: HttpContender, bodies: Bodies, plan: Plan, capacity: float | None) -
         "rate_per_s": rounded(rate),
         "capacity_jobs_per_s": rounded(capacity) if not plan.soak_rate else None,
         "capacity_from": capacity_from if not plan.soak_rate else "--soak-rate given",
+        # what a job of (a) cost, against the mix's own cost per job below
+        "capacity_cpu_ms_per_job": (measured or {}).get("cpu_ms_per_job", {}).get("total"),
         "jobs": accepted,
         "jobs_per_s": rounded(accepted / seconds),
         "post_ms": results["async"].summary()["post_ms"],
@@ -244,4 +250,13 @@ def soak(c: HttpContender, bodies: Bodies, plan: Plan, capacity: float | None) -
         "rss_by_window_mb": events.rss,
         "rss_growth_mb": windows.largest_growth(rss),
         "cpu_ms_per_job": per_job_ms(cpu0, cpu1, accepted),
+        "cpu_busy": busy_share(cpu0, cpu1, cpu1_at - cpu0_at),
     }
+
+
+def busy_share(before: dict[str, float], after: dict[str, float], seconds: float) -> float | None:
+    """The share of the machine's cores that every role (the client and the shared
+    servers too) kept busy: how near saturation the soak's rate really was."""
+    cores = psutil.cpu_count() or 1
+    used = sum(max(0.0, after[r] - before.get(r, 0.0)) for r in after)
+    return rounded(used / (seconds * cores), 3) if seconds > 0 else None

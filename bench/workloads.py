@@ -322,11 +322,11 @@ def run_all(
     warm = load.closed_loop(c.endpoint, bodies.digits, 8 * plan.clients[0], plan.clients[0])
     wait_until_done(c.store, 0, time.time(), plan.drain_timeout_s)
     logger.info("%s warmed up with %d jobs", c.name, warm.accepted)
-    first_rate: float | None = None
+    first_a: dict[str, Any] | None = None  # (a) with the fewest clients
     for clients in plan.clients if plan.runs("a") else ():
         row = record(async_jobs(c, bodies, plan, clients))
-        if first_rate is None:
-            first_rate = row["jobs_per_s"]
+        first_a = first_a or row
+    first_rate = first_a["jobs_per_s"] if first_a else None
     if plan.heavy_model and c.runs_heavy_model and plan.runs("b"):
         record(compute_bound(c, bodies, plan))
     if plan.embed_jobs and c.runs_embedding_model and bodies.embed and plan.runs("m"):
@@ -370,7 +370,7 @@ def run_all(
     if c.soaks and plan.runs("n") and repeat == 0:  # once, however many repeats
         from bench.soak import soak
 
-        record(soak(c, bodies, plan, first_rate))
+        record(soak(c, bodies, plan, first_a))
 
 
 def run_sync(

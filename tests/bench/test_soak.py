@@ -152,7 +152,11 @@ def test_the_report_shows_each_door_per_window_and_each_process_rss() -> None:
         "doors": {"async": door, "sync": door},
         "windows": {"async": three, "sync": three},
         "p99_drift": {"async": 1.1, "sync": 1.0},
-        "rss_mb": windows.rss_rows({"api 10": 100.0}, {"api 10": 103.5}),
+        "rss_mb": windows.rss_rows({"api 10": 100.0, "api 11": 90.0},
+                                   {"api 10": 103.5, "api 11": 91.0}),
+        "rss_by_window_mb": [{"api 10": 101.0}, {"api 10": 102.0, "api 11": 90.5},
+                             {"api 10": 103.5, "api 11": 91.0}],
+        "cpu_ms_per_job": {"total": 15.25}, "capacity_cpu_ms_per_job": 6.5, "cpu_busy": 0.9,
     }  # fmt: skip
     text = "\n".join(report._soak_tables([row]))
     assert "worker children killed at 30 s, 90 s (no child)" in text
@@ -160,5 +164,8 @@ def test_the_report_shows_each_door_per_window_and_each_process_rss() -> None:
     assert "succeeded 7190" in text and "Lost: **0**" in text and "failed 1" in text
     assert "| 0 | 1.50 / 4.25, 10 (2) | 1.50 / 4.25, 10 (2) |" in text
     assert text.count("| 60 |") == 1 and text.count("| 120 |") == 1
-    assert "| api 10 | 100.0 | 103.5 | 3.5 |" in text
+    assert "| process | start | 60 s | 120 s | 180 s | growth |" in text
+    assert "| api 10 | 100.0 | 101.0 | 102.0 | 103.5 | 3.5 |" in text
+    assert "| api 11 | 90.0 | - | 90.5 | 91.0 | 1.0 |" in text
+    assert "CPU per job 15.25 ms" in text and "(a): 6.50 ms" in text and "90% busy" in text
     assert "async 1.10, sync 1.00" in text
