@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import requests
 
 from bench.contenders.base import HttpContender
+from bench.cpu import rss_mb
 from bench.stats import rounded
 
-SHARED_ROLES = ("postgres", "redis")  # servers every contender uses, not its own
 CHUNK_ROWS = 4096  # raw ORT is called on this many rows at a time (the reference of (g))
 
 
@@ -56,13 +55,10 @@ class PeakRss:
         while not self._stop.wait(0.1):
             if time.monotonic() - listed_at >= 1.0:
                 listed_at = time.monotonic()
-                processes = [(p, r) for p, r in self.meter.processes() if r not in SHARED_ROLES]
+                processes = self.meter.own_processes()
             for proc, role in processes:
-                try:
-                    mb = proc.memory_info().rss / 2**20
-                except psutil.Error:
-                    continue
-                self.peak[role] = max(self.peak.get(role, 0.0), mb)
+                if (mb := rss_mb(proc)) is not None:
+                    self.peak[role] = max(self.peak.get(role, 0.0), mb)
 
 
 def raw_ort(model_file: Path, pixels: np.ndarray, threads: int) -> float:

@@ -36,11 +36,31 @@ INSTALL = "make bench (or: .venv/bin/pip install -r bench/requirements.txt)"
     "workloads",
     multiple=True,
     type=click.Choice([w for w in WORKLOADS if w != "noop"]),
-    help="Run only these workloads of the HTTP contenders (repeatable), e.g. f, k",
+    help="Run only these workloads of the HTTP contenders (repeatable), e.g. f, k; "
+    "the soak (n) runs only when named",
 )
 @click.option("--no-plot", is_flag=True, help="Skip the PNG (no matplotlib needed)")
 @click.option(
     "--batch-rows", type=click.IntRange(0), help="Rows in (g) [1000000; quick 200000; 0 skips]"
+)
+@click.option(
+    "--soak-minutes",
+    type=click.FloatRange(0, min_open=True),
+    default=20.0,
+    show_default=True,
+    help="Length of the soak (n)",
+)
+@click.option(
+    "--soak-kill-minutes",
+    type=click.FloatRange(0, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="(n): a worker child is killed, and latency reported, once every this long",
+)
+@click.option(
+    "--soak-rate",
+    type=click.FloatRange(0, min_open=True),
+    help="(n): jobs/s over all doors [half of (a)'s jobs/s]",
 )
 @click.option("--jobs", type=click.IntRange(1), hidden=True, help="Jobs in (a)")
 @click.option("--clients", type=click.IntRange(1), multiple=True, hidden=True)
@@ -62,6 +82,9 @@ def bench(
     heavy_jobs: int | None,
     batch_rows: int | None,
     workloads: tuple[str, ...],
+    soak_minutes: float,
+    soak_kill_minutes: float,
+    soak_rate: float | None,
 ) -> None:
     """Benchmark this service against raw ONNX Runtime, a bare Celery round trip,
     the textbook Flask + Celery design, BentoML tasks and a bare Flask + ONNX
@@ -94,6 +117,9 @@ def bench(
             heavy_jobs=heavy_jobs,
             batch_rows=batch_rows,
             workloads=workloads,
+            soak_minutes=soak_minutes,
+            soak_kill_minutes=soak_kill_minutes,
+            soak_rate=soak_rate,
         )
     )
     for target in data["targets"]:

@@ -86,18 +86,30 @@ class PostgresJobs:
             row = cur.fetchone()
         return int(row[0]) if row else 0
 
-    def timings(self, ids: list[str]) -> list[tuple[float, float]]:
-        """(queued seconds, created-to-finished seconds) of each finished job."""
+    def timings(self, ids: list[str]) -> list[tuple[float, float, float]]:
+        """(created_at in epoch seconds, queued seconds, created-to-finished seconds)
+        of each finished job."""
         with self.conn.cursor() as cur:
             cur.execute(
                 """
-                SELECT extract(epoch FROM started_at - created_at),
+                SELECT extract(epoch FROM created_at),
+                       extract(epoch FROM started_at - created_at),
                        extract(epoch FROM finished_at - created_at)
                 FROM jobs WHERE id = ANY(%s::uuid[]) AND finished_at IS NOT NULL
                 """,
                 (ids,),
             )
-            return [(float(q), float(t)) for q, t in cur.fetchall()]
+            return [(float(c), float(q), float(t)) for c, q, t in cur.fetchall()]
+
+    def statuses(self, since: float) -> dict[str, int]:
+        """How many jobs created since `since` (epoch seconds) are in each status."""
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT status, count(*) FROM jobs WHERE created_at >= to_timestamp(%s) "
+                "GROUP BY status",
+                (since,),
+            )
+            return {str(status): int(n) for status, n in cur.fetchall()}
 
     def close(self) -> None:
         self.conn.close()

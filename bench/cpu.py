@@ -1,4 +1,5 @@
-"""CPU seconds spent by each role of a contender (API, worker, PostgreSQL, ...).
+"""CPU seconds spent by each role of a contender (API, worker, PostgreSQL, ...),
+and the processes' memory.
 
 Throughput alone does not say where a job's time goes; CPU per job per role does,
 and on a machine with two cores it is what decides throughput. Each role is a
@@ -17,6 +18,8 @@ import psutil
 
 # Names a process's role from its command line; None means "its parent's role".
 Classifier = Callable[[list[str]], str | None]
+# Servers every contender uses (Context.shared_trees), not its own processes.
+SHARED_ROLES = ("postgres", "redis")
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:
@@ -76,6 +79,10 @@ class RoleMeter:
                 roles[proc.pid] = role or inherited
                 yield proc, roles[proc.pid]
 
+    def own_processes(self) -> list[tuple[psutil.Process, str]]:
+        """The contender's own processes with their roles: not the shared servers'."""
+        return [(proc, role) for proc, role in self.processes() if role not in SHARED_ROLES]
+
     def _role_of(self, proc: psutil.Process) -> str | None:
         key = (proc.pid, proc.create_time())
         if key not in self._classified:
@@ -93,6 +100,14 @@ class RoleMeter:
             own = psutil.Process(os.getpid()).cpu_times()
             totals["client"] = float(own.user + own.system)
         return totals
+
+
+def rss_mb(proc: psutil.Process) -> float | None:
+    """Resident memory in MiB; None once the process has gone."""
+    try:
+        return float(proc.memory_info().rss) / 2**20
+    except psutil.Error:
+        return None
 
 
 def per_job_ms(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:

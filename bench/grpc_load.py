@@ -2,10 +2,11 @@
 
 Like `load.py` for HTTP: the client shares the cores with the service, so it
 sends pre-encoded `ModelInferRequest` bytes (no per-call protobuf building)
-and reads only what it must to tell an answer from an error. Two shapes, both
-closed loops of C clients:
+and reads only what it must to tell an answer from an error. Two shapes, each
+from C clients:
 
-- unary: C threads, each its own channel, one `ModelInfer` at a time;
+- unary: C threads, each its own channel, one `ModelInfer` at a time (a closed
+  loop, or at the times of an open loop's `Schedule`);
 - stream: C threads, each one `ModelStreamInfer` stream on its own channel,
   keeping up to `window` requests in flight on it (answers are matched by id).
 """
@@ -15,14 +16,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
 from app.grpc.generated import grpc_service_pb2 as pb
-from bench.load import LoadResult, run_clients
+from bench.load import LoadResult, Schedule, run_clients, sleep_until
 
 UNARY = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -60,23 +61,48 @@ def _channel(endpoint: GrpcEndpoint) -> grpc.Channel:
 def unary(
     endpoint: GrpcEndpoint, messages: Sequence[bytes], calls: int, clients: int
 ) -> LoadResult:
+    """A closed loop: each client sends its next call when the last is answered."""
     counter = itertools.count()
+
+    def take() -> tuple[int, float] | None:
+        i = next(counter)
+        return (i, time.perf_counter()) if i < calls else None
+
+    return _unary(endpoint, messages, take, clients)
+
+
+def open_unary(
+    endpoint: GrpcEndpoint, messages: Sequence[bytes], schedule: Schedule, clients: int
+) -> LoadResult:
+    """One call at each time of `schedule`, latency from that time (see load.py)."""
+    return _unary(endpoint, messages, schedule.slots(), clients)
+
+
+def _unary(
+    endpoint: GrpcEndpoint,
+    messages: Sequence[bytes],
+    take: Callable[[], tuple[int, float] | None],
+    clients: int,
+) -> LoadResult:
+    """`clients` threads, each its own channel, making one call per (index, send
+    time) that `take` gives until it gives None."""
 
     def client(tally: LoadResult, first: list[float]) -> None:
         with _channel(endpoint) as channel:
             call = channel.unary_unary(UNARY)  # bytes in, bytes out
-            while (i := next(counter)) < calls:
-                started = time.perf_counter()
+            while (slot := take()) is not None:
+                i, started = slot
+                sleep_until(started)
                 if not first:
                     first.append(time.time())
                 tally.sent += 1
                 try:
                     call(messages[i % len(messages)], metadata=endpoint.metadata(), timeout=60)
                 except grpc.RpcError as exc:
-                    _error(tally, f"{exc.code().name}: {exc.details()}")
+                    tally.failed(started, f"{exc.code().name}: {exc.details()}")
                     continue
                 tally.accepted += 1
-                tally.latencies_ms.append((time.perf_counter() - started) * 1000)
+                tally.answered(started)
 
     return run_clients(clients, client)
 
@@ -114,13 +140,13 @@ def stream(
                     answer = pb.ModelStreamInferResponse.FromString(raw)
                     started = sent_at.pop(answer.infer_response.id, None)
                     if answer.error_message:
-                        _error(tally, answer.error_message)
+                        tally.failed(started or 0.0, answer.error_message)
                     elif started is not None:
                         tally.accepted += 1
-                        tally.latencies_ms.append((time.perf_counter() - started) * 1000)
+                        tally.answered(started)
                     slots.release()
             except grpc.RpcError as exc:
-                _error(tally, f"stream: {exc.code().name}: {exc.details()}")
+                tally.failed(time.perf_counter(), f"stream: {exc.code().name}: {exc.details()}")
 
     return run_clients(clients, client)
 
@@ -130,9 +156,3 @@ def _id_field(request_id: str) -> bytes:
     data = request_id.encode()
     assert len(data) < 128
     return bytes([3 << 3 | 2, len(data)]) + data
-
-
-def _error(tally: LoadResult, sample: str) -> None:
-    tally.errors += 1
-    if len(tally.error_samples) < 5:
-        tally.error_samples.append(sample[:200])

@@ -6,9 +6,9 @@ encoded once before the clock starts, and the client's own CPU per request is
 measured and reported. Three shapes:
 
 - closed loop: C threads submit N jobs in total, each as soon as its last answer came;
-- open loop: a fixed Poisson arrival rate; latency counts from the *scheduled*
-  send time, so a slow answer that delays the next send is charged to the
-  service (no coordinated omission);
+- open loop: a fixed Poisson arrival rate (a `Schedule`); latency counts from
+  the *scheduled* send time, so a slow answer that delays the next send is
+  charged to the service (no coordinated omission);
 - burst: C threads as fast as they can for T seconds.
 """
 
@@ -53,6 +53,10 @@ class LoadResult:
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)  # accepted requests only
+    # When each of those was sent (perf_counter; the scheduled time in an open loop),
+    # and when each request not answered 2xx was: for latency over time (the soak).
+    sent_at: list[float] = field(default_factory=list)
+    unanswered_at: list[float] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     first_send: float = 0.0  # epoch seconds
     last_answer: float = 0.0  # epoch seconds
@@ -67,7 +71,27 @@ class LoadResult:
         self.errors += other.errors
         self.error_samples.extend(other.error_samples[: max(0, 5 - len(self.error_samples))])
         self.latencies_ms.extend(other.latencies_ms)
+        self.sent_at.extend(other.sent_at)
+        self.unanswered_at.extend(other.unanswered_at)
         self.ids.extend(other.ids)
+
+    def answered(self, started: float, latency_ms: float | None = None) -> None:
+        """An accepted answer to a request sent at `started` (perf_counter), which
+        took `latency_ms` (default: until now)."""
+        if latency_ms is None:
+            latency_ms = (time.perf_counter() - started) * 1000
+        self.latencies_ms.append(latency_ms)
+        self.sent_at.append(started)
+
+    def failed(self, started: float, sample: str, refused: bool = False) -> None:
+        """A request sent at `started` answered with an error (or a refusal)."""
+        if refused:
+            self.refused += 1
+        else:
+            self.errors += 1
+            if len(self.error_samples) < 5:
+                self.error_samples.append(sample[:200])
+        self.unanswered_at.append(started)
 
     def summary(self) -> dict[str, Any]:
         lat = self.latencies_ms
@@ -111,23 +135,18 @@ class _Client:
             response = self.conn.getresponse()
             data = response.read()
         except (OSError, http.client.HTTPException) as exc:
-            tally.errors += 1
-            if len(tally.error_samples) < 5:
-                tally.error_samples.append(f"{type(exc).__name__}: {exc}")
+            tally.failed(started, f"{type(exc).__name__}: {exc}")
             self.close()
             return
-        elapsed_ms = (time.perf_counter() - started) * 1000
         if 200 <= response.status < 300:
-            tally.latencies_ms.append(elapsed_ms)
+            tally.answered(started)
             self._count(json.loads(data), tally)
         elif response.status in REFUSED:
-            tally.refused += 1
+            tally.failed(started, "", refused=True)
             if response.getheader("Retry-After") is not None:
                 tally.refused_with_retry_after += 1
         else:
-            tally.errors += 1
-            if len(tally.error_samples) < 5:
-                tally.error_samples.append(f"{response.status}: {data[:200]!r}")
+            tally.failed(started, f"{response.status}: {data[:200]!r}")
         if response.getheader("Connection", "").lower() == "close":
             self.close()
 
@@ -160,9 +179,7 @@ def _drive(endpoint: Endpoint, threads: int, next_work: NextWork) -> LoadResult:
             while (work := next_work()) is not None:
                 body, at = work
                 if at is not None:
-                    delay = at - time.perf_counter()
-                    if delay > 0:
-                        time.sleep(delay)
+                    sleep_until(at)
                 if not first_send:
                     first_send.append(time.time())
                 http.post(body, tally, at if at is not None else time.perf_counter())
@@ -215,29 +232,56 @@ def closed_loop(endpoint: Endpoint, bodies: Sequence[bytes], jobs: int, clients:
     return _drive(endpoint, clients, next_work)
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """Open-loop send times: `offsets` seconds after `start` (perf_counter)."""
+
+    start: float
+    offsets: Sequence[float]
+
+    @classmethod
+    def poisson(
+        cls, rate: float, seconds: float, seed: int = 0, start: float | None = None
+    ) -> Schedule:
+        """Poisson arrivals at `rate`/s for `seconds`, from `start` (default: 50 ms
+        from now, time for the clients to start)."""
+        rng = random.Random(seed)
+        offsets, t = [], 0.0
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= seconds:
+                break
+            offsets.append(t)
+        return cls(time.perf_counter() + 0.05 if start is None else start, offsets)
+
+    def slots(self) -> Callable[[], tuple[int, float] | None]:
+        """A thread-safe source of (index, send time), None once all are taken."""
+        counter = itertools.count()  # next() on a count is atomic under the GIL
+
+        def take() -> tuple[int, float] | None:
+            i = next(counter)
+            return (i, self.start + self.offsets[i]) if i < len(self.offsets) else None
+
+        return take
+
+
+def sleep_until(at: float) -> None:
+    """Sleep until perf_counter time `at` (at once if it has passed)."""
+    delay = at - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
 def open_loop(
-    endpoint: Endpoint,
-    bodies: Sequence[bytes],
-    rate: float,
-    seconds: float,
-    clients: int,
-    seed: int = 0,
+    endpoint: Endpoint, bodies: Sequence[bytes], schedule: Schedule, clients: int
 ) -> LoadResult:
-    """Poisson arrivals at `rate`/s for `seconds`; `clients` threads must exceed
+    """One request at each time of `schedule`; `clients` threads must exceed
     rate x latency, or sends start late (and that lateness is counted)."""
-    rng = random.Random(seed)
-    offsets, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            break
-        offsets.append(t)
-    counter = itertools.count()
-    start = time.perf_counter() + 0.05
+    take = schedule.slots()
 
     def next_work() -> tuple[bytes, float | None] | None:
-        i = next(counter)
-        return (bodies[i % len(bodies)], start + offsets[i]) if i < len(offsets) else None
+        slot = take()
+        return None if slot is None else (bodies[slot[0] % len(bodies)], slot[1])
 
     return _drive(endpoint, clients, next_work)
 

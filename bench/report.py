@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from bench.windows import P99_FACTOR, P99_FLOOR_MS, RSS_GROWTH_MB
+
 TEXTBOOK, NOOP, BENTO, SERVICE, RAW = "textbook", "celery-noop", "bentoml", "service", "raw-ort"
 FLASK = "flask-ort"
 CONTENDERS = (RAW, NOOP, TEXTBOOK, BENTO, FLASK, SERVICE)  # the order they run in
@@ -29,6 +31,7 @@ WORKLOADS = {
     "k": "(k) bulk submit",
     "l": "(l) sync infer, inline model",
     "m": "(m) embeddings",
+    "n": "(n) soak",
 }
 # The goals of "a lean data plane", each a ratio (or a bound) within one run.
 TEXTBOOK_GOAL = 4.0  # (a) jobs/s vs the textbook design's
@@ -218,6 +221,12 @@ def targets(
         ratio((SERVICE, "i"), f), ">=", 2.0, (SERVICE, "i"), f)  # fmt: skip
     add("stream door jobs/s vs the async HTTP door, (j / a)",
         ratio((SERVICE, "j"), a), ">=", STREAM_GOAL, (SERVICE, "j"), a)  # fmt: skip
+    n = (SERVICE, "n")
+    add("soak: accepted jobs lost, (n)", row(n).get("lost"), "<=", 0, n)
+    add("soak: largest RSS growth of a service process after warm-up, MB (n)",
+        row(n).get("rss_growth_mb"), "<", RSS_GROWTH_MB, n)  # fmt: skip
+    add(f"soak: last window's p99 over the first's (at least {P99_FLOOR_MS:g} ms), worst "
+        "door (n)", row(n).get("p99_drift_worst"), "<=", P99_FACTOR, n)  # fmt: skip
     return out
 
 
@@ -308,6 +317,7 @@ def markdown(data: dict[str, Any]) -> str:
         )
     lines += _burst_table(results) + _open_table(results) + _idle_table(results)
     lines += _batch_table(results)
+    lines += _soak_tables(results)
     lines += _raw_table(raw)
     lines += ["", "## Targets", "", "| target | figure | goal | met |", "|---|---:|---:|---|"]
     for t in data["targets"]:
@@ -388,6 +398,77 @@ def _batch_table(results: list[dict[str, Any]]) -> list[str]:
             f"{_fmt(raw.get('2'), 0)} | {_fmt(r['share_of_raw_ort'] * 100, 0)}% | {rss} | "
             f"{_fmt(r['upload_s'], 2)} |"
         )
+    return lines
+
+
+def _soak_tables(results: list[dict[str, Any]]) -> list[str]:
+    """(n): what became of the jobs, each door's latency per window, RSS per process."""
+    lines: list[str] = []
+    for r in (r for r in results if r["workload"] == "n"):
+        kills = ", ".join(f"{k['at_s']:g} s" + ("" if k.get("pid") else " (no child)")
+                          for k in r["kills"]) or "none"  # fmt: skip
+        capacity = (f"half of {_fmt(r['capacity_jobs_per_s'])} jobs/s, {r['capacity_from']}"
+                    if r.get("capacity_jobs_per_s") else r["capacity_from"])  # fmt: skip
+        busy = 100 * r["cpu_busy"] if r.get("cpu_busy") is not None else None
+        cost = (f"; CPU per job {_fmt(r['cpu_ms_per_job'].get('total'), 2)} ms (every role but "
+                f"the client; (a): {_fmt(r.get('capacity_cpu_ms_per_job'), 2)} ms), the cores "
+                f"{_fmt(busy, 0)}% busy (every process, the bench's too)")  # fmt: skip
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+        lines += ["", f"### (n) soak, {r['contender']}: {r['variant']}", "",
+                  f"{_fmt(r['rate_per_s'])} jobs/s ({capacity}) for {r['seconds']:g} s; "
+                  f"worker children killed at {kills}{cost}.", "",
+                  f"Jobs created during the soak, by status: {statuses}. Lost: **{r['lost']}** "
+                  f"(jobs not final {r['not_final']}, accepted async jobs not final "
+                  f"{r['async_not_final']}, stream entries without a result "
+                  f"{r['stream_unanswered']}); failed {r['failed']}; "
+                  f"{'drained' if r['drained'] else '**not drained**'} "
+                  f"{_fmt(r['drain_s'])} s after the load.", "",
+                  "| door | rate /s | sent | answered | errors (refused) | p50 / p99 / max ms |",
+                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for name, d in r["doors"].items():
+            p = d["post_ms"]
+            lines.append(
+                f"| {name} | {_fmt(d['rate_per_s'])} | {d['sent']} | {d['accepted']} | "
+                f"{d['errors']} ({d['refused']}) | {_fmt(p['p50'], 2)} / {_fmt(p['p99'], 2)} / "
+                f"{_fmt(p['max'], 2)} |"
+            )
+        lines += _soak_windows(r)
+        lines += _soak_rss(r)
+    return lines
+
+
+def _soak_rss(r: dict[str, Any]) -> list[str]:
+    """Each process's RSS after warm-up, at each window's end, and its growth."""
+    ends = r.get("rss_by_window_mb") or []
+    at = [min(r["seconds"], (i + 1) * r["window_s"]) for i in range(len(ends))]
+    heads = ["process", "start", *(f"{_fmt(t, 0)} s" for t in at), "growth"]
+    lines = ["", "RSS MB of every process of the service after warm-up, at the end of each "
+             f"window, and its growth (flat: under {RSS_GROWTH_MB:g} MB):", "",
+             "| " + " | ".join(heads) + " |", "|---|" + "---:|" * (len(heads) - 1)]  # fmt: skip
+    for p in r["rss_mb"]:
+        cells = [p["process"], _fmt(p["start_mb"]), *(_fmt(end.get(p["process"])) for end in ends),
+                 _fmt(p["growth_mb"])]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _soak_windows(r: dict[str, Any]) -> list[str]:
+    """p50 / p99 ms of each door in each window, answered (and not) below them."""
+    names = list(r["windows"])
+    lines = ["", f"Latency per window of {r['window_s']:g} s by send time (async, created to "
+             "finished: by the job's created_at, from its row), p50 / p99 ms, answered "
+             "(not answered):", "",
+             "| from s | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]  # fmt: skip
+    for i, first in enumerate(r["windows"][names[0]]):
+        cells = []
+        for name in names:
+            w = r["windows"][name][i]
+            missed = f" ({w['unanswered']})" if w["unanswered"] else ""
+            cells.append(f"{_fmt(w['p50'], 2)} / {_fmt(w['p99'], 2)}, {w['answered']}{missed}")
+        lines.append(f"| {_fmt(first['from_s'], 0)} | " + " | ".join(cells) + " |")
+    drift = ", ".join(f"{k} {_fmt(v, 2)}" for k, v in r["p99_drift"].items())
+    lines += ["", f"Last window's p99 over the first's (a first under {P99_FLOOR_MS:g} ms "
+              f"counted as {P99_FLOOR_MS:g}): {drift}."]  # fmt: skip
     return lines
 
 

@@ -22,7 +22,7 @@ from bench.contenders.base import Context, HttpContender
 from bench.contenders.bento import VENV, Unavailable
 from bench.infra import VAR_DIR, Servers
 from bench.report import CONTENDERS
-from bench.workloads import Bodies, Plan, run_all, run_sync
+from bench.workloads import ASKED_ONLY, Bodies, Plan, run_all, run_sync
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +44,15 @@ class Options:
     heavy_jobs: int | None = None
     batch_rows: int | None = None
     workloads: tuple[str, ...] = ()
+    soak_minutes: float = 20.0
+    soak_kill_minutes: float = 2.0
+    soak_rate: float | None = None
 
 
 def make_plan(o: Options, heavy_model: str | None) -> Plan:
     quick = o.quick
+    # A run of the soak alone: one start of the service, not one per repeat.
+    once = quick or (bool(o.workloads) and all(w in ASKED_ONLY for w in o.workloads))
     return Plan(
         jobs=o.jobs or (1000 if quick else 3000),
         clients=o.clients or ((16,) if quick else (16, 32)),
@@ -60,18 +65,23 @@ def make_plan(o: Options, heavy_model: str | None) -> Plan:
         open_s=o.open_s or (5.0 if quick else 10.0),
         open_clients=32,
         drain_timeout_s=120.0 if quick else 300.0,
-        repeat=o.repeat or (1 if quick else 3),
+        repeat=o.repeat or (1 if once else 3),
         raw_ort_s=0.3 if quick else 1.0,
         batch_rows=o.batch_rows if o.batch_rows is not None else (200_000 if quick else 1_000_000),
         bulk_jobs=4 * (o.jobs or (1000 if quick else 3000)),
         embed_jobs=60 if quick else 200,
         workloads=o.workloads,
+        soak_s=60 * o.soak_minutes,
+        soak_kill_s=60 * o.soak_kill_minutes,
+        soak_rate=o.soak_rate,
     )
 
 
 def skipped(plan: Plan) -> dict[str, str]:
     """Why the plan leaves a workload out, by letter."""
     out = {w: "not selected (--workload)" for w in report.WORKLOADS if not plan.runs(w)}
+    if not plan.runs("n"):
+        out["n"] = "runs only when asked (--workload n)"
     if plan.heavy_model is None:
         out.setdefault("b", "skipped: heavy model not built")
     if not plan.batch_rows:

@@ -29,6 +29,9 @@
 (m) embeddings: async minilm jobs of 32 sentences each from a few clients;
     sentences/s against raw ORT running the same pipeline (tokenizer, graph,
     pooling) in one process (contenders that serve minilm only).
+(n) soak: every door at once at half of (a)'s rate for 20 minutes, a worker
+    child killed every 2 minutes; lost jobs, RSS per process, p99 per window
+    (the service only, and only when asked: see bench/soak.py).
 
 Every workload waits for the contender to drain before the next starts, and
 samples CPU per role around itself.
@@ -73,9 +76,18 @@ class Plan:
     embed_jobs: int = 0  # (m), 0: skipped
     embed_clients: int = 4
     workloads: tuple[str, ...] = ()  # the workloads to run (letters); empty: all
+    soak_s: float = 1200.0  # (n)
+    soak_kill_s: float = 120.0  # (n): a worker child killed, and a window, this often
+    soak_rate: float | None = None  # (n): jobs/s over every door; None: half of (a)'s
 
     def runs(self, workload: str) -> bool:
+        if workload in ASKED_ONLY:
+            return workload in self.workloads
         return not self.workloads or workload in self.workloads
+
+
+# Workloads that run only when `--workload` names them: the soak takes 20 minutes.
+ASKED_ONLY = ("n",)
 
 
 @dataclass(frozen=True)
@@ -183,7 +195,8 @@ def open_loop(c: HttpContender, bodies: Bodies, plan: Plan, rate: float) -> dict
     before = c.store.progress(time.time())
     cpu0 = c.meter.sample()
     since = time.time() - 1
-    result = load.open_loop(c.endpoint, bodies.digits, rate, plan.open_s, plan.open_clients)
+    schedule = load.Schedule.poisson(rate, plan.open_s)
+    result = load.open_loop(c.endpoint, bodies.digits, schedule, plan.open_clients)
     progress, drained = wait_until_done(
         c.store, before.terminal + result.accepted, since, plan.drain_timeout_s
     )
@@ -216,7 +229,7 @@ def after_idle(c: HttpContender, bodies: Bodies, plan: Plan) -> dict[str, Any] |
         result = load.closed_loop(c.endpoint, bodies.digits[i:], 1, 1)
         wait_until_done(c.store, before.terminal + result.accepted, time.time() - 1, 30)
         ids += result.ids
-    for q, t in c.store.timings(ids):
+    for _, q, t in c.store.timings(ids):
         queued.append(q)
         total.append(t)
     return {
@@ -309,11 +322,11 @@ def run_all(
     warm = load.closed_loop(c.endpoint, bodies.digits, 8 * plan.clients[0], plan.clients[0])
     wait_until_done(c.store, 0, time.time(), plan.drain_timeout_s)
     logger.info("%s warmed up with %d jobs", c.name, warm.accepted)
-    first_rate: float | None = None
+    first_a: dict[str, Any] | None = None  # (a) with the fewest clients
     for clients in plan.clients if plan.runs("a") else ():
         row = record(async_jobs(c, bodies, plan, clients))
-        if first_rate is None:
-            first_rate = row["jobs_per_s"]
+        first_a = first_a or row
+    first_rate = first_a["jobs_per_s"] if first_a else None
     if plan.heavy_model and c.runs_heavy_model and plan.runs("b"):
         record(compute_bound(c, bodies, plan))
     if plan.embed_jobs and c.runs_embedding_model and bodies.embed and plan.runs("m"):
@@ -354,6 +367,10 @@ def run_all(
         batch = batch_rows(c, plan.batch_rows, digits, plan.drain_timeout_s * 4)
         if batch:
             record(batch)
+    if c.soaks and plan.runs("n") and repeat == 0:  # once, however many repeats
+        from bench.soak import soak
+
+        record(soak(c, bodies, plan, first_a))
 
 
 def run_sync(
@@ -372,6 +389,6 @@ def run_sync(
 
 def _brief(row: dict[str, Any]) -> str:
     keys = ("jobs_per_s", "rows_per_s", "post_ms", "lost", "drain_s", "refused", "errors",
-            "missing")  # fmt: skip
+            "missing", "rss_growth_mb", "p99_drift_worst")  # fmt: skip
     shown = {k: row[k] for k in keys if k in row}
     return f"{row['contender']} ({row['workload']}) {row['variant']}: {shown}"

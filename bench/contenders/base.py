@@ -59,6 +59,7 @@ class HttpContender(abc.ABC):
     description: str = ""
     runs_heavy_model: bool = True
     runs_embedding_model: bool = False  # (m): serves minilm's text jobs
+    soaks: bool = False  # (n): its worker children can be killed, its jobs counted
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
