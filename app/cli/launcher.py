@@ -109,11 +109,17 @@ def beat_command(schedule: Path, *extra: str, app: str = ENTRY_POINT) -> list[st
     return [*celery_command(app), "beat", "--schedule", str(schedule), "--loglevel", "INFO", *extra]
 
 
+FLOWER_MAX_TASKS = 10_000
+
+
 def flower_command(host: str, port: int, *extra: str) -> list[str]:
     """Flower on `host` only (loopback by default). Its login comes from the
     FLOWER_BASIC_AUTH environment variable (never the command line, which `ps`
-    shows to every user); with a login set, its API needs the same one."""
-    return [*CELERY, "flower", f"--address={host}", f"--port={port}", *extra]
+    shows to every user); with a login set, its API needs the same one. It keeps
+    the last FLOWER_MAX_TASKS tasks in memory (its default, 100,000, let it grow
+    by megabytes a minute for hours under steady load: bench (n), the soak)."""
+    return [*CELERY, "flower", f"--address={host}", f"--port={port}",
+            f"--max_tasks={FLOWER_MAX_TASKS}", *extra]  # fmt: skip
 
 
 FLOWER_USER = "admin"
