@@ -109,7 +109,7 @@ def beat_command(schedule: Path, *extra: str, app: str = ENTRY_POINT) -> list[st
     return [*celery_command(app), "beat", "--schedule", str(schedule), "--loglevel", "INFO", *extra]
 
 
-FLOWER_MAX_TASKS = 10_000
+FLOWER_MAX_TASKS = 2_000
 
 
 def flower_command(host: str, port: int, *extra: str) -> list[str]:
