@@ -221,12 +221,13 @@ class FaultStack:
             return create_api_key(session, "faults").api_key
 
     # Processes -----------------------------------------------------------------
-    def start_worker(self, name: str = "worker", concurrency: int = 2) -> Service:
+    def start_worker(self, name: str = "worker", concurrency: int = 2, **env: str) -> Service:
+        """`env`: variables this worker alone gets (a URL through a proxy the test cuts)."""
         hostname = f"{name}-{uuid.uuid4().hex[:6]}@%h"
         args = worker_command(
             "inference", concurrency, hostname, *QUIET_WORKER, app=self.entry_point
         )
-        service = Service(name, args, self.env, self.root).start()
+        service = Service(name, args, {**self.env, **env}, self.root).start()
         service.wait_for_log(b" ready.")
         self.services[name] = service
         return service
