@@ -29,6 +29,7 @@ from sqlalchemy import select as sql_select
 from sqlalchemy.orm import Session
 
 from app.platform.background import LazyThread
+from app.platform.database import TCP_CHECKS
 from app.platform.tables import JobEvent
 
 logger = logging.getLogger(__name__)
@@ -36,10 +37,6 @@ logger = logging.getLogger(__name__)
 CHANNEL = "job_events"
 APPLICATION_NAME = "job-events-listener"
 HEALTH_CHECK_S = 10.0
-# libpq settings of the LISTEN connection (ignored on Unix sockets, which cannot
-# go silent): a peer that stops answering is an error within about 30 s.
-TCP_CHECKS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
-              "keepalives_count": 3, "tcp_user_timeout": 15_000}  # fmt: skip
 
 
 class EventBus:

@@ -33,12 +33,20 @@ def engine_url(url: str) -> str:
     return url
 
 
+# libpq settings of every connection (ignored on Unix sockets, which cannot go
+# silent): a peer that stops answering (a partition, a server gone while cut off)
+# is an error within about 30 s, not a call blocked until the OS gives up (hours).
+TCP_CHECKS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+              "keepalives_count": 3, "tcp_user_timeout": 15_000}  # fmt: skip
+
+
 class Database:
     def __init__(self, url: str, pool_size: int = 5) -> None:
         self.engine: Engine = create_engine(
             engine_url(url),
             pool_size=pool_size,
             max_overflow=10,
+            connect_args=dict(TCP_CHECKS),
         )
         event.listen(self.engine, "checkout", _ping_if_idle)
         event.listen(self.engine, "checkin", _note_last_use)

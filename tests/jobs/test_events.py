@@ -84,3 +84,11 @@ def test_a_killed_listener_reconnects_and_wakes_its_waiters(
         threading.Timer(0.2, lambda: (changing.set(), touch(database, job_id))).start()
         assert watch.wait(woken, 10) != woken, "the next change did not wake the waiter"
         assert changing.is_set(), "woken before the change was made"
+
+
+def test_every_database_connection_notices_a_silent_peer(database: Database) -> None:
+    # A partition, or a server gone while cut off, must end a call within about 30 s
+    # (keepalives, and a timeout on unacknowledged sends), not block it for hours.
+    with database.engine.connect() as conn:
+        dsn = conn.connection.dbapi_connection.get_dsn_parameters()  # type: ignore[union-attr]
+    assert dsn["keepalives"] == "1" and dsn["tcp_user_timeout"] == "15000", dsn
