@@ -1,12 +1,15 @@
-"""The Celery app's guard for kombu channels whose broker connection is gone."""
+"""The Celery app's broker: its guard for kombu channels whose connection is gone,
+and the transport options it gives kombu."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import redis
 from kombu import Connection
 
-from app.platform.broker import closed_channels_raise_connection_errors
+from app.platform.broker import closed_channels_raise_connection_errors, make_celery
 from app.platform.settings import Settings
 
 
@@ -27,3 +30,15 @@ def test_a_channel_without_its_connection_raises_a_connection_error(settings: Se
         with pytest.raises(redis.exceptions.ConnectionError):
             channel.qos.ack("a-delivery")  # a late acknowledgement
         channel.qos._delivered.clear()
+
+
+def test_workers_put_back_overdue_messages_every_restore_interval(settings: Settings) -> None:
+    # BROKER_RESTORE_INTERVAL_SECONDS is the period of kombu's scan for messages past
+    # their visibility timeout: its interval, and a scan at every tick (not every 10th).
+    tuned = settings.with_overrides(broker_restore_interval_seconds=3.0)
+    celery = make_celery(tuned, contextlib.nullcontext, {}, object())
+    with celery.connection_for_write() as conn:
+        channel = conn.default_channel
+        assert channel.unacked_restore_interval == 3.0
+        assert channel.unacked_restore_throttle == 1
+        assert channel.visibility_timeout == tuned.broker_visibility_timeout_seconds

@@ -97,7 +97,13 @@ def make_celery(
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=settings.jobs_queue,
-        broker_transport_options={"visibility_timeout": settings.broker_visibility_timeout_seconds},
+        broker_transport_options={
+            "visibility_timeout": settings.broker_visibility_timeout_seconds,
+            # kombu scans for messages past their visibility timeout every interval
+            # times throttle seconds (10 x 10 by default); the setting is the period.
+            "unacked_restore_interval": settings.broker_restore_interval_seconds,
+            "unacked_restore_throttle": 1,
+        },
         broker_connection_retry_on_startup=True,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_hijack_root_logger=False,
