@@ -107,7 +107,7 @@ def build_memhog(root: Path, *, fixed: bool = False) -> None:
 HUGE = 10**13  # 40 TB of floats: the allocation fails at once, nothing is touched
 
 
-def build_memhog_rows(root: Path, chunk_rows: int = 32) -> None:
+def build_memhog_rows(root: Path, chunk_rows: int = 8, call_rows: int = 32) -> None:
     """`y = float(n)` row by row, after filling max(n) floats with ones and adding
     their sum times zero to every row, so ONNX Runtime must write them all."""
     nodes = [
@@ -135,9 +135,7 @@ def build_memhog_rows(root: Path, chunk_rows: int = 32) -> None:
     )
     card_path = root / "memhog-rows" / "1" / "card.json"
     card = json.loads(card_path.read_text())
-    # A chunk is more rows than one call takes, as in production (32,768 a chunk,
-    # 64 a call for digits), so each chunk is claimed alone.
-    card.update(batching={"max_batch_size": chunk_rows // 2}, batch_chunk_rows=chunk_rows)
+    card.update(batching={"max_batch_size": call_rows}, batch_chunk_rows=chunk_rows)
     card_path.write_text(json.dumps(card))
 
 
