@@ -6,6 +6,10 @@ failures are real ONNX Runtime behaviour, not mocks.
 - `memhog`: allocates `n` floats and sums them. A huge `n` makes ORT's allocator
   fail ("Failed to allocate memory"), as a GPU out of memory does; `fixed=True`
   clamps `n` to 1000, the model a person would deploy to fix it.
+- `memhog-rows`: a batchable `memhog` (`build_memhog_rows`): each row is an `n`,
+  the call fills the largest `n` of its rows with floats (every page written),
+  and returns the rows as floats. One large row makes the process that runs
+  it grow by that much: under a memory limit, the kernel's OOM killer ends it.
 """
 
 from __future__ import annotations
@@ -101,6 +105,38 @@ def build_memhog(root: Path, *, fixed: bool = False) -> None:
 
 
 HUGE = 10**13  # 40 TB of floats: the allocation fails at once, nothing is touched
+
+
+def build_memhog_rows(root: Path, chunk_rows: int = 8, call_rows: int = 32) -> None:
+    """`y = float(n)` row by row, after filling max(n) floats with ones and adding
+    their sum times zero to every row, so ONNX Runtime must write them all."""
+    nodes = [
+        h.make_node("ReduceMax", ["n"], ["size"], axes=[0], keepdims=0),
+        h.make_node("ConstantOfShape", ["size"], ["big"],
+                    value=h.make_tensor("one", T.FLOAT, [1], [1.0])),
+        h.make_node("ReduceSum", ["big"], ["total"], keepdims=0),
+        h.make_node("Constant", [], ["zero"], value=h.make_tensor("z", T.FLOAT, [], [0.0])),
+        h.make_node("Mul", ["total", "zero"], ["nothing"]),
+        h.make_node("Cast", ["n"], ["n_float"], to=T.FLOAT),
+        h.make_node("Add", ["n_float", "nothing"], ["y"]),
+    ]  # fmt: skip
+    graph = h.make_graph(
+        nodes,
+        "memhog-rows",
+        [h.make_tensor_value_info("n", T.INT64, [None, 1])],
+        [h.make_tensor_value_info("y", T.FLOAT, [None, 1])],
+    )
+    _save(
+        root,
+        "memhog-rows",
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]),
+        [{"name": "n", "datatype": "INT64", "shape": [-1, 1]}],
+        [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}],
+    )
+    card_path = root / "memhog-rows" / "1" / "card.json"
+    card = json.loads(card_path.read_text())
+    card.update(batching={"max_batch_size": call_rows}, batch_chunk_rows=chunk_rows)
+    card_path.write_text(json.dumps(card))
 
 
 def build_flaky_digits(root: Path, digits_dir: Path, name: str = "digits-flaky") -> Path:

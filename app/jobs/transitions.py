@@ -121,6 +121,11 @@ def claim_next(
     SKIP LOCKED lets worker processes claim side by side without waiting on each
     other; candidates left over are unlocked when this transaction commits.
     Unguarded (the fault suite only) a running job can be claimed again.
+
+    A job back from a worker that died running it (`worker_lost`) is claimed
+    alone: if its own rows killed the process (the OOM killer), its next
+    attempts kill only it, not the jobs beside it, which would otherwise use
+    up their attempts with it and be dead-lettered for its rows.
     """
     statement = claim_next_statement(guarded)
     params = {"model": model, "max_rows": max_rows, "lease": lease_s,
@@ -163,17 +168,19 @@ def claim_next_statement(guarded: bool = True) -> TextClause:
             WHERE t.tenant_id IS NOT NULL
         ),
         candidates AS (  -- locked in turn order, one primary-key probe each, until enough
-            SELECT h.id, j.batch_rows, h.priority, h.turn, h.created_at
+            SELECT h.id, j.rows, h.priority, h.turn, h.created_at
             FROM (SELECT * FROM heads ORDER BY priority DESC, turn, created_at, id) AS h
-            CROSS JOIN LATERAL (
-                SELECT j.batch_rows FROM jobs j WHERE j.id = h.id AND {due("j")}
+            CROSS JOIN LATERAL (  -- a job its worker died running fills a claim alone
+                SELECT CASE WHEN j.error_code = 'worker_lost' THEN :max_rows + 1
+                            ELSE j.batch_rows END AS rows
+                FROM jobs j WHERE j.id = h.id AND {due("j")}
                 FOR UPDATE SKIP LOCKED
             ) AS j
             LIMIT :max_rows
         ),
         picked AS (
             SELECT pid, position FROM (
-                SELECT id AS pid, sum(batch_rows) OVER w AS running,
+                SELECT id AS pid, sum(rows) OVER w AS running,
                        row_number() OVER w AS position
                 FROM candidates
                 WINDOW w AS (ORDER BY priority DESC, turn, created_at, id)

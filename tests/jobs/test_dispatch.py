@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -153,6 +154,35 @@ def test_claims_fill_one_call_by_rows_and_say_when_more_wait(
             claims.append(([ids.index(job.id) for job in claimed], more))
     # The oversized job alone, then four of 16 rows (64), then the last two.
     assert claims == [([0], True), ([1, 2, 3, 4], True), ([5, 6], False)]
+
+
+def test_jobs_back_from_a_worker_that_died_are_claimed_alone(
+    database: Database, tenant: TenantAuth
+) -> None:
+    """One of them may have killed it (its rows made the process run out of
+    memory): run together again, it would take the others down with it at every
+    attempt, until all of them were dead-lettered."""
+    model = f"rows-{uuid.uuid4().hex[:6]}"  # no worker serves it: the test claims
+    ids = [insert_queued_job(database, tenant.id, model=model) for _ in range(6)]
+    with database.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET batch_rows = 16 WHERE id = ANY(:ids)"),
+                     {"ids": ids})  # fmt: skip
+    with database.sessionmaker() as session:
+        died, _ = transitions.claim_next(session, model, 64, lease_s=0.05)
+        session.commit()
+        assert [ids.index(job.id) for job in died] == [0, 1, 2, 3]
+        time.sleep(0.2)  # their worker was killed: the leases run out
+        back = transitions.take_back_expired_leases(session, 0, 0, 500)
+        session.commit()
+        assert set(ids[:4]) <= set(back)
+        claims = []
+        while True:
+            claimed, _ = transitions.claim_next(session, model, 64, lease_s=60)
+            session.commit()
+            if not claimed:
+                break
+            claims.append([ids.index(job.id) for job in claimed])
+    assert claims == [[0], [1], [2], [3], [4, 5]]
 
 
 def test_a_job_records_the_rows_it_adds_to_a_batch(
