@@ -204,7 +204,7 @@ def test_17_the_wall_clock_of_a_worker_jumps_an_hour_forward(
     worker = start_worker(stack, "worker0", "inference,webhooks", **{SKEW_VARIABLE: str(HOUR)})
     assert b"wall clock +3600 s" in worker.log_path.read_bytes()
 
-    deadline = (db_now(stack) + timedelta(seconds=40)).isoformat()
+    deadline = (db_now(stack) + timedelta(seconds=60)).isoformat()
     hooked = [{**digits(i), "deadline": deadline, "webhook": {"url": receiver.url}}
               for i in range(10)]  # fmt: skip
     plain = [{**digits(i), "deadline": deadline} for i in range(10, 60)]
@@ -237,7 +237,7 @@ def test_17_the_wall_clock_of_a_worker_jumps_an_hour_forward(
         ))}  # fmt: skip
 
     # Retries: each waits its backoff (0 to 2 s) from the failure, by the database's
-    # clock, and is claimed once it is over (not before, and not an hour later).
+    # clock, and is claimed once it is over (not before; within seconds, not an hour).
     retries, waits = 0, []
     for job in flaky_ids:
         rows = [r for r in log if r.job == job]
@@ -248,7 +248,7 @@ def test_17_the_wall_clock_of_a_worker_jumps_an_hour_forward(
             assert timedelta(0) <= row.run_after - row.tx_at <= timedelta(seconds=2), row
             claim = next(r for r in rows[n + 1 :] if r.new_status == "running")
             waited = (claim.tx_at - row.run_after).total_seconds()
-            assert 0 <= waited < 15, (row, claim)
+            assert 0 <= waited < 30, (row, claim)
             waits.append(waited)
         assert jobs[job].attempts == jobs[job].max_attempts, jobs[job]  # the card's 6
     # Leases: renewed while the 4 s jobs ran (1.5 s each, from the database's now()),
@@ -287,7 +287,7 @@ def test_17_the_wall_clock_of_a_worker_jumps_an_hour_forward(
     check(tally, True, lambda t: False)
     assert retries == len(waits) == sum(jobs[j].max_attempts - 1 for j in flaky_ids), waits
     assert renewals >= 2, renewals
-    assert all(1.8 <= gap < 15 for gap in gaps) and len(gaps) == 10, gaps
+    assert all(1.8 <= gap < 30 for gap in gaps) and len(gaps) == 10, gaps
     assert all(a.verified for a in receiver.arrivals), receiver.arrivals
     assert max(off) < 60, off
     assert tally.duplicate_executions == 0, tally
