@@ -7,7 +7,9 @@ and publishes them to the webhooks queue; a task takes one (`sending` ->
 the outcome: `delivered`, `pending` again at its next scheduled time, `failed`
 (schedule used up, or an unsafe URL: a dead letter) or `disabled` (410 Gone).
 A worker killed mid-delivery leaves a lease that runs out; the sweep sends the
-delivery again, with the same webhook-id.
+delivery again, with the same webhook-id. Every time here is PostgreSQL's
+`now()`, never the sender's clock: a sender whose clock is off neither parks a
+retry nor signs a timestamp a receiver refuses.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -79,7 +81,7 @@ _TAKE = text(
     UPDATE webhook_deliveries SET status = 'in_flight',
            lease_expires_at = now() + make_interval(secs => :lease)
     WHERE id = :id AND status = 'sending'
-    RETURNING attempts, lease_expires_at
+    RETURNING attempts, lease_expires_at, now() AS now
     """
 )
 # Every write after the take names the take it finishes: a sender whose lease ran
@@ -88,8 +90,10 @@ _GUARD = "id = :id AND status = 'in_flight' AND attempts = :attempts AND lease_e
 _FINISH = text(
     f"""
     UPDATE webhook_deliveries SET status = :status, attempts = attempts + :counted,
-           lease_expires_at = NULL, next_attempt_at = coalesce(:next, next_attempt_at),
-           delivered_at = coalesce(:delivered, delivered_at)
+           lease_expires_at = NULL,
+           next_attempt_at = coalesce(now() + make_interval(secs => CAST(:delay AS float8)),
+                                      next_attempt_at),
+           delivered_at = CASE WHEN CAST(:delivered AS boolean) THEN now() ELSE delivered_at END
     WHERE {_GUARD} RETURNING id
     """
 )
@@ -132,7 +136,7 @@ def deliver(
     delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
     assert delivery is not None
     logs.bind(job_id=delivery.job_id)
-    now = datetime.now(UTC)
+    now = row.now  # the database's time of the take: the event's and the signature's
     if session.get(DisabledWebhookUrl, (delivery.tenant_id, delivery.url)) is not None:
         note = "not sent: this URL answered 410 Gone before"
         return _finish(session, taken, delivery, "disabled", counted=0, error=note)
@@ -144,7 +148,7 @@ def deliver(
             return None
     tenant = session.get(Tenant, delivery.tenant_id)
     assert tenant is not None
-    headers = signing.headers(tenant, delivery.message_id, payload)
+    headers = signing.headers(tenant, delivery.message_id, payload, now)
     session.commit()  # nothing held while the receiver takes its time
     try:
         answer = _post(settings, delivery.url, payload, headers, resolver)
@@ -154,21 +158,24 @@ def deliver(
     code, error = answer.status_code, answer.error
     schedule = settings.webhook_retry_schedule
     attempts = taken.attempts + 1
+    delay: float | None = None
     if code is not None and 200 <= code < 300:
-        status, next_at, delivered = "delivered", None, now
+        status = "delivered"
     elif code == 410:
-        status, next_at, delivered = "disabled", None, None
+        status = "disabled"
     elif (error or "").startswith("unsafe URL") or attempts >= len(schedule):
-        status, next_at, delivered = "failed", None, None
+        status = "failed"
     else:
-        delay = schedule[attempts] * random.uniform(0.9, 1.1)
+        answered = now + timedelta(milliseconds=answer.latency_ms)  # an HTTP date's "now"
         waited = (
-            retry_after.seconds(answer.retry_after, max(schedule)) if code in (429, 503) else None
+            retry_after.seconds(answer.retry_after, max(schedule), answered)
+            if code in (429, 503)
+            else None
         )
-        status, delivered = "pending", None
-        next_at = datetime.now(UTC) + timedelta(seconds=max(delay, waited or 0))
+        status = "pending"
+        delay = max(schedule[attempts] * random.uniform(0.9, 1.1), waited or 0)
     return _finish(session, taken, delivery, status, counted=1, error=error, code=code,
-                   latency_ms=answer.latency_ms, next_at=next_at, delivered=delivered)  # fmt: skip
+                   latency_ms=answer.latency_ms, delay=delay)  # fmt: skip
 
 
 def _guard(taken: _Taken) -> dict[str, Any]:
@@ -178,11 +185,12 @@ def _guard(taken: _Taken) -> dict[str, Any]:
 def _finish(
     session: Session, taken: _Taken, delivery: WebhookDelivery, status: str, *, counted: int,
     error: str | None, code: int | None = None, latency_ms: float | None = None,
-    next_at: datetime | None = None, delivered: datetime | None = None,
+    delay: float | None = None,
 ) -> str | None:  # fmt: skip
-    """Write the attempt's outcome, if this sender still holds the delivery."""
-    values = {**_guard(taken), "status": status, "counted": counted, "next": next_at,
-              "delivered": delivered}  # fmt: skip
+    """Write the attempt's outcome, if this sender still holds the delivery; the next
+    attempt is due `delay` seconds from now (the database's clock)."""
+    values = {**_guard(taken), "status": status, "counted": counted, "delay": delay,
+              "delivered": status == "delivered"}  # fmt: skip
     if session.execute(_FINISH, values).first() is None:
         session.rollback()
         logger.warning("webhook %s: lease lost, outcome not written", delivery.message_id)
@@ -249,7 +257,7 @@ def _dead_letter(session: Session, delivery: WebhookDelivery, attempts: int, err
             error_class="WebhookDelivery",
             message=f"{delivery.event_type} to {delivery.url}: {error}",
             attempts=attempts, first_failed_at=delivery.created_at,
-            last_failed_at=datetime.now(UTC), delivery_id=delivery.id,
+            last_failed_at=func.now(), delivery_id=delivery.id,
         )
     )  # fmt: skip
 

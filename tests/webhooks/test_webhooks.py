@@ -27,9 +27,10 @@ from app.platform.settings import Settings
 from app.platform.tables import Tenant
 from app.tenancy.keys import rotate_webhook_secret
 from app.web.context import container_of, current_session
-from app.webhooks import delivery, retry_after
+from app.webhooks import delivery, retry_after, signing
 from app.webhooks.receiver import DuplicateDelivery, Receiver, WebhookVerificationError
 from tests.conftest import TenantAuth, WorkerProcess, make_tenant, wait_for_job
+from tests.faults.clock import skewed_datetime
 from tests.support import starts_processes, wait_until
 
 BODY = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}
@@ -692,3 +693,33 @@ def test_the_workers_log_names_no_path_or_token_of_a_webhook_url(
     log = webhook_worker.log_path.read_text(errors="replace")
     assert f"{receiver.base}/..." in log  # the delivery was logged, by its origin only
     assert token not in log
+
+
+# 6. The sender's clock.
+
+
+def test_a_sender_an_hour_ahead_retries_and_signs_by_the_databases_clock(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
+    database: Database, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The sender's wall clock is an hour ahead (what app.webhooks reads of it, as the
+    fault suite skews it): its 503's retry is due after the schedule's step by
+    PostgreSQL's now(), not an hour later, and a receiver accepts its signatures."""
+    for module in (delivery, signing, retry_after):
+        monkeypatch.setattr(module, "datetime", skewed_datetime(3600))
+    receiver.scripts["/skewed"] = [Reply(503), Reply(200)]
+    delivery_id = done_job(app_, tenant, f"{receiver.base}/skewed")
+    assert take(app_, hooks, delivery_id)
+    with database.sessionmaker() as session:
+        assert delivery.deliver(session, hooks, delivery_id, payloads.render) == "pending"
+        due_in = session.scalar(
+            text("SELECT extract(epoch FROM next_attempt_at - now()) FROM webhook_deliveries "
+                 "WHERE id = :id"), {"id": delivery_id},
+        )  # fmt: skip
+    assert due_in is not None and float(due_in) <= hooks.webhook_retry_schedule[1] * 1.1
+    wait_until(lambda: take(app_, hooks, delivery_id), "the retry to be due and taken", 10)
+    with database.sessionmaker() as session:
+        assert delivery.deliver(session, hooks, delivery_id, payloads.render) == "delivered"
+    secret = secret_of(database, tenant)
+    for received in receiver.at("/skewed"):
+        assert verified(secret, received)["type"] == "job.succeeded"
