@@ -22,7 +22,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, results
@@ -65,6 +65,17 @@ def _check_cron(cron: str, timezone: str) -> None:
         ) from None
 
 
+def _now(session: Session) -> datetime:
+    """PostgreSQL's time (its transaction's): ticks are stored and judged by it, so
+    a process whose wall clock is off (an hour ahead) fires none early or late.
+    Read without autoflush: pending changes are flushed where their errors are
+    caught (a name another schedule has)."""
+    with session.no_autoflush:
+        now = session.scalar(select(func.now()))
+    assert now is not None
+    return now
+
+
 def _tenant(session: Session, tenant_id: int) -> Tenant:
     tenant = session.get(Tenant, tenant_id)
     assert tenant is not None
@@ -105,7 +116,7 @@ def update_schedule(
     # tenant already has before _flush_unique could refuse it (a 500, not a 422).
     with session.no_autoflush:
         _apply(session, repository, settings, schedule, changes, creating=False)
-    schedule.updated_at = datetime.now(UTC)
+    schedule.updated_at = _now(session)
     _flush_unique(session, schedule)
     return schedule
 
@@ -152,7 +163,7 @@ def _apply(
     if "paused" in spec:
         schedule.paused = bool(spec["paused"])
     if creating or timing:
-        schedule.next_run_at = next_tick(schedule.cron, schedule.timezone, datetime.now(UTC))
+        schedule.next_run_at = next_tick(schedule.cron, schedule.timezone, _now(session))
 
 
 def _flush_unique(session: Session, schedule: Schedule) -> None:
@@ -204,7 +215,7 @@ def fire_due(
     for _ in range(limit):
         due = session.scalar(
             select(Schedule)
-            .where(Schedule.paused.is_(False), Schedule.next_run_at <= datetime.now(UTC))
+            .where(Schedule.paused.is_(False), Schedule.next_run_at <= func.now())
             .order_by(Schedule.next_run_at)
             .limit(1)
             .with_for_update(skip_locked=True)
@@ -233,7 +244,7 @@ def _run(
     ticks are not run again). A run whose input or model is unavailable is
     recorded as a failed batch saying why, so every tick leaves a trace."""
     tick = schedule.next_run_at
-    now = datetime.now(UTC)
+    now = _now(session)
     schedule.next_run_at = next_tick(schedule.cron, schedule.timezone, max(now, tick))
     schedule.last_run_at = now
     try:
@@ -303,7 +314,7 @@ def export_finished(
             logger.warning("could not write results of batch %s: %s", batch.id, exc)
             note = f"{batch.error_message or ''} results not written: {exc}".strip()
             batch.error_message = note[:2000]
-        batch.exported_at = datetime.now(UTC)
+        batch.exported_at = _now(session)
         session.commit()
         done += 1
     session.commit()

@@ -285,3 +285,37 @@ def _record(into: list[uuid.UUID]) -> Any:
         return True
 
     return start
+
+
+def test_a_process_whose_clock_is_an_hour_ahead_fires_no_tick_early(
+    app: Flask,
+    client: FlaskClient,
+    tenant: TenantAuth,
+    database: Database,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Ticks are stored and judged by PostgreSQL's clock: a control worker whose wall
+    # clock jumped an hour ahead fired the next hourly tick at once, an hour early.
+    upload = client.post("/files?filename=r.npy", data=_npy(5), headers=tenant.headers)
+    body = {"name": "hourly-skewed", "cron": "0 * * * *", "model": "digits",
+            "input": {"file_id": upload.json["id"]}}  # fmt: skip
+    made = client.post("/schedules", json=body, headers=tenant.headers)
+    assert made.status_code == 201, made.json
+    schedule_id = uuid.UUID(made.json["id"])
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return datetime.now(tz) + timedelta(hours=1, minutes=1)
+
+    monkeypatch.setattr(service, "datetime", Ahead)
+    started: list[uuid.UUID] = []
+    with app.app_context(), database.sessionmaker() as session:
+        fired = service.fire_due(
+            session, container_of(app).store, container_of(app).models, settings, _record(started)
+        )
+        schedule = session.get(Schedule, schedule_id)
+        assert schedule is not None
+    assert fired == [] and started == [] and runs(client, tenant, str(schedule_id)) == []
+    assert schedule.next_run_at > datetime.now(UTC)
