@@ -169,7 +169,6 @@ def test_13_the_disk_under_postgresql_full(
         f"{counted(answers[tables_full:])}; submits accepted {recovered} s after space "
         f"returned; {again} jobs run again"
     )
-    print(tally)
     check(tally, guarded, lambda t: t.lost > 0)
     refused = [a for a in answers if a.status != 202]
     assert any(a.problem and "disk is full" in a.problem["detail"] for a in refused), answers
@@ -354,5 +353,4 @@ def test_14_the_file_store_full_during_an_upload_and_a_result_write(
         f"failed write): succeeded, {len(ids_b)} chunks in {attempts[batch_b]} attempts, "
         f"equal to ONNX Runtime; upload and batch C after: succeeded"
     )
-    print(tally)
     check(tally, guarded, lambda t: False)
