@@ -97,6 +97,13 @@ class Unavailable(DomainError):
     code = "service-unavailable"
 
 
+class InsufficientStorage(DomainError):
+    """The file store has no room for what was sent (its disk or quota is full);
+    nothing of it was kept. Worth a retry once space is freed."""
+
+    code = "insufficient-storage"
+
+
 class QueueFull(DomainError):
     """The model's queue is at its bound; nothing of the request was kept."""
 

@@ -9,6 +9,7 @@ from there: nothing had to be copied when the store came.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import uuid
 from collections.abc import Iterable, Iterator
@@ -18,7 +19,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import readers
-from app.errors import Conflict, InvalidRequest, TooLarge
+from app.errors import Conflict, InsufficientStorage, InvalidRequest, TooLarge, Unavailable
 from app.jobs.chunks import PART_BYTES, file_key
 from app.jobs.quotas import Quotas
 from app.platform.filestore import FileStore
@@ -50,18 +51,37 @@ def store(
     limits: Quotas | None = None,
 ) -> File:
     """Read `body` to its end into a new file (the caller commits); TooLarge past `max_bytes`,
-    QuotaExceeded past what the tenant may still store."""
+    QuotaExceeded past what the tenant may still store, InsufficientStorage or
+    Unavailable where the store cannot take it."""
     room = limits.admit_upload(session, tenant_id, 0) if limits else None
     limit = max_bytes if room is None else min(max_bytes, room)
     try:
         file = store_parts(session, files, tenant_id, filename, fmt,
                            iter(lambda: _read_part(body), b""), limit)  # fmt: skip
+    except OSError as exc:
+        session.rollback()
+        raise store_refused(exc) from exc
     except TooLarge:
         session.rollback()  # the quota is read afresh
         if limits is not None and limit < max_bytes:
             limits.admit_upload(session, tenant_id, limit + 1)  # raises QuotaExceeded
         raise
     return file
+
+
+def store_refused(exc: OSError) -> InsufficientStorage | Unavailable:
+    """The store's failure during an upload as the client's answer: no room (a full
+    disk, a quota) is InsufficientStorage, any other failure Unavailable. Either
+    way the writer left nothing behind and no file was recorded."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientStorage(
+            "the file store is full, so nothing of the upload was kept; send it again "
+            "later, once space has been freed", retry_after=30,
+        )  # fmt: skip
+    return Unavailable(
+        f"the file store failed ({exc}), so nothing of the upload was kept; send it again",
+        retry_after=5,
+    )
 
 
 def store_parts(

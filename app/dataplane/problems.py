@@ -111,10 +111,17 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "where it stands; an operator sets them with `manage.py tenants set`). Nothing of "
         "this request was kept: send it again after Retry-After seconds.",
     ),
+    "insufficient-storage": (
+        507,
+        "The file store is full",
+        "The file store has no room for this upload (its disk is full); nothing of it was "
+        "kept. Send it again after Retry-After seconds, once space has been freed.",
+    ),
     "service-unavailable": (
         503,
         "Service unavailable",
-        "A dependency (database or broker) did not answer; retry after Retry-After seconds.",
+        "A dependency (database, broker or file store) did not answer, or the database's "
+        "disk is full (`detail` says which); retry after Retry-After seconds.",
     ),
     "internal-error": (500, "Internal server error", "Retry later; the error was logged."),
 }

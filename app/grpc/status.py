@@ -34,6 +34,7 @@ CODES: dict[str, Code] = {
     "invalid-model": Code.FAILED_PRECONDITION,
     "forbidden": Code.PERMISSION_DENIED,
     "service-unavailable": Code.UNAVAILABLE,
+    "insufficient-storage": Code.RESOURCE_EXHAUSTED,
     "queue-full": Code.RESOURCE_EXHAUSTED,
     "quota-exceeded": Code.RESOURCE_EXHAUSTED,
     "too-many-waits": Code.RESOURCE_EXHAUSTED,

@@ -117,6 +117,13 @@ def database_unavailable(error: BaseException) -> bool:
     )
 
 
+def database_disk_full(error: BaseException) -> bool:
+    """PostgreSQL is out of disk space (SQLSTATE 53100: a file it could not extend).
+    An OperationalError, so a 503 or a retry like an outage; worth naming, since
+    only more space ends it."""
+    return getattr(getattr(error, "orig", None), "pgcode", None) == "53100"
+
+
 def _note_last_use(_dbapi_conn: Any, record: Any) -> None:
     record.info["last_use"] = time.monotonic()
 

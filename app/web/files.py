@@ -53,6 +53,8 @@ _UPLOAD = {
 @blp.response(201, FileSchema)
 @blp.alt_response(413, response="REQUEST_ENTITY_TOO_LARGE", description="Over MAX_UPLOAD_BYTES")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Unknown format or empty")
+@blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="The file store failed")
+@blp.alt_response(507, response="INSUFFICIENT_STORAGE", description="The file store is full")
 @authenticated
 @blp.arguments(UploadArgsSchema(), location="query")
 def upload(args: dict[str, Any]) -> tuple[File, int, dict[str, str]]:

@@ -137,8 +137,18 @@ def register_error_handlers(app: Flask) -> None:
     def _unexpected(exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
             return problem_response(problem_from_http_exception(exc))
-        from app.platform.database import database_unavailable
+        from app.platform.database import database_disk_full, database_unavailable
 
+        if database_disk_full(exc):
+            app.logger.warning("database disk full: %s", exc)
+            return problem_response(
+                Problem(
+                    "service-unavailable",
+                    "The database's disk is full, so nothing of this request was kept; "
+                    "retry later, once an operator has freed space.",
+                    headers={"Retry-After": "30"},
+                )
+            )
         if database_unavailable(exc):
             app.logger.warning("database unavailable: %s", exc)
             return problem_response(

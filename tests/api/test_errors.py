@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from app.platform.database import Database
 from app.platform.tables import Job
+from tests.conftest import TenantAuth
 
 PIXELS = [[0.0] * 64]
 
@@ -172,3 +173,31 @@ def test_problem_types_are_documented(client: FlaskClient, auth: dict[str, str])
     )
     doc = client.get(body["type"])
     assert doc.status_code == 200 and doc.json["status"] == 404 and doc.json["description"]
+
+
+def test_a_full_database_disk_is_503_naming_it(
+    client: FlaskClient, auth: dict[str, str], tenant: TenantAuth, database: Database
+) -> None:
+    """PostgreSQL out of disk space (SQLSTATE 53100, psycopg2's DiskFull: a table
+    it cannot extend) is a 503 that says so, with Retry-After, and keeps nothing;
+    the error is raised by a trigger on this tenant's inserts only, so the same
+    real error reaches the API without filling a disk."""
+    name = f"disk_full_{tenant.id}"
+    with database.engine.begin() as conn:
+        conn.execute(text(
+            f"CREATE FUNCTION {name}() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION USING "
+            "ERRCODE = '53100', MESSAGE = 'could not extend file \"base/1/2\": No space left "
+            f"on device'; END $$ LANGUAGE plpgsql; CREATE TRIGGER {name} BEFORE INSERT ON jobs "
+            f"FOR EACH ROW WHEN (NEW.tenant_id = {tenant.id}) EXECUTE FUNCTION {name}()"
+        ))  # fmt: skip
+    try:
+        before = job_count(database)
+        body = {"model": "digits", "inputs": {"pixels": PIXELS}}
+        response = client.post("/jobs", json=body, headers=auth)
+    finally:
+        with database.engine.begin() as conn:
+            conn.execute(text(f"DROP TRIGGER {name} ON jobs; DROP FUNCTION {name}()"))
+    refused = problem(response, 503, "service-unavailable")
+    assert "disk is full" in refused["detail"], refused
+    assert int(response.headers["Retry-After"]) > 0
+    assert job_count(database) == before
