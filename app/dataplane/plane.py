@@ -64,7 +64,15 @@ from app.observability import metrics
 from app.platform.database import Database
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
-from app.platform.tables import Batch, DeadLetter, File, Job, Schedule, StreamBinding
+from app.platform.tables import (
+    Batch,
+    DeadLetter,
+    DisabledWebhookUrl,
+    File,
+    Job,
+    Schedule,
+    StreamBinding,
+)
 from app.runtime.sessions import SessionPool
 from app.schedules import service as schedules
 from app.status.service import Status, StatusBoard, read_status
@@ -706,21 +714,39 @@ class DataPlane:
         return log
 
     def redeliver(self, tenant: TenantRef, job_id: uuid.UUID, delivery_id: int) -> delivery.Logged:
-        """Send a delivery again from the start of its schedule (same webhook-id);
-        Conflict while it is being sent, or when its URL answered 410 Gone."""
+        """Send a delivery again from the start of its schedule (same webhook-id),
+        enabling its URL if it was disabled for failing; Conflict while it is being
+        sent, or when its URL answered 410 Gone (enable that first)."""
         session = self.database.session()
         service.get(session, tenant.id, job_id)
         if not delivery.log_of(session, job_id, delivery_id):
             raise NotFound(f"job {job_id} has no delivery {delivery_id}")
         if not delivery.redeliver(session, [delivery_id]):
+            session.rollback()
             raise Conflict(
                 f"delivery {delivery_id} is being sent now, or its URL answered 410 Gone and "
-                "is disabled for your tenant"
+                "is disabled for your tenant: DELETE /webhook-urls/disabled?url=... enables it"
             )
         session.commit()
         [logged] = delivery.log_of(session, job_id, delivery_id)
         session.commit()
         return logged
+
+    def disabled_webhook_urls(self, tenant: TenantRef) -> list[DisabledWebhookUrl]:
+        """The tenant's disabled webhook URLs, each with why and since when."""
+        session = self.database.session()
+        found = delivery.disabled_urls(session, tenant.id)
+        session.commit()
+        return found
+
+    def enable_webhook_url(self, tenant: TenantRef, url: str) -> None:
+        """Send to a disabled URL again (a 410's or a failing one's); NotFound if it
+        is not disabled for the tenant."""
+        session = self.database.session()
+        if not delivery.enable(session, tenant.id, url):
+            session.rollback()
+            raise NotFound(f"{url} is not a disabled webhook URL of your tenant")
+        session.commit()
 
     def usage_report(
         self, tenant: TenantRef, start: datetime, end: datetime

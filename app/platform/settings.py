@@ -318,6 +318,13 @@ class Settings(BaseSettings):
         description="Seconds before each attempt (comma list); its length is the number of "
         "attempts. Jittered by up to 10%. Default: over about a day.",
     )
+    webhook_disable_after_seconds: float = Field(
+        default=5 * 24 * 3600.0,
+        description="A tenant's webhook URL whose deliveries have all failed for this long "
+        "(from its first failure, no success since) is disabled: its pending deliveries stop "
+        "and new ones are not sent, each kept as `disabled` in the log. Redelivering one of "
+        "them re-enables the URL. Judged at each failed attempt. 0 never disables.",
+    )
     webhook_allow_private_networks: Annotated[bool, BeforeValidator(_switch)] = Field(
         default=False,
         description="Allow webhook URLs on loopback and private ranges (development and "

@@ -509,16 +509,42 @@ class WebhookAttempt(Base):
     latency_ms: Mapped[float | None] = mapped_column()
 
 
+DISABLE_REASONS = ("gone", "failing")
+
+
 class DisabledWebhookUrl(Base):
-    """A URL that answered 410 Gone: nothing more is sent there for the tenant."""
+    """A URL nothing more is sent to for the tenant: it answered 410 Gone (`gone`), or
+    every delivery to it failed for WEBHOOK_DISABLE_AFTER_SECONDS (`failing`)."""
 
     __tablename__ = "disabled_webhook_urls"
+    __table_args__ = (
+        CheckConstraint(
+            "reason IN (" + ", ".join(f"'{r}'" for r in DISABLE_REASONS) + ")",
+            name="disabled_webhook_urls_reason_valid",
+        ),
+    )
 
     tenant_id: Mapped[int] = mapped_column(
         ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
     )
     url: Mapped[str] = mapped_column(Text, primary_key=True)
     disabled_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    reason: Mapped[str] = mapped_column(String(16), server_default="gone")
+
+
+class FailingWebhookUrl(Base):
+    """A tenant's URL whose deliveries have all failed since `failing_since` (its first
+    failure after its last success): the row goes at the next success."""
+
+    __tablename__ = "failing_webhook_urls"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    url: Mapped[str] = mapped_column(Text, primary_key=True)
+    failing_since: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
 

@@ -70,8 +70,8 @@ def register_api(app: Flask) -> None:
     api.spec.components.security_scheme("bearerAuth", SECURITY_SCHEME)
     blueprints = (
         jobs.blp, infer.blp, batches.blp, files.blp, schedules.blp, streams.blp, deliveries.blp,
-        dead_letters.blp, usage.blp, models.blp, model_repository.blp, health.blp, status.blp,
-        metrics.blp,
+        deliveries.urls_blp, dead_letters.blp, usage.blp, models.blp, model_repository.blp,
+        health.blp, status.blp, metrics.blp,
     )  # fmt: skip
     for blueprint in blueprints:
         api.register_blueprint(blueprint)

@@ -416,6 +416,26 @@ class WebhookDeliveryListSchema(Schema):
     items = fields.List(fields.Nested(WebhookDeliverySchema))
 
 
+class DisabledWebhookUrlSchema(Schema):
+    url = fields.String()
+    reason = fields.String(
+        metadata={
+            "enum": ["gone", "failing"],
+            "description": "`gone`: it answered 410 Gone; `failing`: every delivery to it failed "
+            "for WEBHOOK_DISABLE_AFTER_SECONDS (a redeliver to it enables it again)",
+        }
+    )
+    disabled_at = fields.DateTime()
+
+
+class DisabledWebhookUrlListSchema(Schema):
+    items = fields.List(fields.Nested(DisabledWebhookUrlSchema))
+
+
+class WebhookUrlArgsSchema(Schema):
+    url = fields.String(required=True, metadata={"description": "The webhook URL, exactly"})
+
+
 class UsageArgsSchema(Schema):
     start = instant(data_key="from", metadata={"description": "Default: `to` less 24 hours"})
     end = instant(data_key="to", metadata={"description": "Default: now"})

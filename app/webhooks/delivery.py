@@ -5,7 +5,9 @@ happens. The sweep (beat, every second) marks due rows `sending` under a lease
 and publishes them to the webhooks queue; a task takes one (`sending` ->
 `in_flight`, so a duplicate message does nothing), makes one attempt and writes
 the outcome: `delivered`, `pending` again at its next scheduled time, `failed`
-(schedule used up, or an unsafe URL: a dead letter) or `disabled` (410 Gone).
+(schedule used up, or an unsafe URL: a dead letter) or `disabled`: its URL answered
+410 Gone, or every delivery to it failed for WEBHOOK_DISABLE_AFTER_SECONDS (as
+Stripe and Svix disable an endpoint); then the URL's pending deliveries stop too.
 A worker killed mid-delivery leaves a lease that runs out; the sweep sends the
 delivery again, with the same webhook-id. Every time here is PostgreSQL's
 `now()`, never the sender's clock: a sender whose clock is off neither parks a
@@ -137,8 +139,9 @@ def deliver(
     assert delivery is not None
     logs.bind(job_id=delivery.job_id)
     now = row.now  # the database's time of the take: the event's and the signature's
-    if session.get(DisabledWebhookUrl, (delivery.tenant_id, delivery.url)) is not None:
-        note = "not sent: this URL answered 410 Gone before"
+    disabled = session.get(DisabledWebhookUrl, (delivery.tenant_id, delivery.url))
+    if disabled is not None:
+        note = NOT_SENT[disabled.reason]
         return _finish(session, taken, delivery, "disabled", counted=0, error=note)
     payload = delivery.payload
     if payload is None:
@@ -175,7 +178,8 @@ def deliver(
         status = "pending"
         delay = max(schedule[attempts] * random.uniform(0.9, 1.1), waited or 0)
     return _finish(session, taken, delivery, status, counted=1, error=error, code=code,
-                   latency_ms=answer.latency_ms, delay=delay)  # fmt: skip
+                   latency_ms=answer.latency_ms, delay=delay,
+                   disable_after=settings.webhook_disable_after_seconds)  # fmt: skip
 
 
 def _guard(taken: _Taken) -> dict[str, Any]:
@@ -185,10 +189,15 @@ def _guard(taken: _Taken) -> dict[str, Any]:
 def _finish(
     session: Session, taken: _Taken, delivery: WebhookDelivery, status: str, *, counted: int,
     error: str | None, code: int | None = None, latency_ms: float | None = None,
-    delay: float | None = None,
+    delay: float | None = None, disable_after: float = 0,
 ) -> str | None:  # fmt: skip
     """Write the attempt's outcome, if this sender still holds the delivery; the next
-    attempt is due `delay` seconds from now (the database's clock)."""
+    attempt is due `delay` seconds from now (the database's clock). A failed attempt
+    that ends its URL's `disable_after` seconds of failing disables the URL."""
+    failing = status in ("pending", "failed") and counted
+    if failing and (failed_for := _failing_for(session, delivery)) >= disable_after > 0:
+        status, delay = "disabled", None
+        error = f"{error or f'HTTP {code}'}; URL disabled: failing for {failed_for:.0f} s"
     values = {**_guard(taken), "status": status, "counted": counted, "delay": delay,
               "delivered": status == "delivered"}  # fmt: skip
     if session.execute(_FINISH, values).first() is None:
@@ -197,9 +206,10 @@ def _finish(
         return None
     session.add(WebhookAttempt(delivery_id=delivery.id, url=delivery.url, status_code=code,
                                error=error, latency_ms=latency_ms))  # fmt: skip
-    if status == "disabled" and code == 410:
-        session.execute(insert(DisabledWebhookUrl).values(tenant_id=delivery.tenant_id,
-                               url=delivery.url).on_conflict_do_nothing())  # fmt: skip
+    if status == "delivered":
+        session.execute(_RECOVERED, {"tenant": delivery.tenant_id, "url": delivery.url})
+    elif status == "disabled" and counted:
+        _disable(session, delivery, "gone" if code == 410 else "failing")
     if status == "failed":
         _dead_letter(session, delivery, taken.attempts + counted, error or f"HTTP {code}")
     session.commit()
@@ -208,6 +218,51 @@ def _finish(
     logger.info("webhook %s to %s: %s (%s)", delivery.message_id, _origin(delivery.url), status,
                 code or error)  # fmt: skip
     return status
+
+
+# Why a delivery to a disabled URL was not sent, by the URL's reason.
+NOT_SENT = {
+    "gone": "not sent: this URL answered 410 Gone before",
+    "failing": "not sent: this URL was disabled after failing for WEBHOOK_DISABLE_AFTER_SECONDS",
+}
+_FAILED = text(
+    """
+    INSERT INTO failing_webhook_urls (tenant_id, url) VALUES (:tenant, :url)
+    ON CONFLICT (tenant_id, url) DO UPDATE SET failing_since = failing_webhook_urls.failing_since
+    RETURNING extract(epoch FROM now() - failing_since) AS failing_for
+    """
+)
+_RECOVERED = text("DELETE FROM failing_webhook_urls WHERE tenant_id = :tenant AND url = :url")
+_STOP_PENDING = text(
+    """
+    WITH stopped AS (
+        UPDATE webhook_deliveries SET status = 'disabled', lease_expires_at = NULL
+        WHERE tenant_id = :tenant AND url = :url AND status = 'pending'
+        RETURNING id, url
+    )
+    INSERT INTO webhook_attempts (delivery_id, url, error)
+    SELECT id, url, :note FROM stopped
+    """
+)
+
+
+def _failing_for(session: Session, delivery: WebhookDelivery) -> float:
+    """Record a failure to the delivery's URL: seconds since the first failure after
+    its last success (0 for this one, when it is the first)."""
+    values = {"tenant": delivery.tenant_id, "url": delivery.url}
+    return float(session.execute(_FAILED, values).scalar_one())
+
+
+def _disable(session: Session, delivery: WebhookDelivery, reason: str) -> None:
+    """Disable the delivery's URL for its tenant; its pending deliveries stop, each
+    with a line in its log saying why (they stay redeliverable)."""
+    session.execute(
+        insert(DisabledWebhookUrl)
+        .values(tenant_id=delivery.tenant_id, url=delivery.url, reason=reason)
+        .on_conflict_do_nothing()
+    )
+    values = {"tenant": delivery.tenant_id, "url": delivery.url, "note": NOT_SENT[reason]}
+    session.execute(_STOP_PENDING, values)
 
 
 def _count_attempt(status: str, code: int | None, error: str | None) -> None:
@@ -262,19 +317,57 @@ def _dead_letter(session: Session, delivery: WebhookDelivery, attempts: int, err
     )  # fmt: skip
 
 
-def redeliver(session: Session, ids: list[int]) -> list[int]:
-    """Send deliveries again from the start of the schedule (same webhook-id)."""
-    statement = text(
-        """
-        UPDATE webhook_deliveries d SET status = 'pending', attempts = 0,
-               next_attempt_at = now(), lease_expires_at = NULL
-        WHERE d.id = ANY(:ids) AND d.status IN ('delivered', 'failed', 'pending')
-          AND NOT EXISTS (SELECT 1 FROM disabled_webhook_urls u
-                          WHERE u.tenant_id = d.tenant_id AND u.url = d.url)
-        RETURNING d.id
-        """
+_REDELIVERABLE = "('delivered', 'failed', 'pending', 'disabled')"
+# Asking to send again is the tenant's word that the receiver is back: a URL
+# disabled for failing is enabled, its failing streak forgotten. A 410's stays.
+_ENABLE_FAILING = text(
+    f"""
+    WITH enabled AS (
+        DELETE FROM disabled_webhook_urls u USING webhook_deliveries d
+        WHERE d.id = ANY(:ids) AND d.status IN {_REDELIVERABLE} AND u.reason = 'failing'
+          AND u.tenant_id = d.tenant_id AND u.url = d.url
+        RETURNING u.tenant_id, u.url
     )
-    return [r.id for r in session.execute(statement, {"ids": ids})]
+    DELETE FROM failing_webhook_urls f USING enabled e
+    WHERE f.tenant_id = e.tenant_id AND f.url = e.url
+    """
+)
+_REDELIVER = text(
+    f"""
+    UPDATE webhook_deliveries d SET status = 'pending', attempts = 0,
+           next_attempt_at = now(), lease_expires_at = NULL
+    WHERE d.id = ANY(:ids) AND d.status IN {_REDELIVERABLE}
+      AND NOT EXISTS (SELECT 1 FROM disabled_webhook_urls u
+                      WHERE u.tenant_id = d.tenant_id AND u.url = d.url)
+    RETURNING d.id
+    """
+)
+
+
+def redeliver(session: Session, ids: list[int]) -> list[int]:
+    """Send deliveries again from the start of the schedule (same webhook-id),
+    enabling URLs disabled for failing; not those being sent now, nor to a URL that
+    answered 410 Gone (until its tenant enables it: `enable`)."""
+    session.execute(_ENABLE_FAILING, {"ids": ids})
+    return [r.id for r in session.execute(_REDELIVER, {"ids": ids})]
+
+
+def disabled_urls(session: Session, tenant_id: int) -> list[DisabledWebhookUrl]:
+    """A tenant's disabled URLs, newest first."""
+    query = select(DisabledWebhookUrl).where(DisabledWebhookUrl.tenant_id == tenant_id)
+    return list(session.scalars(query.order_by(DisabledWebhookUrl.disabled_at.desc())))
+
+
+def enable(session: Session, tenant_id: int, url: str) -> bool:
+    """Enable a tenant's disabled URL (whatever the reason); whether it was disabled.
+    Its disabled deliveries stay as they are: redeliver those wanted."""
+    values = {"tenant": tenant_id, "url": url}
+    gone = session.execute(
+        text("DELETE FROM disabled_webhook_urls WHERE tenant_id = :tenant AND url = :url "
+             "RETURNING url"), values,
+    ).first()  # fmt: skip
+    session.execute(_RECOVERED, values)
+    return gone is not None
 
 
 Logged = tuple[WebhookDelivery, list[WebhookAttempt]]

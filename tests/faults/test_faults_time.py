@@ -291,3 +291,179 @@ def test_17_the_wall_clock_of_a_worker_jumps_an_hour_forward(
     assert all(a.verified for a in receiver.arrivals), receiver.arrivals
     assert max(off) < 60, off
     assert tally.duplicate_executions == 0, tally
+
+
+# Scenario 18: what the simulated clock moves. Every time stored in the webhook tables;
+# nothing else (jobs run and finish in real time, before their deliveries are made).
+WEBHOOK_TIMES = {
+    "webhook_deliveries": ("next_attempt_at", "created_at", "delivered_at", "lease_expires_at"),
+    "webhook_attempts": ("at",),
+    "failing_webhook_urls": ("failing_since",),
+    "disabled_webhook_urls": ("disabled_at",),
+}
+OUTAGE = 6 * HOUR
+DISABLE_AFTER = 5 * HOUR
+# When (simulated seconds from the start) a job with a webhook is submitted: some
+# whose schedules run while the URL fails, one near the limit, one after it.
+SUBMIT_AT = (0.0, 2 * HOUR, 4 * HOUR, 5.5 * HOUR, 5.85 * HOUR)
+SCHEDULE = (0, 5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)  # the default
+
+
+def quiet(stack: FaultStack, ids: list[str]) -> float | None:
+    """Seconds until the next pending delivery is due (by the database's clock) when
+    nothing is in flight: every job finished, no delivery being sent or already
+    due; None while something is. Infinity when nothing is pending."""
+    if any(s not in ("succeeded", "failed") for s in stack.statuses(ids).values()):
+        return None
+    with stack.engine.connect() as conn:
+        row = conn.execute(sa.text(
+            "SELECT count(*) FILTER (WHERE status IN ('sending', 'in_flight')) AS busy, "
+            "extract(epoch FROM min(next_attempt_at) FILTER (WHERE status = 'pending') - now()) "
+            "AS due_in FROM webhook_deliveries"
+        )).one()  # fmt: skip
+    if row.busy or (row.due_in is not None and row.due_in <= 0):
+        return None
+    return float("inf") if row.due_in is None else float(row.due_in)
+
+
+def advance(stack: FaultStack, seconds: float) -> None:
+    """Simulated time passes: every stored webhook time moves `seconds` back, so the
+    database's now() stands that much later among them."""
+    with stack.engine.begin() as conn:
+        for table, columns in WEBHOOK_TIMES.items():
+            moved = ", ".join(f"{c} = {c} - make_interval(secs => :s)" for c in columns)
+            conn.execute(sa.text(f"UPDATE {table} SET {moved}"), {"s": seconds})
+
+
+def test_18_a_webhook_receiver_down_for_six_hours_simulated(
+    make_stack: Callable[..., FaultStack],
+    receivers: Callable[[str, Callable[[str, int], int]], Receiver],
+) -> None:
+    """A tenant's receiver answers 503 for six hours; the default retry schedule, and
+    WEBHOOK_DISABLE_AFTER_SECONDS at 5 h. Simulated time: whenever nothing is in flight
+    (every job finished, no delivery being sent or due) the test moves every time
+    stored in the webhook tables (WEBHOOK_TIMES: due times, creation and attempt
+    times, a URL's first failure, its disabling) back to the next due delivery or
+    the next scripted event (a job's submission, the receiver's return), which is
+    what the database's now() advancing among them would do; the processes, their
+    sleeps and the jobs run in real time. A time below is its stored value, so
+    relative to another stored time it is simulated time. Checked: each attempt
+    after the schedule's step (within its 10% jitter, plus the few real seconds of
+    a sweep), the URL disabled by the first failure at least 5 h after its first
+    (none before), every delivery in the log with each attempt the receiver got,
+    and, once the receiver is back, a redeliver of each delivery that re-enables
+    the URL and sends the same body, signed. No guard in app.jobs.guards handles
+    this: the rule is the service's own."""
+    stack = make_stack(
+        WEBHOOK_ALLOW_PRIVATE_NETWORKS="true", WEBHOOK_DISABLE_AFTER_SECONDS=str(DISABLE_AFTER),
+        WEBHOOK_RETRY_SCHEDULE=",".join(str(s) for s in SCHEDULE),
+    )  # fmt: skip
+    down = threading.Event()
+    down.set()
+    receiver = receivers(webhook_secret(stack), lambda _id, _n: 503 if down.is_set() else 200)
+    stack.start_api()
+    stack.start_beat()
+    start_worker(stack, "worker0", "inference,webhooks")
+
+    ids: list[str] = []
+    simulated, steps, started = 0.0, 0, time.monotonic()
+    pending = list(SUBMIT_AT)
+    while simulated < OUTAGE:
+        if pending and pending[0] <= simulated:
+            pending.pop(0)
+            ids += submit_each(stack, [{**digits(len(ids)), "webhook": {"url": receiver.url}}])
+            continue
+        due_in = quiet(stack, ids)
+        if due_in is None:
+            assert time.monotonic() - started < 120, "the deliveries did not settle"
+            time.sleep(0.05)
+            continue
+        step = min(due_in, (pending[0] if pending else OUTAGE) - simulated)
+        advance(stack, step)
+        simulated += step
+        steps += 1
+    down.clear()  # the receiver is back, six hours on
+
+    headers = {"Authorization": f"Bearer {stack.api_key}"}
+
+    def log_of(job: str) -> dict[str, Any]:
+        items = requests.get(f"{stack.base}/jobs/{job}/deliveries", headers=headers,
+                             timeout=30).json()["items"]  # fmt: skip
+        assert len(items) == 1, items
+        found: dict[str, Any] = items[0]
+        return found
+
+    logs = [log_of(job) for job in ids]
+    disabled = requests.get(f"{stack.base}/webhook-urls/disabled", headers=headers, timeout=30)
+    assert disabled.json()["items"][0]["url"] == receiver.url, disabled.json()
+    assert disabled.json()["items"][0]["reason"] == "failing", disabled.json()
+    # The schedule: each attempt its step after the one before (jitter of 10%, and the
+    # sweep's second and a busy machine's few more on top).
+    gaps = []
+    sent = [(log, [a for a in log["log"] if a["status_code"] is not None]) for log in logs]
+    for log, attempts in sent:
+        times = [datetime.fromisoformat(a["at"]) for a in attempts]
+        for k in range(1, len(times)):
+            gap = (times[k] - times[k - 1]).total_seconds()
+            assert SCHEDULE[k] * 0.9 <= gap <= SCHEDULE[k] * 1.1 + 30, (k, gap, log)
+            gaps.append(gap / SCHEDULE[k])
+    # The limit: the first failure after 5 h of failing disables the URL, none before.
+    every = sorted(
+        ((datetime.fromisoformat(a["at"]), a) for _, attempts in sent for a in attempts),
+        key=lambda pair: pair[0],
+    )
+    first_failure = every[0][0]
+    disabling = [(at, a) for at, a in every if "URL disabled" in (a["error"] or "")]
+    assert len(disabling) == 1, disabling
+    disabled_at = disabling[0][0]
+    after = (disabled_at - first_failure).total_seconds()
+    assert after >= DISABLE_AFTER, after
+    assert all((at - first_failure).total_seconds() < DISABLE_AFTER
+               for at, _ in every if at < disabled_at)  # fmt: skip
+    assert [at for at, _ in every if at > disabled_at] == [], "nothing sent once disabled"
+    # Every delivery in the log: disabled, each attempt the receiver got logged.
+    assert [log["status"] for log in logs] == ["disabled"] * len(ids), logs
+    for log, attempts in sent:
+        got = [a for a in receiver.arrivals if a.message_id == log["message_id"]]
+        assert [a["status_code"] for a in attempts] == [a.answered for a in got] == [503] * len(got)
+    unsent = [log for log, attempts in sent if not attempts]
+    stopped = [log for log, attempts in sent
+               if attempts and "URL disabled" not in (attempts[-1]["error"] or "")]  # fmt: skip
+    assert unsent and stopped, "a new delivery is not sent, a pending one stops"
+    assert all("disabled after failing" in log["log"][-1]["error"] for log in unsent + stopped)
+
+    # The receiver is back: a redeliver re-enables the URL; each delivery is sent again.
+    for job, log in zip(ids, logs, strict=True):
+        response = requests.post(f"{stack.base}/jobs/{job}/deliveries/{log['id']}/redeliver",
+                                 headers=headers, timeout=30)  # fmt: skip
+        assert response.status_code == 202, response.text
+        if log is logs[0]:
+            assert requests.get(f"{stack.base}/webhook-urls/disabled", headers=headers,
+                                timeout=30).json()["items"] == []  # fmt: skip
+    redelivered_by = time.monotonic() + 30
+    while time.monotonic() < redelivered_by and receiver.answered(200) < len(ids):
+        time.sleep(0.2)
+    assert receiver.answered(200) == len(ids), receiver.arrivals
+    assert all(a.verified for a in receiver.arrivals), receiver.arrivals
+    for log in logs:
+        bodies = [a.body for a in receiver.arrivals if a.message_id == log["message_id"]]
+        assert all(body == bodies[-1] for body in bodies), "the same payload every time"
+    wait_delivered = time.monotonic() + 30
+    while time.monotonic() < wait_delivered and any(
+        log_of(job)["status"] != "delivered" for job in ids
+    ):
+        time.sleep(0.2)
+
+    tally = stack.tally(
+        "18. A webhook receiver down for six hours (simulated)", "on", ids, len(ids)
+    )
+    attempts_made = sum(len(attempts) for _, attempts in sent)
+    tally.notes.append(
+        f"{len(ids)} deliveries, {attempts_made} attempts over {simulated / HOUR:.0f} simulated "
+        f"hours ({steps} steps); gaps {min(gaps):.2f}-{max(gaps):.2f} of the schedule's step; "
+        f"URL disabled {after / HOUR:.2f} h after its first failure (limit 5 h), "
+        f"{len(stopped)} pending stopped, {len(unsent)} not sent; all redelivered (200, signed)"
+    )
+    check(tally, True, lambda t: False)
+    assert [log_of(job)["status"] for job in ids] == ["delivered"] * len(ids)
+    assert tally.duplicate_executions == 0, tally

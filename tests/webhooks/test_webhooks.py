@@ -723,3 +723,158 @@ def test_a_sender_an_hour_ahead_retries_and_signs_by_the_databases_clock(
     secret = secret_of(database, tenant)
     for received in receiver.at("/skewed"):
         assert verified(secret, received)["type"] == "job.succeeded"
+
+
+# 7. A URL failing for WEBHOOK_DISABLE_AFTER_SECONDS is disabled. Attempts run in this
+# process with the limit set; the time a URL has been failing is staged in the database
+# (its failing_since moved back), the only clock the rule reads.
+
+LIMIT = 3600.0
+
+
+def stage(database: Database, statement: str, **values: Any) -> None:
+    with database.sessionmaker() as session:
+        session.execute(text(statement), values)
+        session.commit()
+
+
+def parked(database: Database, delivery_id: int) -> int:
+    """The delivery, due only in an hour: no sweep sends it until a test asks."""
+    stage(database, "UPDATE webhook_deliveries SET next_attempt_at = now() + interval '1 hour' "
+          "WHERE id = :id AND status = 'pending'", id=delivery_id)  # fmt: skip
+    return delivery_id
+
+
+def attempt(app: Flask, settings: Settings, database: Database, delivery_id: int) -> str | None:
+    """Make the delivery due, take it and make its attempt here; a retry is parked."""
+    stage(database, "UPDATE webhook_deliveries SET next_attempt_at = now() WHERE id = :id",
+          id=delivery_id)  # fmt: skip
+    assert take(app, settings, delivery_id)
+    with database.sessionmaker() as session:
+        status = delivery.deliver(session, settings, delivery_id, payloads.render)
+    parked(database, delivery_id)
+    return status
+
+
+def failing_for(database: Database, tenant: TenantAuth, url: str, seconds: float) -> None:
+    """Stage the URL's first failure (with no success since) `seconds` ago."""
+    stage(database, "UPDATE failing_webhook_urls SET failing_since = now() - make_interval("
+          "secs => :ago) WHERE tenant_id = :tenant AND url = :url",
+          ago=seconds, tenant=tenant.id, url=url)  # fmt: skip
+
+
+def disabled_urls(app: Flask, tenant: TenantAuth) -> dict[str, str]:
+    response = app.test_client().get("/webhook-urls/disabled", headers=tenant.headers)
+    assert response.status_code == 200, response.json
+    return {item["url"]: item["reason"] for item in response.json["items"]}
+
+
+def redeliver(app: Flask, tenant: TenantAuth, job_id: str, delivery_id: int) -> Any:
+    return app.test_client().post(
+        f"/jobs/{job_id}/deliveries/{delivery_id}/redeliver", headers=tenant.headers
+    )
+
+
+def job_of(database: Database, delivery_id: int) -> str:
+    with database.sessionmaker() as session:
+        return str(session.scalar(text("SELECT job_id FROM webhook_deliveries WHERE id = :id"),
+                                  {"id": delivery_id}))  # fmt: skip
+
+
+def test_a_url_failing_for_the_limit_is_disabled_and_a_redeliver_enables_it(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
+    database: Database,
+) -> None:  # fmt: skip
+    """Not before the limit; at the first failure after it the URL is disabled, its
+    pending deliveries stop and a new one is not sent, each logged and redeliverable;
+    redelivering one enables the URL again."""
+    strict = hooks.with_overrides(webhook_disable_after_seconds=LIMIT)
+    url = f"{receiver.base}/failing"
+    receiver.scripts["/failing"] = [Reply(503)]
+    first = parked(database, done_job(app_, tenant, url))
+    other = parked(database, done_job(app_, tenant, url))
+    assert attempt(app_, strict, database, first) == "pending"
+    failing_for(database, tenant, url, LIMIT - 60)
+    assert attempt(app_, strict, database, other) == "pending", "not before the limit"
+    assert disabled_urls(app_, tenant) == {}
+    failing_for(database, tenant, url, LIMIT + 1)
+    assert attempt(app_, strict, database, first) == "disabled"
+    assert disabled_urls(app_, tenant) == {url: "failing"}
+    [stopped] = deliveries(app_, tenant, job_of(database, other))
+    assert stopped["status"] == "disabled", "its pending delivery stops"
+    assert "disabled after failing" in stopped["log"][-1]["error"]
+    [ended] = deliveries(app_, tenant, job_of(database, first))
+    assert ended["log"][-1]["status_code"] == 503 and "URL disabled" in ended["log"][-1]["error"]
+    hits = len(receiver.at("/failing"))
+    new = done_job(app_, tenant, url)
+    assert attempt(app_, strict, database, new) == "disabled"
+    assert len(receiver.at("/failing")) == hits, "nothing is sent to a disabled URL"
+    receiver.scripts["/failing"] = [Reply(200)]  # the receiver is back
+    response = redeliver(app_, tenant, job_of(database, other), other)
+    assert response.status_code == 202, response.json
+    assert disabled_urls(app_, tenant) == {}, "a redeliver enables a URL disabled for failing"
+    assert attempt(app_, strict, database, other) == "delivered"
+    assert Webhook(secret_of(database, tenant)).verify(
+        receiver.at("/failing")[-1].body, receiver.at("/failing")[-1].headers)  # fmt: skip
+    [still] = deliveries(app_, tenant, job_of(database, new))
+    assert still["status"] == "disabled", "the others stay disabled until redelivered"
+
+
+def test_a_success_in_between_starts_the_failing_time_again(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
+    database: Database,
+) -> None:  # fmt: skip
+    strict = hooks.with_overrides(webhook_disable_after_seconds=LIMIT)
+    url = f"{receiver.base}/recovers"
+    receiver.scripts["/recovers"] = [Reply(500), Reply(200), Reply(500)]
+    first = parked(database, done_job(app_, tenant, url))
+    assert attempt(app_, strict, database, first) == "pending"
+    failing_for(database, tenant, url, LIMIT * 2)
+    assert attempt(app_, strict, database, parked(database, done_job(app_, tenant, url))) == (
+        "delivered"
+    )
+    failing_for(database, tenant, url, LIMIT * 2)  # no row to move: the success removed it
+    assert attempt(app_, strict, database, first) == "pending"
+    assert disabled_urls(app_, tenant) == {}
+
+
+def test_a_limit_of_0_never_disables(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
+    database: Database,
+) -> None:  # fmt: skip
+    never = hooks.with_overrides(webhook_disable_after_seconds=0.0)
+    url = f"{receiver.base}/never"
+    receiver.scripts["/never"] = [Reply(503)]
+    first = parked(database, done_job(app_, tenant, url))
+    assert attempt(app_, never, database, first) == "pending"
+    failing_for(database, tenant, url, 365 * 24 * 3600)
+    assert attempt(app_, never, database, first) == "pending"
+    assert disabled_urls(app_, tenant) == {}
+
+
+def test_a_url_that_answered_410_is_enabled_only_by_its_tenant(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
+    database: Database,
+) -> None:  # fmt: skip
+    url = f"{receiver.base}/gone-then-back"
+    receiver.scripts["/gone-then-back"] = [Reply(410), Reply(200)]
+    gone = parked(database, done_job(app_, tenant, url))
+    assert attempt(app_, hooks, database, gone) == "disabled"
+    assert disabled_urls(app_, tenant) == {url: "gone"}
+    refused = redeliver(app_, tenant, job_of(database, gone), gone)
+    assert refused.status_code == 409 and refused.content_type == "application/problem+json"
+    assert "410" in refused.json["detail"] and "/webhook-urls/disabled" in refused.json["detail"]
+    assert disabled_urls(app_, tenant) == {url: "gone"}, "a redeliver does not enable a 410"
+    client = app_.test_client()
+    other = make_tenant(database)
+    assert client.delete("/webhook-urls/disabled", query_string={"url": url},
+                         headers=other.headers).status_code == 404  # fmt: skip
+    assert client.delete("/webhook-urls/disabled", query_string={"url": url},
+                         headers=tenant.headers).status_code == 204  # fmt: skip
+    assert disabled_urls(app_, tenant) == {}
+    again = client.delete("/webhook-urls/disabled", query_string={"url": url},
+                          headers=tenant.headers)  # fmt: skip
+    assert again.status_code == 404 and again.content_type == "application/problem+json"
+    assert url in again.json["detail"]
+    assert redeliver(app_, tenant, job_of(database, gone), gone).status_code == 202
+    assert attempt(app_, hooks, database, gone) == "delivered"
