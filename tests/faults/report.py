@@ -44,6 +44,27 @@ per entry. Their guards: `ack` (an entry is acknowledged only after its job's
 record is committed), `redelivery` (a redelivered entry finds its job by the
 entry's id), `dedupe` (a result is appended under a mark set in the same step).
 
+Scenarios 12-19 (their modules: `tests/faults/test_faults_*.py`):
+**12** runs the worker in a memory cgroup of its own (its usage once up plus
+384 MiB) and a batch's row makes the kernel OOM-kill the child running its
+chunk at every attempt; **completed** counts the poison chunk when it ends
+failed with a dead letter, as expected. **13** puts PostgreSQL's data directory
+on a 160 MiB tmpfs and fills it: first its tables (submits needing a page are
+refused 503), then its WAL (PostgreSQL panics and stays down until space
+returns and it is started again, as a supervisor would). **14** fills the file
+store (a 16 MiB tmpfs) under an upload (507, nothing kept) and under batches'
+result writes (retried while attempts remain, then the batch fails; none ends
+succeeded with a cut-off result). **15** and **16** send one worker's traffic to
+PostgreSQL, then to Redis, through a TCP proxy the test cuts for 6 s (four
+leases) without closing anything, then heals; there **dup. results** also
+counts writes that finish a job twice with the same bytes. **17** runs a worker
+whose wall clock is an hour ahead (the suite's entry point shifts every
+`datetime`/`time` read of the service's own code); **18** keeps a webhook
+receiver down for six simulated hours (the test moves the stored webhook times
+back to the next due one whenever nothing is in flight); neither has a guard
+to switch off: every time is PostgreSQL's `now()`. **19** empties Redis during
+a 10 s burst of submits.
+
 Timings: leases 1.5 s, sweeps every 0.5 s, republish after 3 s, retry backoff
 0.2-1 s, consumers claim entries idle for 1.5 s (the production defaults are
 60 s, 5 s, 60 s, 2-300 s and 30 s).
