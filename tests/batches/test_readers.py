@@ -117,3 +117,13 @@ def test_a_jsonl_line_nested_too_deeply_is_a_bad_row() -> None:
     data = b"[" + b",".join([b"0"] * 64) + b"]\n"
     with pytest.raises(readers.BadRows, match=r"row 2: .*nested too deeply"):
         list(readers.chunks(CARD, "jsonl", [data * 2 + b"[" * 100_000 + b"\n"], 16))
+
+
+def test_npy_header_numpy_cannot_tokenize_is_a_bad_file() -> None:
+    """An unclosed bracket in the header: numpy's retry with its filter for Python 2
+    headers raised tokenize.TokenError, which is no ValueError (a 500)."""
+    good = encoded("npy", PIXELS[:2])
+    bad = good.replace(b"'shape': (2, 64)", b"'shape': (2, 64(")
+    assert bad != good
+    with pytest.raises(readers.BadRows, match=r"row 0: not a readable \.npy file"):
+        list(readers.chunks(CARD, "npy", [bad], 16))
