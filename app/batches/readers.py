@@ -19,6 +19,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import tokenize
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -100,12 +102,21 @@ def _single_input(card: ModelCard, fmt: str) -> str:
 
 def npy_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
     """The shape, Fortran order and dtype an .npy header declares; the stream is
-    left at the first byte of data. Nothing is unpickled."""
+    left at the first byte of data. Nothing is unpickled. numpy's reader takes a
+    negative dimension, and a shape of more bytes than an int64 counts (whose row
+    size then wraps round): both are a ValueError here, like any bad header, and so is
+    the tokenize.TokenError numpy lets out of a header it cannot parse (an unclosed
+    bracket), when it tries again with the filter for old (Python 2) headers."""
     version = np.lib.format.read_magic(stream)
     read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
         version, np.lib.format.read_array_header_2_0
     )
-    shape, fortran, dtype = read(stream)
+    try:
+        shape, fortran, dtype = read(stream)
+    except tokenize.TokenError as exc:
+        raise ValueError(f"the header is not a Python literal ({exc.args[0]})") from None
+    if any(d < 0 for d in shape) or math.prod(shape) * dtype.itemsize >= 2**63:
+        raise ValueError(f"shape {tuple(shape)} of {dtype} is not one an array can have")
     return tuple(shape), bool(fortran), dtype
 
 
@@ -205,6 +216,8 @@ def _jsonl_rows(
                 value = json.loads(line)
             except ValueError as exc:
                 raise BadRows(row, f"is not JSON ({exc})") from None
+            except RecursionError:  # json's decoder recurses per level of nesting
+                raise BadRows(row, "is not JSON the service reads (nested too deeply)") from None
             if isinstance(value, dict):
                 if missing := [n for n in names if n not in value]:
                     raise BadRows(row, f"has no {', '.join(missing)}; expected keys {names}")

@@ -14,11 +14,27 @@ from app.batches.representation import BatchSchema, describe
 from app.batches.service import BATCH_EVENTS
 from app.dataplane import BatchRequest, Webhook
 from app.web.auth import authenticated, current_tenant
-from app.web.blueprint import Blueprint
+from app.web.blueprint import Blueprint, link
 from app.web.context import current_session, plane, services
 from app.web.schemas import WebhookSchema
 
 blp = Blueprint("batches", __name__, url_prefix="/batches", description="Batch inference")
+
+
+def batch_links(pointer: str = "/id") -> dict[str, Any]:
+    """What a client does with a batch it got: follow it, cancel it, read its results,
+    its input file."""
+    batch_id = f"$response.body#{pointer}"
+    return {
+        "GetBatch": link("get", "/batches/{batch_id}", batch_id=batch_id),
+        "CancelBatch": link("post", "/batches/{batch_id}/cancel", batch_id=batch_id),
+        "BatchResults": link("get", "/batches/{batch_id}/results", batch_id=batch_id),
+        "GetInputFile": link(
+            "get",
+            "/files/{file_id}",
+            file_id=f"$response.body#{pointer.removesuffix('/id')}/file_id",
+        ),
+    }
 
 
 class BatchWebhookSchema(WebhookSchema):
@@ -60,7 +76,8 @@ class ResultsArgsSchema(Schema):
 
 
 @blp.post("")
-@blp.response(202, BatchSchema, description="Accepted; follow the Location URL")
+@blp.response(202, BatchSchema, description="Accepted; follow the Location URL",
+              links=batch_links())  # fmt: skip
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model or file")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Rows do not fit the model")
 @authenticated
@@ -82,7 +99,7 @@ def submit(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
 
 
 @blp.get("")
-@blp.response(200, BatchListSchema)
+@blp.response(200, BatchListSchema, links=batch_links("/items/0/id"))
 @authenticated
 @blp.arguments(BatchListArgsSchema(), location="query")
 def list_batches(args: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +107,7 @@ def list_batches(args: dict[str, Any]) -> dict[str, Any]:
 
 
 @blp.get("/<uuid:batch_id>")
-@blp.response(200, BatchSchema)
+@blp.response(200, BatchSchema, links=batch_links())
 @blp.alt_response(404, response="NOT_FOUND", description="No such batch for this tenant")
 @authenticated
 def get_batch(batch_id: uuid.UUID) -> dict[str, Any]:
@@ -98,7 +115,8 @@ def get_batch(batch_id: uuid.UUID) -> dict[str, Any]:
 
 
 @blp.post("/<uuid:batch_id>/cancel")
-@blp.response(200, BatchSchema, description="Queued chunks stopped; running ones stop next")
+@blp.response(200, BatchSchema, description="Queued chunks stopped; running ones stop next",
+              links=batch_links())  # fmt: skip
 @blp.alt_response(404, response="NOT_FOUND", description="No such batch for this tenant")
 @blp.alt_response(409, response="CONFLICT", description="The batch has already finished")
 @authenticated

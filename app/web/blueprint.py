@@ -1,6 +1,7 @@
 """flask-smorest's Blueprint with a JSON body parser that answers every body the
 json module cannot read with 400, not only those it calls malformed, and loads
-the usual bodies of the hot routes without marshmallow (a schema's `fast_load`)."""
+the usual bodies of the hot routes without marshmallow (a schema's `fast_load`),
+and with OpenAPI links on a response (what a client does next with what it got)."""
 
 from __future__ import annotations
 
@@ -47,5 +48,44 @@ class JsonParser(FlaskParser):
         )
 
 
+def link(method: str, path: str, *, body: Any = None, **parameters: str) -> dict[str, Any]:
+    """An OpenAPI link to the operation `method path`: each parameter, and any string
+    in `body` (its request body), a runtime expression on this response
+    (`$response.body#/id`)."""
+    pointer = path.replace("~", "~0").replace("/", "~1")
+    found: dict[str, Any] = {"operationRef": f"#/paths/{pointer}/{method}"}
+    if parameters:
+        found["parameters"] = parameters
+    if body is not None:
+        found["requestBody"] = body
+    return found
+
+
 class Blueprint(SmorestBlueprint):
     ARGUMENTS_PARSER = JsonParser()
+
+    def response(
+        self, status_code: Any, schema: Any = None, *, links: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        """flask-smorest's, with `links`: the links of the documented response, so a
+        reader (and a stateful fuzzer) can follow a created resource to its operations."""
+        return _linked(super().response(status_code, schema, **kwargs), status_code, links)
+
+    def alt_response(
+        self, status_code: Any, response: Any = None, *, links: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        return _linked(super().alt_response(status_code, response, **kwargs), status_code, links)
+
+
+def _linked(decorator: Any, status_code: Any, links: dict[str, Any] | None) -> Any:
+    if not links:
+        return decorator
+
+    def with_links(func: Any) -> Any:
+        wrapper = decorator(func)
+        wrapper._apidoc["response"]["responses"][status_code][-1]["links"] = links
+        return wrapper
+
+    return with_links

@@ -7,7 +7,7 @@ from typing import Any
 from app.jobs.dead_letters import Filters
 from app.platform.tables import DeadLetter
 from app.web.auth import authenticated, current_actor, current_tenant, operator_only
-from app.web.blueprint import Blueprint
+from app.web.blueprint import Blueprint, link
 from app.web.context import plane
 from app.web.schemas import (
     BulkReplaySchema,
@@ -23,6 +23,19 @@ blp = Blueprint(
 )
 
 
+def letter_links(pointer: str = "/id") -> dict[str, Any]:
+    """What a client does with a dead letter it got: read it, replay it, purge it, and
+    read its job."""
+    letter_id = f"$response.body#{pointer}"
+    job_id = f"$response.body#{pointer.removesuffix('/id')}/job_id"
+    return {
+        "GetLetter": link("get", "/dead-letters/{letter_id}", letter_id=letter_id),
+        "ReplayLetter": link("post", "/dead-letters/{letter_id}/replay", letter_id=letter_id),
+        "PurgeLetter": link("delete", "/dead-letters/{letter_id}", letter_id=letter_id),
+        "GetJob": link("get", "/jobs/{job_id}", job_id=job_id),
+    }
+
+
 def _filters(args: dict[str, Any]) -> Filters:
     return Filters(
         **{k: args.get(k) for k in ("model", "error_code", "since", "until", "replayed")}
@@ -32,7 +45,7 @@ def _filters(args: dict[str, Any]) -> Filters:
 @blp.get("")
 @authenticated
 @blp.arguments(DeadLetterListArgsSchema(), location="query")
-@blp.response(200, DeadLetterPageSchema)
+@blp.response(200, DeadLetterPageSchema, links=letter_links("/items/0/id"))
 def list_letters(args: dict[str, Any]) -> dict[str, Any]:
     items, next_cursor = plane().dead_letters(
         current_tenant(), _filters(args), args["limit"], args.get("cursor")
@@ -41,7 +54,7 @@ def list_letters(args: dict[str, Any]) -> dict[str, Any]:
 
 
 @blp.get("/<int:letter_id>")
-@blp.response(200, DeadLetterSchema)
+@blp.response(200, DeadLetterSchema, links=letter_links())
 @blp.alt_response(404, response="NOT_FOUND")
 @authenticated
 def get_letter(letter_id: int) -> DeadLetter:

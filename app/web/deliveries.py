@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from app.web.auth import authenticated, current_tenant
-from app.web.blueprint import Blueprint
+from app.web.blueprint import Blueprint, link
 from app.web.context import plane
 from app.web.schemas import (
     DisabledWebhookUrlListSchema,
@@ -33,7 +33,10 @@ def _with_logs(logged: delivery.Logged) -> dict[str, Any]:
 
 
 @blp.get("/<uuid:job_id>/deliveries")
-@blp.response(200, WebhookDeliveryListSchema)
+@blp.response(200, WebhookDeliveryListSchema, links={
+    "Redeliver": link("post", "/jobs/{job_id}/deliveries/{delivery_id}/redeliver",
+                      job_id="$request.path.job_id", delivery_id="$response.body#/items/0/id"),
+})  # fmt: skip
 @blp.alt_response(404, response="NOT_FOUND")
 @authenticated
 def list_deliveries(job_id: uuid.UUID) -> dict[str, Any]:

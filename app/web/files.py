@@ -11,10 +11,22 @@ from marshmallow import Schema, fields
 from app.batches import files
 from app.platform.tables import File
 from app.web.auth import authenticated, current_tenant
-from app.web.blueprint import Blueprint
+from app.web.blueprint import Blueprint, link
 from app.web.context import plane, services
 
 blp = Blueprint("files", __name__, url_prefix="/files", description="Input files for batches")
+
+
+def file_links(pointer: str = "/id") -> dict[str, Any]:
+    """What a client does with a file it uploaded: read it, delete it, run a batch
+    or a schedule on it."""
+    file_id = f"$response.body#{pointer}"
+    return {
+        "GetFile": link("get", "/files/{file_id}", file_id=file_id),
+        "DeleteFile": link("delete", "/files/{file_id}", file_id=file_id),
+        "SubmitBatch": link("post", "/batches", body={"file_id": file_id}),
+        "CreateSchedule": link("post", "/schedules", body={"input": {"file_id": file_id}}),
+    }
 
 
 class FileSchema(Schema):
@@ -50,7 +62,7 @@ _UPLOAD = {
 
 @blp.post("")
 @blp.doc(requestBody=_UPLOAD)
-@blp.response(201, FileSchema)
+@blp.response(201, FileSchema, links=file_links())
 @blp.alt_response(413, response="REQUEST_ENTITY_TOO_LARGE", description="Over MAX_UPLOAD_BYTES")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Unknown format or empty")
 @blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="The file store failed")
@@ -66,14 +78,14 @@ def upload(args: dict[str, Any]) -> tuple[File, int, dict[str, str]]:
 
 
 @blp.get("")
-@blp.response(200, FileListSchema)
+@blp.response(200, FileListSchema, links=file_links("/items/0/id"))
 @authenticated
 def list_files() -> dict[str, Any]:
     return {"items": plane().list_files(current_tenant())}
 
 
 @blp.get("/<uuid:file_id>")
-@blp.response(200, FileSchema)
+@blp.response(200, FileSchema, links=file_links())
 @blp.alt_response(404, response="NOT_FOUND", description="No such file for this tenant")
 @authenticated
 def get_file(file_id: uuid.UUID) -> File:

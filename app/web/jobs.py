@@ -16,7 +16,7 @@ from app.jobs import service
 from app.platform.settings import Settings
 from app.platform.tables import TERMINAL_STATUSES, Job
 from app.web.auth import authenticated, current_tenant
-from app.web.blueprint import Blueprint
+from app.web.blueprint import Blueprint, link
 from app.web.context import plane, services
 from app.web.event_stream import job_event_stream
 from app.web.problems import flatten
@@ -36,12 +36,25 @@ from app.web.schemas import (
 blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous inference jobs")
 
 
+def job_links(pointer: str = "/id") -> dict[str, Any]:
+    """What a client does with a job it got: read it, cancel it, follow its events,
+    read its webhook deliveries."""
+    job_id = f"$response.body#{pointer}"
+    return {
+        "GetJob": link("get", "/jobs/{job_id}", job_id=job_id),
+        "CancelJob": link("post", "/jobs/{job_id}/cancel", job_id=job_id),
+        "JobEvents": link("get", "/jobs/{job_id}/events", job_id=job_id),
+        "JobDeliveries": link("get", "/jobs/{job_id}/deliveries", job_id=job_id),
+    }
+
+
 @blp.post("")
 @authenticated
 @blp.arguments(SubmitJobSchema())
 @blp.arguments(SubmitHeadersSchema(), location="headers")
-@blp.response(202, JobSchema, description="Accepted; poll the Location URL")
-@blp.alt_response(200, schema=JobSchema, description="Finished within `Prefer: wait=N`")
+@blp.response(202, JobSchema, description="Accepted; poll the Location URL", links=job_links())
+@blp.alt_response(200, schema=JobSchema, description="Finished within `Prefer: wait=N`",
+                  links=job_links())  # fmt: skip
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
 @blp.alt_response(409, response="CONFLICT", description="Same Idempotency-Key still in flight")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
@@ -78,7 +91,8 @@ def job_request(
 @blp.post("/bulk")
 @authenticated
 @blp.arguments(BulkSubmitSchema())
-@blp.response(202, BulkSubmittedSchema, description="Each item's job or its problem, in order")
+@blp.response(202, BulkSubmittedSchema, description="Each item's job or its problem, in order",
+              links=job_links("/jobs/0/id"))  # fmt: skip
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Not a list of 1 to "
                   f"{MAX_BULK_JOBS} objects")  # fmt: skip
 def submit_bulk(body: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +134,7 @@ def preferred_wait(prefer: str | None, settings: Settings) -> float | None:
 @blp.get("")
 @authenticated
 @blp.arguments(ListJobsArgsSchema(), location="query")
-@blp.response(200, JobPageSchema)
+@blp.response(200, JobPageSchema, links=job_links("/items/0/id"))
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad filter or cursor")
 def list_jobs(args: dict[str, Any]) -> service.Page:
     outputs = args.pop("include", None) == "outputs"
@@ -128,7 +142,8 @@ def list_jobs(args: dict[str, Any]) -> service.Page:
 
 
 @blp.post("/<uuid:job_id>/cancel")
-@blp.response(200, JobSchema, description="Cancelled, or (still running) cancel requested")
+@blp.response(200, JobSchema, description="Cancelled, or (still running) cancel requested",
+              links=job_links())  # fmt: skip
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 @blp.alt_response(409, response="CONFLICT", description="The job has already finished")
 @authenticated
@@ -139,7 +154,7 @@ def cancel_job(job_id: uuid.UUID) -> Job:
 @blp.get("/<uuid:job_id>")
 @authenticated
 @blp.arguments(GetJobArgsSchema(), location="query")
-@blp.response(200, JobSchema)
+@blp.response(200, JobSchema, links=job_links())
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
     return plane().wait(current_tenant(), job_id, Wait(args["wait"], until="change"))

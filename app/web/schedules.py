@@ -13,10 +13,21 @@ from app.platform.tables import Schedule
 from app.schedules.representation import ScheduleSchema
 from app.web.auth import authenticated, current_tenant
 from app.web.batches import BatchListSchema
-from app.web.blueprint import Blueprint
+from app.web.blueprint import Blueprint, link
 from app.web.context import current_session, plane
 
 blp = Blueprint("schedules", __name__, url_prefix="/schedules", description="Batch schedules")
+
+
+def schedule_links(pointer: str = "/id") -> dict[str, Any]:
+    """What a client does with a schedule it got: read, change or delete it, list its runs."""
+    schedule_id = f"$response.body#{pointer}"
+    return {
+        "GetSchedule": link("get", "/schedules/{schedule_id}", schedule_id=schedule_id),
+        "UpdateSchedule": link("patch", "/schedules/{schedule_id}", schedule_id=schedule_id),
+        "DeleteSchedule": link("delete", "/schedules/{schedule_id}", schedule_id=schedule_id),
+        "ScheduleRuns": link("get", "/schedules/{schedule_id}/runs", schedule_id=schedule_id),
+    }
 
 
 class InputSchema(Schema):
@@ -68,7 +79,7 @@ class RunsArgsSchema(Schema):
 
 
 @blp.post("")
-@blp.response(201, ScheduleSchema)
+@blp.response(201, ScheduleSchema, links=schedule_links())
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model or file")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad cron, zone or path")
 @authenticated
@@ -79,14 +90,14 @@ def create_schedule(body: dict[str, Any]) -> tuple[Schedule, int, dict[str, str]
 
 
 @blp.get("")
-@blp.response(200, ScheduleListSchema)
+@blp.response(200, ScheduleListSchema, links=schedule_links("/items/0/id"))
 @authenticated
 def list_schedules() -> dict[str, Any]:
     return {"items": plane().list_schedules(current_tenant())}
 
 
 @blp.get("/<uuid:schedule_id>")
-@blp.response(200, ScheduleSchema)
+@blp.response(200, ScheduleSchema, links=schedule_links())
 @blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
 @authenticated
 def get_schedule(schedule_id: uuid.UUID) -> Schedule:
@@ -94,7 +105,7 @@ def get_schedule(schedule_id: uuid.UUID) -> Schedule:
 
 
 @blp.patch("/<uuid:schedule_id>")
-@blp.response(200, ScheduleSchema)
+@blp.response(200, ScheduleSchema, links=schedule_links())
 @blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad cron, zone or path")
 @authenticated

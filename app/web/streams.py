@@ -12,7 +12,7 @@ from app.bindings.representation import BindingSchema
 from app.dataplane.requests import BindingFields
 from app.platform.tables import StreamBinding
 from app.web.auth import authenticated, current_tenant
-from app.web.blueprint import Blueprint
+from app.web.blueprint import Blueprint, link
 from app.web.context import plane
 
 blp = Blueprint(
@@ -21,6 +21,16 @@ blp = Blueprint(
 )  # fmt: skip
 
 LOG_NAME = validate.Length(min=1, max=300)
+
+
+def binding_links(pointer: str = "/id") -> dict[str, Any]:
+    """What a client does with a binding it got: read, change or delete it."""
+    binding_id = f"$response.body#{pointer}"
+    return {
+        "GetBinding": link("get", "/streams/{binding_id}", binding_id=binding_id),
+        "UpdateBinding": link("patch", "/streams/{binding_id}", binding_id=binding_id),
+        "DeleteBinding": link("delete", "/streams/{binding_id}", binding_id=binding_id),
+    }
 
 
 class BindingFieldsSchema(Schema):
@@ -53,7 +63,7 @@ class BindingListSchema(Schema):
 
 
 @blp.post("")
-@blp.response(201, BindingSchema)
+@blp.response(201, BindingSchema, links=binding_links())
 @blp.alt_response(404, response="NOT_FOUND", description="Unknown model")
 @blp.alt_response(409, response="CONFLICT", description="The input log is bound already")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="A log name is not yours")
@@ -65,14 +75,14 @@ def create_binding(body: dict[str, Any]) -> tuple[StreamBinding, int, dict[str, 
 
 
 @blp.get("")
-@blp.response(200, BindingListSchema)
+@blp.response(200, BindingListSchema, links=binding_links("/items/0/id"))
 @authenticated
 def list_bindings() -> dict[str, Any]:
     return {"items": plane().list_bindings(current_tenant())}
 
 
 @blp.get("/<uuid:binding_id>")
-@blp.response(200, BindingSchema)
+@blp.response(200, BindingSchema, links=binding_links())
 @blp.alt_response(404, response="NOT_FOUND", description="No such binding for this tenant")
 @authenticated
 def get_binding(binding_id: uuid.UUID) -> StreamBinding:
@@ -80,7 +90,7 @@ def get_binding(binding_id: uuid.UUID) -> StreamBinding:
 
 
 @blp.patch("/<uuid:binding_id>")
-@blp.response(200, BindingSchema)
+@blp.response(200, BindingSchema, links=binding_links())
 @blp.alt_response(404, response="NOT_FOUND", description="No such binding, or unknown model")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="A log name is not yours")
 @authenticated

@@ -97,3 +97,33 @@ def test_npy_of_another_dtype_is_converted_and_objects_are_refused() -> None:
     np.save(out, np.array([[1, "a"]], dtype=object), allow_pickle=True)
     with pytest.raises(readers.BadRows, match="pickle"):
         list(readers.chunks(CARD, "npy", [out.getvalue()], 16))
+
+
+@pytest.mark.parametrize("shape", [(-1, 64), (3, -64), (1, 2**62, 64)])
+def test_npy_header_of_a_shape_no_array_has_is_a_bad_file(shape: tuple[int, ...]) -> None:
+    """numpy's header reader takes a negative dimension (read as no rows, or rows of
+    no values) and a shape whose byte count wraps round an int64 (then a reshape
+    failed: a 500 where the file was checked at POST /batches)."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, {"descr": "<f4", "fortran_order": False, "shape": shape}
+    )
+    with pytest.raises(readers.BadRows, match=r"row 0: not a readable \.npy file .*shape"):
+        list(readers.chunks(CARD, "npy", [out.getvalue() + bytes(64)], 16))
+
+
+def test_a_jsonl_line_nested_too_deeply_is_a_bad_row() -> None:
+    """json's decoder recurses per level: a line of 100,000 '[' was a RecursionError."""
+    data = b"[" + b",".join([b"0"] * 64) + b"]\n"
+    with pytest.raises(readers.BadRows, match=r"row 2: .*nested too deeply"):
+        list(readers.chunks(CARD, "jsonl", [data * 2 + b"[" * 100_000 + b"\n"], 16))
+
+
+def test_npy_header_numpy_cannot_tokenize_is_a_bad_file() -> None:
+    """An unclosed bracket in the header: numpy's retry with its filter for Python 2
+    headers raised tokenize.TokenError, which is no ValueError (a 500)."""
+    good = encoded("npy", PIXELS[:2])
+    bad = good.replace(b"'shape': (2, 64)", b"'shape': (2, 64(")
+    assert bad != good
+    with pytest.raises(readers.BadRows, match=r"row 0: not a readable \.npy file"):
+        list(readers.chunks(CARD, "npy", [bad], 16))
