@@ -121,9 +121,8 @@ class EventBus:
     def _connect(self) -> Any:
         dialect = self._engine.dialect
         cargs, cparams = dialect.create_connect_args(self._engine.url)
-        params = {**cparams, "application_name": self._application_name}
-        if "host" in params and not str(params["host"]).startswith("/"):
-            params.update(TCP_CHECKS)
+        # libpq ignores the TCP checks on a Unix socket, as for the pool's connections
+        params = {**cparams, **TCP_CHECKS, "application_name": self._application_name}
         conn = dialect.loaded_dbapi.connect(*cargs, **params)
         conn.autocommit = True
         return conn
