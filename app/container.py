@@ -96,7 +96,11 @@ class Container:
     def database(self) -> Database:
         from app.platform.database import Database
 
-        return Database(self.settings.database_url, self.settings.db_pool_size)
+        return Database(
+            self.settings.database_url,
+            self.settings.db_pool_size,
+            prepared_statements=self.settings.db_prepared_statements,
+        )
 
     @service
     def store(self) -> FileStore:

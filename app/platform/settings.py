@@ -221,6 +221,13 @@ class Settings(BaseSettings):
         description="Database connections each process keeps; at least the API's threads, so "
         "a busy API never opens and closes connections per request.",
     )
+    db_prepared_statements: bool = Field(
+        default=True,
+        description="Prepare the hottest statements (the workers' claim and finish) once per "
+        "connection, so PostgreSQL does not plan them at every call. Set false behind a "
+        "pooler that gives each transaction another server session (PgBouncer in "
+        "transaction mode).",
+    )
     api_key_cache_seconds: float = Field(
         default=5.0,
         description="How long an API process trusts a key it looked up; a revoked key stops "
