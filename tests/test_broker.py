@@ -4,13 +4,20 @@ and the transport options it gives kombu."""
 from __future__ import annotations
 
 import contextlib
+import threading
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 from kombu import Connection
 
+from app.jobs.dispatch import Dispatcher
 from app.platform.broker import closed_channels_raise_connection_errors, make_celery
 from app.platform.settings import Settings
+from tests.faults.proxy import Proxy
+
+SILENT_QUEUE = "test-silent-broker"
+LIVENESS_S = 120  # many times the broker's socket timeout and Celery's retries
 
 
 def test_a_channel_without_its_connection_raises_a_connection_error(settings: Settings) -> None:
@@ -42,3 +49,38 @@ def test_workers_put_back_overdue_messages_every_restore_interval(settings: Sett
         assert channel.unacked_restore_interval == 3.0
         assert channel.unacked_restore_throttle == 1
         assert channel.visibility_timeout == tuned.broker_visibility_timeout_seconds
+
+
+def test_a_wake_up_to_a_broker_gone_silent_gives_up_and_works_again_once_healed(
+    settings: Settings,
+) -> None:
+    """Redis stops answering without closing the connection (a partition; a failover
+    behind a NAT). A publish waits for Redis's reply: with no socket timeout it waited
+    for ever, and the process's job writer with it, so every later submit of that API
+    process hung. Now the wake-up gives up (its jobs are left to the sweep) and,
+    once the network heals, the next one is sent."""
+    redis_url = urlsplit(settings.redis_url)
+    assert redis_url.hostname and redis_url.port, "this test needs Redis over TCP"
+    proxy = Proxy((redis_url.hostname, redis_url.port))
+    try:
+        through = settings.with_overrides(
+            redis_url=redis_url._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+        )
+        celery = make_celery(through, contextlib.nullcontext, {}, object())
+        dispatcher = Dispatcher(celery, settings.redis_url, SILENT_QUEUE)
+        queue = redis.Redis.from_url(settings.redis_url)
+        queue.delete(SILENT_QUEUE)
+        assert dispatcher.wake("digits", force=True)  # the pooled connection is made
+        proxy.cut()
+        woken: list[bool] = []
+        waker = threading.Thread(target=lambda: woken.append(dispatcher.wake("digits", force=True)))
+        waker.start()
+        waker.join(LIVENESS_S)
+        assert not waker.is_alive(), f"the wake-up still waits after {LIVENESS_S} s"
+        assert woken == [False]
+        proxy.heal()
+        assert dispatcher.wake("digits", force=True)
+        assert queue.llen(SILENT_QUEUE) >= 2  # the first wake-up and the one after healing
+    finally:
+        proxy.close()
+        redis.Redis.from_url(settings.redis_url).delete(SILENT_QUEUE)

@@ -20,6 +20,7 @@ are in `workers.celery_app`. Broker settings chosen on purpose:
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -59,6 +60,22 @@ def closed_channels_raise_connection_errors() -> None:
 
     _connparams.raises_when_closed = True  # type: ignore[attr-defined]
     channel._connparams = _connparams  # type: ignore[method-assign]
+
+
+# A Redis that stops answering without closing the connection (a partition, a
+# failover behind a NAT): a publish waited for its reply for ever, and with it the
+# API process's job writer, so every later submit there hung. Now a command gives
+# up after socket_timeout (kombu's own check drops a silent BRPOP connection in
+# under a minute), and keepalives find a dead peer on an idle connection.
+# kombu applies the keepalive options to TCP connections only.
+BROKER_SOCKET_CHECKS: dict[str, Any] = {
+    "socket_timeout": 5.0,
+    "socket_connect_timeout": 5.0,
+    "socket_keepalive": True,
+    "socket_keepalive_options": {
+        socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3
+    },
+}  # fmt: skip
 
 
 def make_celery(
@@ -103,6 +120,16 @@ def make_celery(
             # times throttle seconds (10 x 10 by default); the setting is the period.
             "unacked_restore_interval": settings.broker_restore_interval_seconds,
             "unacked_restore_throttle": 1,
+            **BROKER_SOCKET_CHECKS,
+        },
+        # One retry on a new connection (Redis restarted: the pooled one is dead), not
+        # Celery's three: against a silent Redis each costs a socket timeout, which a
+        # submit's wake-up waits out before leaving its jobs to the sweep.
+        task_publish_retry_policy={
+            "max_retries": 1,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.2,
         },
         broker_connection_retry_on_startup=True,
         worker_cancel_long_running_tasks_on_connection_loss=True,
