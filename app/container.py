@@ -205,6 +205,22 @@ class Container:
         return Holds(self.settings.max_waits_per_tenant, self.settings.max_waits)
 
     @service
+    def requests_in_progress(self) -> Holds:
+        """Each tenant's requests in progress on this API process, bounded by
+        MAX_REQUESTS_PER_TENANT (0: unbounded)."""
+        import sys
+
+        from app.dataplane.holds import Holds, Wording
+        from app.errors import TooManyRequests
+
+        wording = Wording(
+            what="requests", per_tenant="MAX_REQUESTS_PER_TENANT", total="",
+            advice="let one finish", refusal=TooManyRequests,
+        )  # fmt: skip
+        per_tenant = self.settings.max_requests_per_tenant or sys.maxsize
+        return Holds(per_tenant, sys.maxsize, wording)
+
+    @service
     def api_keys(self) -> KeyCache:
         from app.tenancy.keys import KeyCache
 

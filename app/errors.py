@@ -126,6 +126,12 @@ class TooManyWaits(DomainError):
     code = "too-many-waits"
 
 
+class TooManyRequests(DomainError):
+    """This tenant already has its share of requests in progress on this process."""
+
+    code = "too-many-requests"
+
+
 class DeadlinePassed(DomainError):
     """A sync call's job did not finish in time; it goes on, and `job_id` names it."""
 

@@ -13,17 +13,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from app.errors import TooManyWaits
+from app.errors import DomainError, TooManyWaits
 
 
 @dataclass(frozen=True)
 class Wording:
-    """What a Holds counts and which settings bound it, for its refusals."""
+    """What a Holds counts, which settings bound it, and the error that refuses one more."""
 
     what: str = "event streams, long-polls, sync calls or gRPC streams"
     per_tenant: str = "MAX_WAITS_PER_TENANT; on the gRPC door GRPC_MAX_WAITS_PER_TENANT"
     total: str = "MAX_WAITS; on the gRPC door GRPC_MAX_WAITS"
     advice: str = "close one, or poll without waiting"
+    refusal: type[DomainError] = TooManyWaits
 
 
 class Holds:
@@ -38,13 +39,13 @@ class Holds:
         words = self.wording
         with self._lock:
             if self._held[tenant_id] >= self.per_tenant:
-                raise TooManyWaits(
+                raise words.refusal(
                     f"you already have {self.per_tenant} {words.what} open on this server "
                     f"({words.per_tenant}); {words.advice}",
                     retry_after=1, limit=self.per_tenant,
                 )  # fmt: skip
             if sum(self._held.values()) >= self.total:
-                raise TooManyWaits(
+                raise words.refusal(
                     f"this server already holds {self.total} {words.what} ({words.total}); "
                     f"retry shortly, or {words.advice}",
                     retry_after=1, limit=self.total,

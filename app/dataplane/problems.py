@@ -97,6 +97,14 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "tenant may hold MAX_WAITS_PER_TENANT of them per API process, everyone together "
         "MAX_WAITS. Close one, or poll without waiting; retry after Retry-After seconds.",
     ),
+    "too-many-requests": (
+        429,
+        "Too many requests in progress",
+        "A request holds one of an API process's threads while its body arrives (an upload, "
+        "until it ends); a tenant may have MAX_REQUESTS_PER_TENANT of them per API process, "
+        "so one tenant's slow clients leave threads for everyone else. Retry after "
+        "Retry-After seconds.",
+    ),
     "queue-full": (
         429,
         "Too many jobs queued for this model",

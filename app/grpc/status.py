@@ -38,6 +38,7 @@ CODES: dict[str, Code] = {
     "queue-full": Code.RESOURCE_EXHAUSTED,
     "quota-exceeded": Code.RESOURCE_EXHAUSTED,
     "too-many-waits": Code.RESOURCE_EXHAUSTED,
+    "too-many-requests": Code.RESOURCE_EXHAUSTED,
     "sync-timeout": Code.DEADLINE_EXCEEDED,
     "caller-left": Code.CANCELLED,
 }

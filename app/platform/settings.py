@@ -131,6 +131,13 @@ class Settings(BaseSettings):
         "requests always find one.",
     )
     max_waits_per_tenant: int = Field(default=12, description="One tenant's share of MAX_WAITS.")
+    max_requests_per_tenant: int = Field(
+        default=24,
+        description="Requests of one tenant whose bodies an API process awaits at once "
+        "(uploads: until they end); each holds a thread meanwhile, so one tenant's slow "
+        "clients leave threads for the others (beyond it, 429 too-many-requests). Keep it "
+        "below the process's threads (make run: 32); 0 = no bound.",
+    )
     max_queued_per_model: int = Field(
         default=50_000,
         description="Queued jobs a model takes before submits get 429 with Retry-After "

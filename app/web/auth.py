@@ -14,7 +14,7 @@ from app.errors import Forbidden
 from app.models.registry import PUBLIC
 from app.observability import logs
 from app.tenancy.keys import OPERATOR, Caller, TenantRef
-from app.web.context import plane
+from app.web.context import plane, services
 from app.web.problems import Problem
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -78,9 +78,26 @@ def optional_operator() -> bool:
     return True
 
 
+_STREAMS_BODY = "_streams_body"
+
+
+def streams_body(view: F) -> F:
+    """Mark a view that reads its body as it runs (an upload, under its own size
+    limit), put below `authenticated`: nothing is read ahead of it."""
+    setattr(view, _STREAMS_BODY, True)
+    return view
+
+
 def authenticated(view: F) -> F:
     """Require a tenant's key, expose the tenant as `current_tenant()`. An
-    operator key is refused (403): it belongs to no tenant."""
+    operator key is refused (403): it belongs to no tenant.
+
+    The body is then read here, counted among the tenant's requests in progress
+    (MAX_REQUESTS_PER_TENANT) until it has arrived, so one tenant's slow bodies
+    cannot take every request thread of the process, while a burst of its quick
+    requests is never refused (a body already sent is read at once). A view that
+    reads its own body as it runs (`streams_body`: an upload) is counted until
+    it returns."""
 
     @functools.wraps(view)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -89,12 +106,20 @@ def authenticated(view: F) -> F:
             raise Forbidden("this route needs a tenant's API key; an operator key has no jobs")
         g.tenant = caller.tenant
         logs.bind(tenant=caller.tenant.name)  # on every line of this request from here on
+        with services().requests_in_progress.holding(caller.tenant.id):
+            if getattr(view, _STREAMS_BODY, False):
+                return view(*args, **kwargs)
+            request.get_data(cache=True)  # what the view parses later
         return view(*args, **kwargs)
 
     documented = _docs.doc(security=[{"bearerAuth": []}])(wrapper)
     with_401: F = _docs.alt_response(401, response="UNAUTHORIZED")(documented)
     with_403: F = _docs.alt_response(403, response="FORBIDDEN")(with_401)
-    return with_403
+    if 429 in getattr(view, "_apidoc", {}).get("response", {}).get("responses", {}):
+        return with_403  # its own 429 says more (a full queue, a quota)
+    return _docs.alt_response(
+        429, response="TOO_MANY_REQUESTS", description="Too many requests in progress"
+    )(with_403)
 
 
 def operator_only(view: F) -> F:

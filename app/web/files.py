@@ -10,7 +10,7 @@ from marshmallow import Schema, fields
 
 from app.batches import files
 from app.platform.tables import File
-from app.web.auth import authenticated, current_tenant
+from app.web.auth import authenticated, current_tenant, streams_body
 from app.web.blueprint import Blueprint, link
 from app.web.context import plane, services
 
@@ -68,6 +68,7 @@ _UPLOAD = {
 @blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="The file store failed")
 @blp.alt_response(507, response="INSUFFICIENT_STORAGE", description="The file store is full")
 @authenticated
+@streams_body
 @blp.arguments(UploadArgsSchema(), location="query")
 def upload(args: dict[str, Any]) -> tuple[File, int, dict[str, str]]:
     settings = services().settings

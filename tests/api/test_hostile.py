@@ -4,10 +4,14 @@ nothing left to send, and waiting requests are bounded per tenant and in total."
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,7 @@ from app.platform.database import Database
 from app.platform.settings import Settings
 from app.web.context import container_of
 from tests.conftest import TenantAuth, make_tenant, wait_for_job
-from tests.support import wait_until
+from tests.support import LiveServer, wait_until
 
 ROW = [[1.0] * 64]
 
@@ -225,6 +229,63 @@ def test_waiting_requests_are_bounded_per_tenant_and_in_total(
     again = hc.get(f"/jobs/{queued[a.id]}?wait=1", headers=a.headers)
     assert again.status_code == 200
     stop.set()
+
+
+def test_a_tenant_s_requests_in_progress_are_bounded_before_their_bodies_are_read(
+    make_app: Callable[..., Flask],
+    serve: Callable[[Flask], LiveServer],
+    database: Database,
+    tenant: TenantAuth,
+) -> None:
+    """MAX_REQUESTS_PER_TENANT=2: two bodies of tenant A that never finish hold two
+    requests; A's third is a 429 at once (its body unread), B's is served, and A
+    gets its share back when a stuck request ends."""
+    app = make_app(max_requests_per_tenant=2, jobs_queue=f"bounded-{uuid.uuid4().hex}")
+    server, other = serve(app), make_tenant(database)
+    requests = container_of(app).requests_in_progress
+    stuck = [_unfinished_post(server.port, tenant) for _ in range(2)]
+    try:
+        wait_until(lambda: requests._held[tenant.id] == 2, "A's two bodies to be awaited")
+        refused = requests_post(server.port, tenant, _JOB)
+        assert refused.status == 429, refused.body[:300]
+        body = json.loads(refused.body)
+        assert body["type"].endswith("/too-many-requests"), body
+        assert "MAX_REQUESTS_PER_TENANT" in body["detail"] and refused.retry_after == "1"
+        assert requests_post(server.port, other, _JOB).status == 202
+    finally:
+        stuck.pop().close()
+    wait_until(lambda: requests._held[tenant.id] == 1, "a stuck request to end")
+    assert requests_post(server.port, tenant, _JOB).status == 202
+    stuck.pop().close()
+
+
+_JOB = json.dumps({"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}).encode()
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    body: bytes
+    retry_after: str | None
+
+
+def requests_post(port: int, auth: TenantAuth, body: bytes) -> _Answer:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/jobs", body, {**auth.headers, "Content-Type": "application/json"})
+        answer = conn.getresponse()
+        return _Answer(answer.status, answer.read(), answer.getheader("Retry-After"))
+    finally:
+        conn.close()
+
+
+def _unfinished_post(port: int, auth: TenantAuth) -> socket.socket:
+    """A POST /jobs with the tenant's key whose body stops halfway, for ever."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    head = "".join(f"{k}: {v}\r\n" for k, v in auth.headers.items())
+    conn.sendall(f"POST /jobs HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
+                 f"Content-Length: 100000\r\n\r\n".encode() + b'{"model": ')  # fmt: skip
+    return conn
 
 
 def test_lists_leave_outputs_out_unless_asked(

@@ -3,7 +3,8 @@ hundreds of connections whose headers never end, or whose body never comes after
 a request that is refused anyway (no key), hold connections, not the request
 threads, so other tenants' requests are still answered. (Under gunicorn's gthread
 workers, each refused request's unsent body was drained by a request thread:
-200 of them took every thread.)"""
+200 of them took every thread.) A tenant's own slow bodies, with its key, hold
+at most MAX_REQUESTS_PER_TENANT threads of a process; the rest are refused."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from app.cli.launcher import api_command
+from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
-from tests.conftest import TenantAuth, free_port, service_env, stop_process
+from tests.conftest import TenantAuth, free_port, make_tenant, service_env, stop_process
 from tests.support import wait_until
 
 SLOW_BODIES = 200  # more than the API's 2 x 32 request threads
@@ -70,6 +72,45 @@ def test_unfinished_requests_do_not_starve_the_others(api: int, tenant: TenantAu
             assert answer.status == 202, answer.read()[:300]
             assert json.loads(answer.read())["status"] == "queued"
             client.close()
+    finally:
+        for conn in stuck:
+            conn.close()
+
+
+def test_one_tenant_s_slow_bodies_leave_threads_for_the_others(
+    api: int, tenant: TenantAuth, database: Database
+) -> None:
+    """Tenant A, with its key, starts 200 submits whose bodies never finish: each
+    process serves MAX_REQUESTS_PER_TENANT (24) of them, holding a thread each, and
+    refuses the rest (429). Tenant B's submits are answered. (Without the bound A's
+    bodies held all 64 request threads and B's submits waited for ever.)"""
+    head = "".join(f"{k}: {v}\r\n" for k, v in tenant.headers.items()).encode()
+    stuck: list[socket.socket] = []
+    try:
+        for _ in range(SLOW_BODIES):
+            conn = socket.create_connection(("127.0.0.1", api))
+            conn.sendall(b"POST /jobs HTTP/1.1\r\nHost: x\r\n" + head +
+                         b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                         b'{"model": ')  # fmt: skip
+            stuck.append(conn)
+        other = make_tenant(database)
+        body = json.dumps({"model": "digits", "inputs": {"pixels": [[0.0] * 64]}})
+        for _ in range(20):
+            client = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
+            client.request("POST", "/jobs", body,
+                           {**other.headers, "Content-Type": "application/json"})  # fmt: skip
+            answer = client.getresponse()
+            assert answer.status == 202, answer.read()[:300]
+            answer.read()
+            client.close()
+        client = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
+        client.request(
+            "POST", "/jobs", body, {**tenant.headers, "Content-Type": "application/json"}
+        )
+        refused = client.getresponse()  # A's own next submit: over its share on either process
+        assert refused.status == 429, refused.read()[:300]
+        assert json.loads(refused.read())["type"].endswith("/too-many-requests")
+        client.close()
     finally:
         for conn in stuck:
             conn.close()
