@@ -13,6 +13,7 @@ model states and the status board. Tests give a fake one to move time on.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -208,8 +209,6 @@ class Container:
     def requests_in_progress(self) -> Holds:
         """Each tenant's requests in progress on this API process, bounded by
         MAX_REQUESTS_PER_TENANT (0: unbounded)."""
-        import sys
-
         from app.dataplane.holds import Holds, Wording
         from app.errors import TooManyRequests
 

@@ -67,15 +67,18 @@ def closed_channels_raise_connection_errors() -> None:
 # API process's job writer, so every later submit there hung. Now a command gives
 # up after socket_timeout (kombu's own check drops a silent BRPOP connection in
 # under a minute), and keepalives find a dead peer on an idle connection.
-# kombu applies the keepalive options to TCP connections only.
+# kombu applies the keepalive options to TCP connections only (and only those
+# this platform's socket module has: macOS names no TCP_KEEPIDLE).
 BROKER_SOCKET_CHECKS: dict[str, Any] = {
     "socket_timeout": 5.0,
     "socket_connect_timeout": 5.0,
     "socket_keepalive": True,
     "socket_keepalive_options": {
-        socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3
+        getattr(socket, name): value
+        for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+        if hasattr(socket, name)
     },
-}  # fmt: skip
+}
 
 
 def make_celery(

@@ -108,7 +108,7 @@ class Prepared:
     plan when it is no worse than the custom ones. A prepared statement outlives
     a rolled-back transaction, so what `info` says stays true. Behind a pooler
     that gives each transaction another server session (PgBouncer's transaction
-    mode) set DB_PREPARED_STATEMENTS=false: the text is then sent as it is.
+    mode) set DB_PREPARED_STATEMENTS=false: the same statement is then sent as text.
 
     `sql` names its parameters `:name`; `types` gives each one's SQL type, in the
     order of the PREPARE.

@@ -51,27 +51,44 @@ def _live(port: int) -> bool:
         return False
 
 
+_JOB = json.dumps({"model": "digits", "inputs": {"pixels": [[0.0] * 64]}})
+
+
+def _unfinished_submit(port: int, headers: dict[str, str]) -> socket.socket:
+    """A POST /jobs (with these headers) whose body stops halfway, for ever."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    conn.sendall(b"POST /jobs HTTP/1.1\r\nHost: x\r\n" + head +
+                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                 b'{"model": ')  # fmt: skip
+    return conn
+
+
+def _submit(port: int, tenant: TenantAuth) -> tuple[int, bytes]:
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        client.request(
+            "POST", "/jobs", _JOB, {**tenant.headers, "Content-Type": "application/json"}
+        )
+        answer = client.getresponse()
+        return answer.status, answer.read()
+    finally:
+        client.close()
+
+
 def test_unfinished_requests_do_not_starve_the_others(api: int, tenant: TenantAuth) -> None:
     stuck: list[socket.socket] = []
     try:
         for _ in range(SLOW_BODIES):  # no key (a 401), then a body that never comes
-            conn = socket.create_connection(("127.0.0.1", api))
-            conn.sendall(b"POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100000\r\n\r\n{\"model\": ")  # fmt: skip
-            stuck.append(conn)
+            stuck.append(_unfinished_submit(api, {}))
         for _ in range(SLOW_HEADERS):  # headers that never end
             conn = socket.create_connection(("127.0.0.1", api))
             conn.sendall(b"GET /v2/health/live HTTP/1.1\r\nHo")
             stuck.append(conn)
-        body = json.dumps({"model": "digits", "inputs": {"pixels": [[0.0] * 64]}})
         for _ in range(20):
-            client = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
-            client.request("POST", "/jobs", body,
-                           {**tenant.headers, "Content-Type": "application/json"})  # fmt: skip
-            answer = client.getresponse()
-            assert answer.status == 202, answer.read()[:300]
-            assert json.loads(answer.read())["status"] == "queued"
-            client.close()
+            status, body = _submit(api, tenant)
+            assert status == 202, body[:300]
+            assert json.loads(body)["status"] == "queued"
     finally:
         for conn in stuck:
             conn.close()
@@ -84,33 +101,15 @@ def test_one_tenant_s_slow_bodies_leave_threads_for_the_others(
     process serves MAX_REQUESTS_PER_TENANT (24) of them, holding a thread each, and
     refuses the rest (429). Tenant B's submits are answered. (Without the bound A's
     bodies held all 64 request threads and B's submits waited for ever.)"""
-    head = "".join(f"{k}: {v}\r\n" for k, v in tenant.headers.items()).encode()
-    stuck: list[socket.socket] = []
+    stuck = [_unfinished_submit(api, tenant.headers) for _ in range(SLOW_BODIES)]
     try:
-        for _ in range(SLOW_BODIES):
-            conn = socket.create_connection(("127.0.0.1", api))
-            conn.sendall(b"POST /jobs HTTP/1.1\r\nHost: x\r\n" + head +
-                         b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
-                         b'{"model": ')  # fmt: skip
-            stuck.append(conn)
         other = make_tenant(database)
-        body = json.dumps({"model": "digits", "inputs": {"pixels": [[0.0] * 64]}})
         for _ in range(20):
-            client = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
-            client.request("POST", "/jobs", body,
-                           {**other.headers, "Content-Type": "application/json"})  # fmt: skip
-            answer = client.getresponse()
-            assert answer.status == 202, answer.read()[:300]
-            answer.read()
-            client.close()
-        client = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
-        client.request(
-            "POST", "/jobs", body, {**tenant.headers, "Content-Type": "application/json"}
-        )
-        refused = client.getresponse()  # A's own next submit: over its share on either process
-        assert refused.status == 429, refused.read()[:300]
-        assert json.loads(refused.read())["type"].endswith("/too-many-requests")
-        client.close()
+            status, body = _submit(api, other)
+            assert status == 202, body[:300]
+        status, body = _submit(api, tenant)  # A's own next one: over its share on either process
+        assert status == 429, body[:300]
+        assert json.loads(body)["type"].endswith("/too-many-requests")
     finally:
         for conn in stuck:
             conn.close()
