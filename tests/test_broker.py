@@ -57,7 +57,8 @@ def test_a_wake_up_to_a_broker_gone_silent_gives_up_and_works_again_once_healed(
     """Redis stops answering without closing the connection (a partition; a failover
     behind a NAT). A publish waits for Redis's reply: with no socket timeout it waited
     for ever, and the process's job writer with it, so every later submit of that API
-    process hung. Now the wake-up gives up (its jobs are left to the sweep) and,
+    process hung. Now the wake-up gives up (its jobs are left to the sweep: about
+    20 s, a socket timeout for each of Celery's publish retries) and,
     once the network heals, the next one is sent."""
     redis_url = urlsplit(settings.redis_url)
     assert redis_url.hostname and redis_url.port, "this test needs Redis over TCP"
