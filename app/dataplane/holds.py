@@ -32,6 +32,7 @@ class Holds:
         self.per_tenant, self.total, self.wording = per_tenant, total, wording
         self._lock = threading.Lock()
         self._held: Counter[int] = Counter()
+        self._count = 0  # the sum of _held, kept: every authenticated request acquires
 
     def acquire(self, tenant_id: int) -> Callable[[], None]:
         """Count one more waiting request of the tenant; returns its release
@@ -44,19 +45,22 @@ class Holds:
                     f"({words.per_tenant}); {words.advice}",
                     retry_after=1, limit=self.per_tenant,
                 )  # fmt: skip
-            if sum(self._held.values()) >= self.total:
+            if self._count >= self.total:
                 raise words.refusal(
                     f"this server already holds {self.total} {words.what} ({words.total}); "
                     f"retry shortly, or {words.advice}",
                     retry_after=1, limit=self.total,
                 )  # fmt: skip
             self._held[tenant_id] += 1
-        released = threading.Event()
+            self._count += 1
+        released = False
 
         def release() -> None:
+            nonlocal released
             with self._lock:
-                if not released.is_set():
-                    released.set()
+                if not released:
+                    released = True
+                    self._count -= 1
                     self._held[tenant_id] -= 1
                     if self._held[tenant_id] <= 0:
                         del self._held[tenant_id]

@@ -14,7 +14,7 @@ from app.batches.representation import BatchSchema, describe
 from app.batches.service import BATCH_EVENTS
 from app.dataplane import BatchRequest, Webhook
 from app.web.auth import authenticated, current_tenant
-from app.web.blueprint import Blueprint, link
+from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import current_session, plane, services
 from app.web.schemas import WebhookSchema
 
@@ -24,17 +24,12 @@ blp = Blueprint("batches", __name__, url_prefix="/batches", description="Batch i
 def batch_links(pointer: str = "/id") -> dict[str, Any]:
     """What a client does with a batch it got: follow it, cancel it, read its results,
     its input file."""
-    batch_id = f"$response.body#{pointer}"
-    return {
-        "GetBatch": link("get", "/batches/{batch_id}", batch_id=batch_id),
-        "CancelBatch": link("post", "/batches/{batch_id}/cancel", batch_id=batch_id),
-        "BatchResults": link("get", "/batches/{batch_id}/results", batch_id=batch_id),
-        "GetInputFile": link(
-            "get",
-            "/files/{file_id}",
-            file_id=f"$response.body#{pointer.removesuffix('/id')}/file_id",
-        ),
-    }
+    return links_by_id(
+        pointer,
+        GetBatch="get /batches/{batch_id}",
+        CancelBatch="post /batches/{batch_id}/cancel",
+        BatchResults="get /batches/{batch_id}/results",
+    ) | links_by_id(f"{pointer.removesuffix('/id')}/file_id", GetInputFile="get /files/{file_id}")
 
 
 class BatchWebhookSchema(WebhookSchema):

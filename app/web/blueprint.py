@@ -6,6 +6,7 @@ and with OpenAPI links on a response (what a client does next with what it got).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import flask
@@ -58,6 +59,18 @@ def link(method: str, path: str, *, body: Any = None, **parameters: str) -> dict
         found["parameters"] = parameters
     if body is not None:
         found["requestBody"] = body
+    return found
+
+
+def links_by_id(pointer: str, **operations: str) -> dict[str, Any]:
+    """Links to operations on the resource whose id is at `pointer` in the answer
+    (`/id`, `/items/0/id`): {name: "method /path/{its_id}"}, the one parameter in
+    braces set to that id."""
+    found = {}
+    for name, operation in operations.items():
+        method, path = operation.split(" ", 1)
+        (param,) = re.findall(r"\{(\w+)\}", path)
+        found[name] = link(method, path, **{param: f"$response.body#{pointer}"})
     return found
 
 

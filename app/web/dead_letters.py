@@ -7,7 +7,7 @@ from typing import Any
 from app.jobs.dead_letters import Filters
 from app.platform.tables import DeadLetter
 from app.web.auth import authenticated, current_actor, current_tenant, operator_only
-from app.web.blueprint import Blueprint, link
+from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import plane
 from app.web.schemas import (
     BulkReplaySchema,
@@ -26,14 +26,12 @@ blp = Blueprint(
 def letter_links(pointer: str = "/id") -> dict[str, Any]:
     """What a client does with a dead letter it got: read it, replay it, purge it, and
     read its job."""
-    letter_id = f"$response.body#{pointer}"
-    job_id = f"$response.body#{pointer.removesuffix('/id')}/job_id"
-    return {
-        "GetLetter": link("get", "/dead-letters/{letter_id}", letter_id=letter_id),
-        "ReplayLetter": link("post", "/dead-letters/{letter_id}/replay", letter_id=letter_id),
-        "PurgeLetter": link("delete", "/dead-letters/{letter_id}", letter_id=letter_id),
-        "GetJob": link("get", "/jobs/{job_id}", job_id=job_id),
-    }
+    return links_by_id(
+        pointer,
+        GetLetter="get /dead-letters/{letter_id}",
+        ReplayLetter="post /dead-letters/{letter_id}/replay",
+        PurgeLetter="delete /dead-letters/{letter_id}",
+    ) | links_by_id(f"{pointer.removesuffix('/id')}/job_id", GetJob="get /jobs/{job_id}")
 
 
 def _filters(args: dict[str, Any]) -> Filters:

@@ -11,7 +11,7 @@ from marshmallow import Schema, fields
 from app.batches import files
 from app.platform.tables import File
 from app.web.auth import authenticated, current_tenant, streams_body
-from app.web.blueprint import Blueprint, link
+from app.web.blueprint import Blueprint, link, links_by_id
 from app.web.context import plane, services
 
 blp = Blueprint("files", __name__, url_prefix="/files", description="Input files for batches")
@@ -21,9 +21,9 @@ def file_links(pointer: str = "/id") -> dict[str, Any]:
     """What a client does with a file it uploaded: read it, delete it, run a batch
     or a schedule on it."""
     file_id = f"$response.body#{pointer}"
-    return {
-        "GetFile": link("get", "/files/{file_id}", file_id=file_id),
-        "DeleteFile": link("delete", "/files/{file_id}", file_id=file_id),
+    return links_by_id(
+        pointer, GetFile="get /files/{file_id}", DeleteFile="delete /files/{file_id}"
+    ) | {
         "SubmitBatch": link("post", "/batches", body={"file_id": file_id}),
         "CreateSchedule": link("post", "/schedules", body={"input": {"file_id": file_id}}),
     }

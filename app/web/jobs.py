@@ -16,7 +16,7 @@ from app.jobs import service
 from app.platform.settings import Settings
 from app.platform.tables import TERMINAL_STATUSES, Job
 from app.web.auth import authenticated, current_tenant
-from app.web.blueprint import Blueprint, link
+from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import plane, services
 from app.web.event_stream import job_event_stream
 from app.web.problems import flatten
@@ -39,13 +39,13 @@ blp = Blueprint("jobs", __name__, url_prefix="/jobs", description="Asynchronous 
 def job_links(pointer: str = "/id") -> dict[str, Any]:
     """What a client does with a job it got: read it, cancel it, follow its events,
     read its webhook deliveries."""
-    job_id = f"$response.body#{pointer}"
-    return {
-        "GetJob": link("get", "/jobs/{job_id}", job_id=job_id),
-        "CancelJob": link("post", "/jobs/{job_id}/cancel", job_id=job_id),
-        "JobEvents": link("get", "/jobs/{job_id}/events", job_id=job_id),
-        "JobDeliveries": link("get", "/jobs/{job_id}/deliveries", job_id=job_id),
-    }
+    return links_by_id(
+        pointer,
+        GetJob="get /jobs/{job_id}",
+        CancelJob="post /jobs/{job_id}/cancel",
+        JobEvents="get /jobs/{job_id}/events",
+        JobDeliveries="get /jobs/{job_id}/deliveries",
+    )
 
 
 @blp.post("")

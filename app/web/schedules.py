@@ -13,7 +13,7 @@ from app.platform.tables import Schedule
 from app.schedules.representation import ScheduleSchema
 from app.web.auth import authenticated, current_tenant
 from app.web.batches import BatchListSchema
-from app.web.blueprint import Blueprint, link
+from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import current_session, plane
 
 blp = Blueprint("schedules", __name__, url_prefix="/schedules", description="Batch schedules")
@@ -21,13 +21,13 @@ blp = Blueprint("schedules", __name__, url_prefix="/schedules", description="Bat
 
 def schedule_links(pointer: str = "/id") -> dict[str, Any]:
     """What a client does with a schedule it got: read, change or delete it, list its runs."""
-    schedule_id = f"$response.body#{pointer}"
-    return {
-        "GetSchedule": link("get", "/schedules/{schedule_id}", schedule_id=schedule_id),
-        "UpdateSchedule": link("patch", "/schedules/{schedule_id}", schedule_id=schedule_id),
-        "DeleteSchedule": link("delete", "/schedules/{schedule_id}", schedule_id=schedule_id),
-        "ScheduleRuns": link("get", "/schedules/{schedule_id}/runs", schedule_id=schedule_id),
-    }
+    return links_by_id(
+        pointer,
+        GetSchedule="get /schedules/{schedule_id}",
+        UpdateSchedule="patch /schedules/{schedule_id}",
+        DeleteSchedule="delete /schedules/{schedule_id}",
+        ScheduleRuns="get /schedules/{schedule_id}/runs",
+    )
 
 
 class InputSchema(Schema):

@@ -12,7 +12,7 @@ from app.bindings.representation import BindingSchema
 from app.dataplane.requests import BindingFields
 from app.platform.tables import StreamBinding
 from app.web.auth import authenticated, current_tenant
-from app.web.blueprint import Blueprint, link
+from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import plane
 
 blp = Blueprint(
@@ -25,12 +25,12 @@ LOG_NAME = validate.Length(min=1, max=300)
 
 def binding_links(pointer: str = "/id") -> dict[str, Any]:
     """What a client does with a binding it got: read, change or delete it."""
-    binding_id = f"$response.body#{pointer}"
-    return {
-        "GetBinding": link("get", "/streams/{binding_id}", binding_id=binding_id),
-        "UpdateBinding": link("patch", "/streams/{binding_id}", binding_id=binding_id),
-        "DeleteBinding": link("delete", "/streams/{binding_id}", binding_id=binding_id),
-    }
+    return links_by_id(
+        pointer,
+        GetBinding="get /streams/{binding_id}",
+        UpdateBinding="patch /streams/{binding_id}",
+        DeleteBinding="delete /streams/{binding_id}",
+    )
 
 
 class BindingFieldsSchema(Schema):
