@@ -1,21 +1,30 @@
-"""Engine and sessions.
+"""Engine, sessions and the unit of work.
 
 One engine per process. Forked children (Celery prefork, the API server's workers) call
-`Database.after_fork()` so they never share the parent's sockets. A unit of
-work (an HTTP request, a Celery task, a CLI command) opens a `scope()`; inside
-it `session()` is one session, made on first use and closed when the scope
-ends, so the doors and the data plane share it without passing it around.
-The operation that opens the transaction commits it; helpers never do.
+`Database.after_fork()` so they never share the parent's sockets.
+
+Two lifetimes, kept apart:
+- a *scope* (an HTTP request, a Celery task, a CLI command, a gRPC call) owns one
+  session, made on first use by `session()` and closed when the scope ends, so the
+  doors and the operations share it without passing it around;
+- a *unit of work* (`unit_of_work()`, or `@transactional` on an operation's method)
+  is one transaction on that session: it commits when it ends, rolls back when it
+  raises, and a unit opened inside another joins it. It is the only place that
+  commits or rolls back: helpers below the operations flush, never commit.
+Read-only operations open no unit: they read in the scope's transaction, which ends
+with the scope (or with `end_reads()`, before a wait).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import Engine, Result, TextClause, create_engine, event, exc, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -55,9 +64,10 @@ class Database:
             self.engine.update_execution_options(**{_NO_PREPARE: True})
         self.sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
         self._scoped: ContextVar[Session | None] = ContextVar(f"session-{id(self)}", default=None)
+        self._unit: ContextVar[_Unit | None] = ContextVar(f"unit-{id(self)}", default=None)
 
     def session(self) -> Session:
-        """The current unit of work's session, made on first use."""
+        """The current scope's session, made on first use."""
         session = self._scoped.get()
         if session is None:
             session = self.sessionmaker()
@@ -65,8 +75,8 @@ class Database:
         return session
 
     def end_scope(self) -> None:
-        """Close the current unit of work's session, if it made one (a request's
-        teardown; a task's end)."""
+        """Close the current scope's session, if it made one (a request's teardown;
+        a task's end): what no unit of work committed is not kept."""
         session = self._scoped.get()
         if session is not None:
             self._scoped.set(None)
@@ -74,15 +84,74 @@ class Database:
 
     @contextmanager
     def scope(self) -> Iterator[Session]:
-        """A unit of work for code outside a request (tasks, the CLI): its
-        session, closed when it ends (what was not committed is rolled back)."""
-        outer = self._scoped.get()
+        """A scope for code outside a request (tasks, the CLI, a gRPC call): its
+        session, closed when it ends (what was not committed is not kept)."""
+        outer, outer_unit = self._scoped.get(), self._unit.get()
         self._scoped.set(None)
+        self._unit.set(None)
         try:
             yield self.session()
         finally:
             self.end_scope()
             self._scoped.set(outer)
+            self._unit.set(outer_unit)
+
+    @contextmanager
+    def unit_of_work(self) -> Iterator[Session]:
+        """One transaction on the scope's session: committed when it ends, rolled back
+        (and the error raised on) when it raises. A unit opened inside another joins
+        it: its writes are committed, or rolled back, with the outer one's; an error
+        the outer unit catches does not undo what the inner one wrote before it.
+        Functions given to `after_commit` run once the outermost unit committed."""
+        session = self.session()
+        if self._unit.get() is not None:
+            yield session
+            return
+        unit = _Unit()
+        token = self._unit.set(unit)
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            self._unit.reset(token)
+        for action in unit.after_commit:
+            action()
+
+    @contextmanager
+    def separate_unit_of_work(self) -> Iterator[Session]:
+        """A unit of work on a session of its own, beside the scope's: for a thread
+        that writes for many scopes (the job writer's group commit, the lease
+        keeper). Committed when it ends, rolled back when it raises; closed either way."""
+        with self.sessionmaker() as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def after_commit(self, action: Callable[[], object]) -> None:
+        """Run `action` once the current unit of work has committed (a wake-up for
+        the workers: they must find the rows); never if it rolls back. Outside a
+        unit it runs now."""
+        unit = self._unit.get()
+        if unit is None:
+            action()
+        else:
+            unit.after_commit.append(action)
+
+    def end_reads(self) -> None:
+        """End the scope's read-only transaction and give its connection back (before
+        a wait, so a waiting request holds none); the session reads afresh next time.
+        Inside a unit of work it would end the unit's writes too: refused."""
+        if self._unit.get() is not None:
+            raise RuntimeError("end_reads() inside a unit of work: its writes would be lost")
+        session = self._scoped.get()
+        if session is not None:
+            session.close()
 
     def after_fork(self) -> None:
         # Drop inherited connections without closing the parent's sockets.
@@ -91,6 +160,34 @@ class Database:
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+
+
+@dataclass
+class _Unit:
+    """The outermost unit of work of a scope, and what runs once it committed."""
+
+    after_commit: list[Callable[[], object]] = field(default_factory=list)
+
+
+class _HasDatabase(Protocol):
+    database: Database
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S", bound=_HasDatabase)
+
+
+def transactional(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """Run an operation's method as one unit of work of its object's `database`:
+    the usual way an operation owns its transaction (`Database.unit_of_work`)."""
+
+    @functools.wraps(method)
+    def run(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.database.unit_of_work():
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 _NO_PREPARE = "no_prepared_statements"
