@@ -316,7 +316,7 @@ def models() -> None:
 @click.option("--force", is_flag=True, help="Rebuild even if the files exist")
 def models_build(force: bool) -> None:
     """Build the bundled models (offline, from packages) into MODEL_REPOSITORY."""
-    from app.models.builders import ensure_models
+    from app.repository.bundled import ensure_models
 
     root = Settings.from_env().model_repository
     built = ensure_models(root, force=force)
@@ -358,8 +358,8 @@ def models_add(
     graph, and place both in MODEL_REPOSITORY/NAME/VERSION/. Running API and
     worker processes serve it within MODEL_STATE_CACHE_SECONDS."""
     from app.errors import DomainError
-    from app.models.registry import ModelRepository
     from app.repository import control
+    from app.repository.registry import ModelRepository
 
     settings = _settings()
     database = _container().database

@@ -35,17 +35,17 @@ if TYPE_CHECKING:
     from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
-    from app.jobs.quotas import Quotas
     from app.jobs.replies import Replies, Reply
     from app.jobs.runner import Runtime
-    from app.models.registry import ModelRepository
     from app.observability.metrics import QueueCollector
     from app.platform.database import Database
     from app.platform.filestore import FileStore
     from app.platform.logstreams import LogEngine
-    from app.status.service import StatusBoard
+    from app.repository.registry import ModelRepository
+    from app.status.board import StatusBoard
     from app.status.streams import StreamCollector
     from app.tenancy.keys import KeyCache
+    from app.tenancy.quotas import Quotas
 
 T = TypeVar("T")
 
@@ -118,8 +118,8 @@ class Container:
 
     @service
     def models(self) -> ModelRepository:
-        from app.models.registry import ModelRepository
-        from app.models.states import SharedStates
+        from app.repository.registry import ModelRepository
+        from app.repository.states import SharedStates
 
         settings = self.settings
         return ModelRepository(
@@ -195,7 +195,7 @@ class Container:
 
     @service
     def quotas(self) -> Quotas:
-        from app.jobs.quotas import Quotas
+        from app.tenancy.quotas import Quotas
 
         return Quotas(self.settings, clock=self.clock)
 
@@ -255,8 +255,8 @@ class Container:
 
     @service
     def status(self) -> StatusBoard:
+        from app.status.board import StatusBoard
         from app.status.census import WorkerCensus
-        from app.status.service import StatusBoard
         from app.status.streams import read_streams
 
         settings = self.settings

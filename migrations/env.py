@@ -10,13 +10,13 @@ from sqlalchemy import create_engine, pool
 from app.platform.database import engine_url
 from app.platform.embedded import resolve_urls
 from app.platform.settings import Settings
-from app.platform.tables import Base
+from app.schema import metadata
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
 def database_url() -> str:

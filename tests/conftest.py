@@ -35,14 +35,15 @@ from app import create_app
 from app.cli.launcher import beat_command, control_worker_command, worker_command
 from app.container import Container
 from app.jobs.representation import stored_outputs
-from app.models.builders import ensure_models
+from app.jobs.tables import Job
 from app.platform import embedded
 from app.platform.database import Database, engine_url
 from app.platform.migrate import upgrade
 from app.platform.settings import ROOT, Settings
-from app.platform.tables import Job, Tenant
+from app.repository.bundled import ensure_models
 from app.runtime.tensors import pack
 from app.tenancy.keys import TenantRef, create_api_key
+from app.tenancy.tables import Tenant
 from app.web.context import container_of
 from tests.models import build_memhog, build_slow
 from tests.s3 import S3, moto_s3

@@ -10,7 +10,7 @@ from alembic.script import ScriptDirectory
 
 from app.platform.database import Database
 from app.platform.migrate import alembic_config
-from app.platform.tables import Base
+from app.schema import metadata
 
 
 def test_one_head() -> None:
@@ -20,7 +20,7 @@ def test_one_head() -> None:
 
 def test_models_match_the_migrated_schema(database: Database) -> None:
     with database.engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
     assert diff == [], f"models and migrations differ; write a migration: {diff}"
 
 

@@ -19,12 +19,13 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import readers
+from app.batches.tables import Batch, File, FilePart
 from app.errors import Conflict, InsufficientStorage, InvalidRequest, TooLarge, Unavailable
 from app.jobs.chunks import PART_BYTES, file_key
-from app.jobs.quotas import Quotas
 from app.platform.filestore import FileStore
-from app.platform.tables import Batch, File, FilePart, Schedule
-from app.tenancy.owned import owned
+from app.platform.orm import owned
+from app.schedules.tables import Schedule
+from app.tenancy.quotas import Quotas
 
 FORMATS = (*readers.FORMATS, "parquet")
 

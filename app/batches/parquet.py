@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from app.batches.readers import Arrays, BadRows, checked
-from app.models.cards import ModelCard, TensorSpec
+from app.cards import ModelCard, TensorSpec
 
 PARQUET = "application/vnd.apache.parquet"
 MAX_ROW_GROUP_BYTES = 256 * 1024 * 1024

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from app.models.cards import ModelCard
+from app.cards import ModelCard
 from app.runtime.tensors import InvalidInputs, parse_inputs
 
 FORMATS = ("npy", "jsonl", "csv")  # read from a stream of bytes; Parquet: app.batches.parquet

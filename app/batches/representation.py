@@ -8,7 +8,7 @@ from marshmallow import Schema, fields
 from sqlalchemy.orm import Session
 
 from app.batches.service import progress
-from app.platform.tables import BATCH_STATUSES, Batch
+from app.batches.tables import BATCH_STATUSES, Batch
 
 
 class FailedRowsSchema(Schema):

@@ -24,11 +24,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import parquet
+from app.batches.tables import Batch
+from app.cards import ModelCard
 from app.errors import Conflict, InvalidRequest
 from app.jobs.chunks import result_key
-from app.models.cards import ModelCard
+from app.jobs.tables import Job
 from app.platform.filestore import FileStore
-from app.platform.tables import Batch, Job
 from app.runtime.datatypes import V2_TO_NUMPY
 from app.runtime.tensors import unpack
 

@@ -28,20 +28,21 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, parquet, readers
+from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch, File
+from app.cards import ModelCard
 from app.errors import Conflict, InputsDoNotFit, InvalidRequest, UnknownModel
 from app.jobs.admission import Admission
 from app.jobs.chunks import CHUNK_TERMINAL, inputs_key, settle, stop_chunks
 from app.jobs.dispatch import Dispatcher
-from app.jobs.quotas import Quotas
 from app.jobs.service import check_inputs
-from app.models.cards import ModelCard
-from app.models.registry import ModelRepository
+from app.jobs.tables import Job
 from app.platform.filestore import FileStore
+from app.platform.orm import owned
 from app.platform.settings import Settings
-from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, File, Job
+from app.repository.registry import ModelRepository
 from app.runtime.datatypes import V2_TO_NUMPY
 from app.runtime.tensors import pack, pack_header
-from app.tenancy.owned import owned
+from app.tenancy.quotas import Quotas
 from app.webhooks.ssrf import UnsafeUrl, check_url, networks
 
 logger = logging.getLogger(__name__)

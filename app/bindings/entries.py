@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.orm import Session
 
 from app.errors import DomainError
-from app.platform.tables import TERMINAL_STATUSES
+from app.jobs.tables import TERMINAL_STATUSES
 from app.runtime.tensors import to_json, unpack
 
 

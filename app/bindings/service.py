@@ -13,12 +13,13 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.bindings import entries, names
+from app.bindings.tables import StreamBinding
 from app.errors import Conflict, InvalidRequest
-from app.models.registry import ModelRepository
 from app.platform.database import flush_unique
-from app.platform.tables import StreamBinding, Tenant
+from app.platform.orm import owned
+from app.repository.registry import ModelRepository
 from app.tenancy.keys import TenantRef
-from app.tenancy.owned import owned
+from app.tenancy.tables import Tenant
 
 FIELDS = ("model", "version", "input", "output", "paused")
 CHANGEABLE = ("model", "version", "output", "paused")

@@ -4,27 +4,19 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Boolean,
-    CheckConstraint,
     DateTime,
-    Float,
     ForeignKey,
     Index,
-    Integer,
-    LargeBinary,
-    SmallInteger,
     String,
-    Text,
     UniqueConstraint,
     false,
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.platform.orm import Base

@@ -21,11 +21,11 @@ from types import FrameType
 
 import requests
 
-from app.models.registry import ModelRepository
 from app.observability import metrics_dir
 from app.platform import embedded
 from app.platform.kept_secrets import kept_secret
 from app.platform.settings import ROOT, Settings
+from app.repository.registry import ModelRepository
 
 logger = logging.getLogger("launcher")
 
@@ -221,8 +221,8 @@ class Launcher:
                     ) from None
 
     def _prepare(self) -> None:
-        from app.models.builders import ensure_models
         from app.platform.migrate import upgrade
+        from app.repository.bundled import ensure_models
 
         self.settings.var_dir.mkdir(parents=True, exist_ok=True)
         if not self.settings.redis_url:

@@ -13,9 +13,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import DomainError, UnknownModel
-from app.models.registry import ModelRepository
 from app.platform.settings import Settings
-from app.platform.tables import Schedule, Tenant
+from app.repository.registry import ModelRepository
+from app.schedules.tables import Schedule
+from app.tenancy.tables import Tenant
 
 
 @click.group("schedules")

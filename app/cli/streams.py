@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 import click
 from sqlalchemy import select
 
+from app.bindings.tables import StreamBinding
 from app.dataplane.requests import BindingFields
 from app.errors import DomainError
-from app.platform.tables import StreamBinding, Tenant
 from app.tenancy.keys import TenantRef
+from app.tenancy.tables import Tenant
 
 if TYPE_CHECKING:
     from app.dataplane import DataPlane

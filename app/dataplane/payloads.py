@@ -11,9 +11,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.batches.representation import BatchSchema, describe
+from app.batches.tables import Batch
 from app.jobs.representation import JobSchema
+from app.jobs.tables import Job
 from app.platform.settings import Settings
-from app.platform.tables import Batch, Job, WebhookDelivery
+from app.webhooks.tables import WebhookDelivery
 
 
 def render(session: Session, settings: Settings, delivery: WebhookDelivery, now: datetime) -> str:

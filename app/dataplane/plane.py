@@ -27,10 +27,13 @@ from sqlalchemy.orm import Session
 from app.batches import files, results
 from app.batches import service as batches
 from app.batches.representation import describe
+from app.batches.tables import Batch, File
 from app.bindings import entries
 from app.bindings import service as bindings
 from app.bindings.entries import EntryOutcome, Finished
 from app.bindings.service import ActiveBinding
+from app.bindings.tables import StreamBinding
+from app.cards import ModelCard
 from app.dataplane.holds import Holds
 from app.dataplane.requests import (
     BatchRequest,
@@ -56,28 +59,21 @@ from app.jobs.admission import Admission
 from app.jobs.dispatch import Dispatcher
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOBS, JobInserter
-from app.jobs.quotas import SYNC_PRIORITY, Quotas, check_priority
 from app.jobs.replies import Replies
-from app.models.cards import ModelCard
-from app.models.registry import PUBLIC, ModelRepository
+from app.jobs.tables import SYNC_PRIORITY, DeadLetter, Job
 from app.observability import metrics
 from app.platform.database import Database
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
-from app.platform.tables import (
-    Batch,
-    DeadLetter,
-    DisabledWebhookUrl,
-    File,
-    Job,
-    Schedule,
-    StreamBinding,
-)
+from app.repository.registry import PUBLIC, ModelRepository
 from app.runtime.sessions import SessionPool
 from app.schedules import service as schedules
-from app.status.service import Status, StatusBoard, read_status
+from app.schedules.tables import Schedule
+from app.status.board import Status, StatusBoard, read_status
 from app.tenancy.keys import Caller, KeyCache, TenantRef
+from app.tenancy.quotas import Quotas, check_priority
 from app.webhooks import delivery
+from app.webhooks.tables import DisabledWebhookUrl
 
 logger = logging.getLogger(__name__)
 
@@ -585,7 +581,10 @@ class DataPlane:
         return replayed.ids
 
     def _requeued(self, session: Session, replayed: dead_letters.Replayed) -> None:
-        """Commit a replay, then wake its models (those that do not wake: the sweep)."""
+        """Send its webhooks again and commit a replay, then wake its models (those
+        that do not wake: the sweep)."""
+        if replayed.deliveries:
+            delivery.redeliver(session, replayed.deliveries)
         session.commit()
         for model, job_ids in replayed.woken.items():
             self._wake(session, model, job_ids)

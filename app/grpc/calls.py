@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 
+from app.cards import ModelCard
 from app.dataplane import InferRequest
 from app.errors import InvalidRequest
 from app.grpc import codec
-from app.models.cards import ModelCard
 
 # grpcio's time_remaining() for a call without a deadline: a huge number, not None.
 NO_DEADLINE_S = 10 * 365 * 86400.0

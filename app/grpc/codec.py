@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from app.cards import ModelCard
 from app.errors import InvalidRequest
 from app.grpc.generated import grpc_service_pb2 as pb
-from app.models.cards import ModelCard
 from app.runtime.datatypes import V2_TO_NUMPY, encode_bytes, from_raw, is_bytes
 
 # The typed `contents` field of each datatype (FP16 has none: raw only).

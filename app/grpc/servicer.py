@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from app.cards import ModelCard
 from app.container import Container
 from app.errors import Unavailable, UnknownModel
 from app.grpc import codec
@@ -22,8 +23,7 @@ from app.grpc.door import Access, Rpc
 from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.generated import model_config_pb2 as config_pb
 from app.grpc.stream import CallStream, open_streams
-from app.models.cards import ModelCard
-from app.models.registry import PUBLIC
+from app.repository.registry import PUBLIC
 from app.tenancy.keys import Caller, TenantRef
 
 SERVER_NAME = "inference-jobs"

@@ -10,7 +10,7 @@ and purges are written to the audit log.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,8 +18,7 @@ from sqlalchemy import Select, delete, select, text
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound
-from app.platform.tables import AuditEvent, DeadLetter
-from app.webhooks.delivery import redeliver
+from app.jobs.tables import AuditEvent, DeadLetter
 
 
 @dataclass(frozen=True)
@@ -99,10 +98,12 @@ _REPLAY_DELIVERIES = text(
 
 @dataclass(frozen=True)
 class Replayed:
-    """What a replay queued again (the caller commits, then wakes `woken`'s models)."""
+    """What a replay queued again: the caller sends `deliveries` again
+    (app.webhooks.delivery.redeliver), commits, then wakes `woken`'s models."""
 
     ids: list[uuid.UUID]  # the jobs of the letters replayed, in order
     woken: dict[str, list[uuid.UUID]]  # model -> its jobs back in the queue
+    deliveries: list[int] = field(default_factory=list)  # webhook deliveries to send again
 
 
 def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str) -> Replayed:
@@ -110,8 +111,6 @@ def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str)
     params = {"ids": letter_ids, "tenant": tenant_id}
     jobs = session.execute(_REPLAY, params).all()
     webhooks = session.execute(_REPLAY_DELIVERIES, params).all()
-    if webhooks:
-        redeliver(session, [row.delivery_id for row in webhooks])
     for row in [*jobs, *webhooks]:
         session.add(
             AuditEvent(
@@ -125,7 +124,8 @@ def _replay(session: Session, tenant_id: int, letter_ids: list[int], actor: str)
     woken: dict[str, list[uuid.UUID]] = {}
     for row in jobs:
         woken.setdefault(row.model, []).append(row.job_id)
-    return Replayed([row.job_id for row in [*jobs, *webhooks]], woken)
+    deliveries = [row.delivery_id for row in webhooks]
+    return Replayed([row.job_id for row in [*jobs, *webhooks]], woken, deliveries)
 
 
 def replay(session: Session, tenant_id: int, letter_id: int, actor: str) -> Replayed:

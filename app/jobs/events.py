@@ -28,9 +28,9 @@ from sqlalchemy import Engine
 from sqlalchemy import select as sql_select
 from sqlalchemy.orm import Session
 
+from app.jobs.tables import JobEvent
 from app.platform.background import LazyThread
 from app.platform.database import TCP_CHECKS
-from app.platform.tables import JobEvent
 
 logger = logging.getLogger(__name__)
 

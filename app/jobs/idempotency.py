@@ -15,7 +15,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, DomainError, InvalidRequest
-from app.platform.tables import IdempotencyKey
+from app.jobs.tables import IdempotencyKey
 
 TTL_HOURS = 24
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, insert
 
+from app.jobs.tables import Job
 from app.jobs.transitions import MARK_UNSENT
 from app.platform.background import LazyThread
-from app.platform.tables import Job
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from marshmallow import Schema, fields
 
-from app.platform.tables import JOB_STATUSES, Job
+from app.jobs.tables import JOB_STATUSES, Job
 from app.runtime.tensors import to_json, unpack
 
 

@@ -26,18 +26,18 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
+from app.cards import ModelCard
 from app.errors import UnknownModel
 from app.jobs import telemetry
 from app.jobs.chunks import read_range, result_key, settle
 from app.jobs.guards import Guards
 from app.jobs.leases import LeaseKeeper
 from app.jobs.replies import Reply
+from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
-from app.models.cards import ModelCard
-from app.models.registry import ModelRepository
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
-from app.platform.tables import TERMINAL_STATUSES
+from app.repository.registry import ModelRepository
 from app.runtime.engine import NonFiniteOutput, infer
 from app.runtime.engine import rows as engine_rows
 from app.runtime.sessions import SessionPool

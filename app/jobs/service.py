@@ -18,15 +18,14 @@ import numpy as np
 from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session, defer, undefer
 
+from app.cards import ModelCard
 from app.errors import InputsDoNotFit, InvalidRequest, MalformedRequest, NotFound
 from app.jobs.events import EventBus
 from app.jobs.inserts import INSERT_JOB, INSERT_JOBS
-from app.jobs.quotas import SYNC_PRIORITY
-from app.models.cards import ModelCard
+from app.jobs.tables import SYNC_PRIORITY, TERMINAL_STATUSES, Job
+from app.platform.orm import owned
 from app.platform.settings import Settings
-from app.platform.tables import TERMINAL_STATUSES, Job
 from app.runtime.tensors import InvalidInputs, pack, parse_inputs
-from app.tenancy.owned import owned
 from app.webhooks.ssrf import UnsafeUrl, check_url, networks
 
 

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 import numpy as np
 from sqlalchemy import Engine, bindparam, text
 
+from app.cards import ModelCard
 from app.errors import DeadlinePassed, DomainError, InferenceFailed
 from app.jobs.replies import Follower
+from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import UUIDS
-from app.models.cards import ModelCard
-from app.platform.tables import TERMINAL_STATUSES
 from app.runtime import engine
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import from_json, unpack

@@ -10,7 +10,6 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     CheckConstraint,
     DateTime,
     Float,
@@ -21,8 +20,6 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Text,
-    UniqueConstraint,
-    false,
     func,
     text,
 )
@@ -31,11 +28,12 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.platform.orm import Base
 
-
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
-
-
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "expired"})
+# Clients ask for 0 to MAX_PRIORITY (within their tenant's allowance); sync calls run
+# at SYNC_PRIORITY, ahead of every async job.
+MAX_PRIORITY = 9
+SYNC_PRIORITY = 10
 
 
 class Job(Base):

@@ -15,9 +15,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.errors import InvalidModel, UnknownModel
-from app.models.registry import ModelRepository, VersionStatus
-from app.models.states import READY, UNAVAILABLE, State, set_states
 from app.repository.intake import Added, add_model, check_loadable
+from app.repository.registry import ModelRepository, VersionStatus
+from app.repository.states import READY, UNAVAILABLE, State, set_states
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import onnxruntime as ort
 
+from app.cards import ModelCard, TensorSpec, version_key
 from app.errors import Conflict, InvalidModel, InvalidRequest
-from app.models.cards import ModelCard, TensorSpec, version_key
 from app.runtime.datatypes import ORT_TO_V2
 from app.runtime.sessions import ModelMismatch, check_card
 

@@ -1,6 +1,6 @@
 """The model repository: `<root>/<name>/<version>/model.onnx` plus `card.json`.
 
-It scans the folder for cards (`app.models.cards`), keeps which versions serve
+It scans the folder for cards (`app.cards`), keeps which versions serve
 (a version policy, and load states shared through PostgreSQL), which tenants
 see a model, and which queue its jobs travel on.
 """
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.cards import ModelCard, version_key
 from app.errors import UnknownModel
-from app.models.cards import ModelCard, version_key
-from app.models.states import READY, UNAVAILABLE, SharedStates, State
+from app.repository.states import READY, UNAVAILABLE, SharedStates, State
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.platform.tables import ModelState
+from app.repository.tables import ModelState
 
 logger = logging.getLogger(__name__)
 

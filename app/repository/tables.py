@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
-    Boolean,
     CheckConstraint,
     DateTime,
-    Float,
-    ForeignKey,
     Index,
-    Integer,
-    LargeBinary,
-    SmallInteger,
     String,
     Text,
-    UniqueConstraint,
-    false,
     func,
-    text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.platform.orm import Base
-
 
 MODEL_STATES = ("READY", "UNAVAILABLE")
 
@@ -37,7 +23,7 @@ class ModelState(Base):
     """A model version's load state, shared by every API and worker process (which
     may run on other machines): a version with no row serves if its files are in
     the repository; UNAVAILABLE (unloaded, or failed its check) does not.
-    Processes notice changes by the newest `updated_at` (app.models.states)."""
+    Processes notice changes by the newest `updated_at` (app.repository.states)."""
 
     __tablename__ = "model_states"
     __table_args__ = (

@@ -18,7 +18,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from app.models.cards import ModelCard
+from app.cards import ModelCard
 from app.observability import metrics
 from app.runtime import pipeline
 from app.runtime.datatypes import is_float

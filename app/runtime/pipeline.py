@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from app.models.cards import ModelCard
+from app.cards import ModelCard
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from app.models.cards import ModelCard
+from app.cards import ModelCard
 from app.runtime.datatypes import ORT_TO_V2
 from app.runtime.pipeline import unknown_steps
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from app.models.cards import ModelCard, TensorSpec
+from app.cards import ModelCard, TensorSpec
 from app.runtime.datatypes import (
     NUMPY_TO_V2,
     V2_TO_NUMPY,

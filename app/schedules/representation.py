@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import Schema, fields
 
-from app.platform.tables import Schedule
+from app.schedules.tables import Schedule
 
 
 class ScheduleSchema(Schema):

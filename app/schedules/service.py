@@ -27,14 +27,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, results
 from app.batches import service as batches
+from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch
 from app.errors import DomainError, InvalidRequest, UnknownModel
-from app.models.registry import ModelRepository
 from app.platform.database import flush_unique
 from app.platform.filestore import FileStore
+from app.platform.orm import owned
 from app.platform.settings import Settings
-from app.platform.tables import BATCH_TERMINAL_STATUSES, Batch, Schedule, Tenant
+from app.repository.registry import ModelRepository
 from app.schedules import paths
-from app.tenancy.owned import owned
+from app.schedules.tables import Schedule
+from app.tenancy.tables import Tenant
 
 logger = logging.getLogger(__name__)
 

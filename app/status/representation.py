@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import Schema, fields
 
-from app.status.service import DEAD_LETTER_CAP, LetterLine, ModelLine, Status
+from app.status.board import DEAD_LETTER_CAP, LetterLine, ModelLine, Status
 from app.status.streams import StreamLine, StreamTotals
 
 

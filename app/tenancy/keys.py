@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.platform.tables import ApiKey, Tenant
+from app.tenancy.tables import ApiKey, Tenant
 
 KEY_PREFIX = "ik_"
 OPERATOR_KEY_PREFIX = "iko_"

@@ -25,16 +25,15 @@ import redis
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from app.batches.tables import Batch, File
 from app.errors import InvalidRequest, QuotaExceeded, TenantGone
 from app.jobs.dispatch import redis_client
+from app.jobs.tables import SYNC_PRIORITY
 from app.platform.settings import Settings
-from app.platform.tables import Batch, File, Tenant
+from app.tenancy.tables import Tenant
 
 logger = logging.getLogger(__name__)
 
-# Above every priority a client may ask for: sync calls go ahead of async jobs.
-SYNC_PRIORITY = 10
-MAX_PRIORITY = 9
 DAY = timedelta(days=1)
 
 

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
-    Index,
     Integer,
-    LargeBinary,
     SmallInteger,
     String,
-    Text,
-    UniqueConstraint,
-    false,
     func,
-    text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.platform.orm import Base
@@ -41,7 +31,7 @@ class Tenant(Base):
     previous_webhook_secret: Mapped[str | None] = mapped_column(String(100))
     previous_secret_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    # Quotas (app.jobs.quotas), set with `manage.py tenants set`; NULL: the TENANT_*
+    # Quotas (app.tenancy.quotas), set with `manage.py tenants set`; NULL: the TENANT_*
     # setting's default. Jobs queued or running at once; submits a second (every
     # door); batch rows in 24 h; bytes of uploads and batch results kept; the highest
     # `priority` its jobs may ask for.

@@ -11,8 +11,8 @@ from flask import g, request
 from flask_smorest import Blueprint
 
 from app.errors import Forbidden
-from app.models.registry import PUBLIC
 from app.observability import logs
+from app.repository.registry import PUBLIC
 from app.tenancy.keys import OPERATOR, Caller, TenantRef
 from app.web.context import plane, services
 from app.web.problems import Problem

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.jobs.dead_letters import Filters
-from app.platform.tables import DeadLetter
+from app.jobs.tables import DeadLetter
 from app.web.auth import authenticated, current_actor, current_tenant, operator_only
 from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import plane

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from app.jobs.events import EventBus, events_after
 from app.jobs.representation import JobSchema
+from app.jobs.tables import TERMINAL_STATUSES, Job
 from app.platform.database import Database
-from app.platform.tables import TERMINAL_STATUSES, Job
 
 KEEPALIVE_S = 15.0
 MAX_STREAM_S = 600.0  # then the client reconnects with Last-Event-ID

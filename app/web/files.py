@@ -9,7 +9,7 @@ from flask import request
 from marshmallow import Schema, fields
 
 from app.batches import files
-from app.platform.tables import File
+from app.batches.tables import File
 from app.web.auth import authenticated, current_tenant, streams_body
 from app.web.blueprint import Blueprint, link, links_by_id
 from app.web.context import plane, services

@@ -13,8 +13,8 @@ from app.dataplane import JobQuery, JobRequest, Wait, Webhook
 from app.dataplane.problems import problem
 from app.errors import DomainError, InvalidRequest, MalformedRequest, TooManyWaits
 from app.jobs import service
+from app.jobs.tables import TERMINAL_STATUSES, Job
 from app.platform.settings import Settings
-from app.platform.tables import TERMINAL_STATUSES, Job
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import plane, services

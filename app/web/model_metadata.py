@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.models.cards import ModelCard
+from app.cards import ModelCard
 from app.web.auth import optional_tenant
 from app.web.blueprint import Blueprint
 from app.web.context import plane

@@ -11,9 +11,9 @@ from marshmallow import Schema, fields
 from sqlalchemy.engine import Engine
 
 from app.errors import TooLarge
-from app.models.registry import ModelRepository, VersionStatus
 from app.repository import control
 from app.repository.intake import check_ref, staging_file
+from app.repository.registry import ModelRepository, VersionStatus
 from app.web.auth import operator_only
 from app.web.blueprint import Blueprint
 from app.web.context import services

@@ -9,8 +9,8 @@ from marshmallow import Schema, fields, validate
 
 from app.batches.representation import describe
 from app.dataplane import ScheduleFields
-from app.platform.tables import Schedule
 from app.schedules.representation import ScheduleSchema
+from app.schedules.tables import Schedule
 from app.web.auth import authenticated, current_tenant
 from app.web.batches import BatchListSchema
 from app.web.blueprint import Blueprint, links_by_id

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, missing, validate
 
 from app.jobs.representation import JobSchema
-from app.platform.tables import JOB_STATUSES
+from app.jobs.tables import JOB_STATUSES
 from app.webhooks.ssrf import DEFAULT_EVENTS, EVENTS
 
 MAX_CANCEL_AFTER_S = 366 * 24 * 3600

@@ -39,8 +39,8 @@ from werkzeug.wrappers import Response
 from app.errors import Forbidden
 from app.platform.kept_secrets import kept_secret
 from app.platform.settings import Settings
+from app.status.board import Status
 from app.status.representation import StatusSchema, status_dict
-from app.status.service import Status
 from app.tenancy.keys import OPERATOR, hash_key
 from app.web.auth import optional_operator
 from app.web.blueprint import Blueprint

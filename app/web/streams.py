@@ -9,8 +9,8 @@ from typing import Any, cast
 from marshmallow import Schema, fields, validate
 
 from app.bindings.representation import BindingSchema
+from app.bindings.tables import StreamBinding
 from app.dataplane.requests import BindingFields
-from app.platform.tables import StreamBinding
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import plane

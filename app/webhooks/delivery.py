@@ -29,19 +29,14 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from app.batches.tables import Batch
+from app.jobs.tables import DeadLetter, Job
 from app.observability import logs, metrics
 from app.platform.settings import Settings
-from app.platform.tables import (
-    Batch,
-    DeadLetter,
-    DisabledWebhookUrl,
-    Job,
-    Tenant,
-    WebhookAttempt,
-    WebhookDelivery,
-)
+from app.tenancy.tables import Tenant
 from app.webhooks import retry_after, signing, transport
 from app.webhooks.ssrf import Resolver, UnsafeUrl, check_url, networks
+from app.webhooks.tables import DisabledWebhookUrl, WebhookAttempt, WebhookDelivery
 
 logger = logging.getLogger(__name__)
 

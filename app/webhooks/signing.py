@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from standardwebhooks import Webhook
 
-from app.platform.tables import Tenant
+from app.tenancy.tables import Tenant
 
 
 def headers(

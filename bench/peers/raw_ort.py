@@ -88,8 +88,8 @@ def measure_pipeline(
 ) -> list[dict[str, Any]]:
     """`measure` for a model whose card has a pipeline (minilm: tokenizer, graph,
     pooling), run as the service's workers run it, on SENTENCES."""
-    from app.models.registry import ModelRepository
     from app.platform.settings import Settings
+    from app.repository.registry import ModelRepository
     from app.runtime import pipeline
     from app.runtime.sessions import SessionPool
     from app.runtime.tensors import parse_inputs

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from flask import Flask
 
+from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Job
 from tests.conftest import TenantAuth
 from tests.support import FakeClock
 

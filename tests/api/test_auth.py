@@ -14,8 +14,8 @@ from sqlalchemy import event
 
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
-from app.platform.tables import ApiKey, Tenant
 from app.tenancy.keys import KeyCache
+from app.tenancy.tables import ApiKey, Tenant
 from app.web.context import container_of
 from tests.conftest import TenantAuth, make_tenant, service_env
 from tests.support import FakeClock, wait_until

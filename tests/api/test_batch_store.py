@@ -16,10 +16,11 @@ import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
 
+from app.batches.tables import Batch, File, FilePart
 from app.jobs import sweeps
 from app.jobs.chunks import PART_BYTES, result_key
+from app.jobs.tables import Job
 from app.platform.database import Database
-from app.platform.tables import Batch, File, FilePart, Job
 from app.web.context import container_of
 from tests.api import test_batches
 from tests.api.test_batches import (

@@ -21,11 +21,11 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
+from app.batches.tables import Batch, File, FilePart
 from app.jobs import sweeps
 from app.jobs.chunks import file_key, result_key
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Batch, File, FilePart
 from app.web.context import container_of
 from tests.api.test_batch_store import chunks_of
 from tests.api.test_batches import direct, npy_bytes, npy_results, rows, submit, upload, wait_batch

@@ -20,14 +20,15 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.batches import service as batches
+from app.cards import ModelCard
 from app.dataplane.payloads import render
 from app.jobs import sweeps
-from app.models.cards import ModelCard
+from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Job, WebhookDelivery
 from app.runtime.sessions import SessionPool
 from app.web.context import container_of, services
+from app.webhooks.tables import WebhookDelivery
 from tests.conftest import TenantAuth, WorkerProcess
 from tests.models import build_flaky_digits, build_slow_rows
 from tests.support import wait_until

@@ -15,9 +15,10 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
+from app.jobs.tables import Job
 from app.platform.database import Database
-from app.platform.tables import Job, Tenant
 from app.tenancy.keys import set_quotas
+from app.tenancy.tables import Tenant
 from app.web.schemas import MAX_BULK_JOBS
 from tests.conftest import STAGED, TenantAuth, make_tenant, wait_for_job
 

@@ -15,9 +15,9 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from app.jobs import runner, sweeps
+from app.jobs.tables import AuditEvent, Job
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import AuditEvent, Job
 from app.tenancy.keys import create_operator_key
 from app.web.context import container_of, current_session, services
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from app.batches import parquet, readers, results
+from app.cards import ModelCard, TensorSpec
 from app.errors import InvalidRequest
-from app.models.cards import ModelCard, TensorSpec
 from app.runtime.datatypes import V2_TO_NUMPY, encode_bytes, from_raw
 from app.runtime.tensors import InvalidInputs, pack, parse_inputs, to_json, unpack
 from app.web import json_codec, kserve

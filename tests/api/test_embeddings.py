@@ -20,9 +20,9 @@ import tritonclient.http as triton
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.models.registry import ModelRepository
+from app.jobs.tables import Job
 from app.platform.database import Database
-from app.platform.tables import Job
+from app.repository.registry import ModelRepository
 from app.runtime.engine import infer
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import pack, parse_inputs

@@ -12,8 +12,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select, text
 
+from app.jobs.tables import Job
 from app.platform.database import Database
-from app.platform.tables import Job
 from tests.conftest import TenantAuth
 
 PIXELS = [[0.0] * 64]

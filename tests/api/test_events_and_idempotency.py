@@ -16,9 +16,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
+from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Job
 from app.web.context import container_of
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from marshmallow import Schema, ValidationError
 
 from app.jobs.representation import JobSchema
-from app.platform.tables import Job
+from app.jobs.tables import Job
 from app.runtime.tensors import pack
 from app.web.schemas import BulkJobSchema, SubmitHeadersSchema, SubmitJobSchema
 

@@ -20,10 +20,10 @@ from sqlalchemy import func, select
 from tritonclient.utils import InferenceServerException
 
 from app import create_app
-from app.models.cards import ModelCard
+from app.cards import ModelCard
+from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Job
 from app.runtime.sessions import SessionPool
 from tests.conftest import TenantAuth, wait_for_job
 from tests.support import live_server

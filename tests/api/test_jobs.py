@@ -16,8 +16,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sklearn.datasets import load_digits
 
-from app.models.registry import ModelRepository
 from app.platform.settings import Settings
+from app.repository.registry import ModelRepository
 from app.web.context import container_of
 from tests.conftest import WorkerProcess, make_tenant, wait_for_job
 

@@ -23,8 +23,8 @@ from flask.testing import FlaskClient
 from app.jobs import runner
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
-from app.platform.tables import Tenant
 from app.tenancy.keys import create_operator_key
+from app.tenancy.tables import Tenant
 from app.web.context import container_of, services
 from manage import cli
 from tests.conftest import (

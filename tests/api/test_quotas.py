@@ -17,10 +17,11 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
+from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
-from app.platform.tables import Job, Tenant
 from app.tenancy.keys import set_quotas
+from app.tenancy.tables import Tenant
 from tests.conftest import STAGED, TenantAuth, make_tenant, service_env, wait_for_job
 from tests.support import wait_until
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.batches.service import chunk_rows
-from app.models.cards import Batching, ModelCard, TensorSpec
+from app.cards import Batching, ModelCard, TensorSpec
 from app.platform.settings import Settings
 
 

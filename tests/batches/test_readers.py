@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app.batches import readers
-from app.models.cards import ModelCard, TensorSpec
+from app.cards import ModelCard, TensorSpec
 
 CARD = ModelCard(
     name="digits", version="1", path=Path("."),

@@ -23,10 +23,10 @@ from fsspec.implementations.local import LocalFileOpener
 
 from app.jobs import runner
 from app.jobs.chunks import result_key
+from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
-from app.platform.tables import Job
 from app.web.context import container_of
 from tests.conftest import TenantAuth, free_port, load_job
 

@@ -13,8 +13,8 @@ from flask.testing import FlaskClient
 from sklearn.datasets import load_digits
 
 from app.cli.launcher import api_command
-from app.models.builders import ensure_models
 from app.platform.settings import ROOT
+from app.repository.bundled import ensure_models
 from bench.contenders.flask_ort import gunicorn_command
 from bench.load import infer_bodies
 from bench.peers import flask_ort

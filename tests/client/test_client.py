@@ -23,12 +23,12 @@ import requests
 import sqlalchemy as sa
 
 from app import create_app
-from app.models.cards import ModelCard
+from app.cards import ModelCard
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
-from app.platform.tables import Tenant
 from app.runtime.sessions import SessionPool
 from app.tenancy.keys import rotate_webhook_secret
+from app.tenancy.tables import Tenant
 from app.webhooks import signing
 from inference_client import (
     ApiError,

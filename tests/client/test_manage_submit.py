@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.models.cards import ModelCard
+from app.cards import ModelCard
 from app.platform.settings import ROOT, Settings
 from app.runtime.sessions import SessionPool
 from tests.conftest import service_env

@@ -40,12 +40,13 @@ from app.cli.launcher import (
     worker_command,
 )
 from app.jobs.guards import Guards
+from app.jobs.tables import Job
 from app.platform import embedded
 from app.platform.database import engine_url
 from app.platform.logstreams import RedisLogs
 from app.platform.migrate import upgrade
 from app.platform.settings import ROOT
-from app.platform.tables import Job, Tenant
+from app.tenancy.tables import Tenant
 from tests.conftest import QUIET_WORKER, free_port
 
 # The suite's Celery entry point, and the variable it reads the guards to leave off

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 import tritonclient.grpc as grpcclient
 
 from app.jobs import transitions
-from app.platform.tables import Tenant
+from app.tenancy.tables import Tenant
 from tests.faults.harness import FaultStack, Tally
 from tests.faults.report import record
 from tests.faults.scenarios import GUARD, ROWS, check, digits, grpc_slow_inputs, slow

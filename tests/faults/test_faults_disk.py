@@ -22,7 +22,7 @@ import requests
 import sqlalchemy as sa
 from pgserver.utils import PostmasterInfo
 
-from app.models.cards import ModelCard
+from app.cards import ModelCard
 from app.runtime.sessions import SessionPool
 from tests.faults.disks import FILLER, disk_stack, fill  # noqa: F401 (a fixture)
 from tests.faults.harness import FaultStack

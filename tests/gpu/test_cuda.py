@@ -19,10 +19,10 @@ import pytest
 from flask import Flask
 from onnx import TensorProto, helper
 
-from app.models.builders import ensure_models
-from app.models.cards import ModelCard
-from app.models.registry import ModelRepository
+from app.cards import ModelCard
 from app.platform.settings import ROOT, Settings
+from app.repository.bundled import ensure_models
+from app.repository.registry import ModelRepository
 from app.runtime.engine import infer
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import parse_inputs

@@ -21,15 +21,16 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.grpc import service_pb2_grpc as triton_pb_grpc
 from tritonclient.utils import InferenceServerException
 
+from app.cards import ModelCard
 from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.generated import grpc_service_pb2_grpc as pb_grpc
 from app.grpc.server import Running
-from app.models.cards import ModelCard
+from app.jobs.tables import Job
 from app.observability import metrics
 from app.platform.database import Database
-from app.platform.tables import Job, Tenant
 from app.runtime.sessions import SessionPool
 from app.tenancy.keys import create_operator_key
+from app.tenancy.tables import Tenant
 from tests.conftest import TenantAuth, make_tenant
 from tests.grpc.conftest import FailsOnce
 from tests.support import wait_until

@@ -18,10 +18,10 @@ from sklearn.datasets import load_digits
 from sqlalchemy import select
 from tritonclient.utils import InferenceServerException
 
+from app.cards import ModelCard
 from app.grpc.server import Running
-from app.models.cards import ModelCard
+from app.jobs.tables import Job
 from app.platform.database import Database
-from app.platform.tables import Job
 from app.runtime.sessions import SessionPool
 from tests.conftest import TenantAuth, make_tenant
 from tests.grpc.conftest import FailsOnce

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from app.models.cards import ModelCard
-from app.models.registry import ModelRepository
+from app.cards import ModelCard
+from app.repository.registry import ModelRepository
 from app.runtime.engine import Arrays, NonFiniteOutput, infer
 from app.runtime.sessions import CPU_CALL_BYTES, SessionPool
 

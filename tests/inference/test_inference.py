@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from app.errors import UnknownModel
-from app.models.registry import ModelRepository
+from app.repository.registry import ModelRepository
 from app.runtime.sessions import ModelMismatch, SessionPool, device_for
 from app.runtime.tensors import (
     InvalidInputs,

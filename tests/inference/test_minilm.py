@@ -14,9 +14,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from app.cards import ModelCard, TensorSpec
 from app.errors import InvalidRequest
-from app.models.cards import ModelCard, TensorSpec
-from app.models.registry import ModelRepository
+from app.repository.registry import ModelRepository
 from app.runtime.engine import Arrays, infer
 from app.runtime.sessions import ModelMismatch, SessionPool
 from app.runtime.tensors import InvalidInputs, from_json, pack, parse_inputs, to_json, unpack

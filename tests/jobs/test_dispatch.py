@@ -15,9 +15,9 @@ from flask import Flask
 from sklearn.datasets import load_digits
 
 from app.jobs import sweeps, transitions
+from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Job
 from app.runtime.sessions import SessionPool
 from app.web.context import container_of, current_session, services
 from tests.conftest import STAGED, TenantAuth, insert_queued_job, outputs_of, wait_for_job

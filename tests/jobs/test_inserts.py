@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from flask import Flask
 
 from app.jobs.inserts import JobInserter
+from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Job
 from app.web.context import container_of
 from tests.conftest import TenantAuth
 

@@ -19,8 +19,8 @@ from sqlalchemy import select, text
 from app.jobs import runner, sweeps, transitions
 from app.jobs.guards import ALL_ON, Guards
 from app.jobs.runner import Runtime
+from app.jobs.tables import DeadLetter
 from app.platform.database import Database
-from app.platform.tables import DeadLetter
 from app.web.context import container_of, services
 from tests.conftest import STAGED, TenantAuth, insert_queued_job, load_job, outputs_of, packed
 from tests.models import HUGE

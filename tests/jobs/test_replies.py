@@ -14,10 +14,10 @@ import redis
 from flask import Flask
 from sqlalchemy import text
 
+from app.cards import ModelCard
 from app.jobs import replies, runner, sync
 from app.jobs.dispatch import redis_client
 from app.jobs.replies import Replies, Reply
-from app.models.cards import ModelCard
 from app.platform.database import Database
 from app.runtime.tensors import pack, unpack
 from app.web.context import services

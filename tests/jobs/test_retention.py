@@ -133,8 +133,8 @@ def test_pruning_goes_in_bounded_batches(
 def test_a_rotated_out_webhook_secret_is_erased_when_its_overlap_ends(
     database: Database, tenant: TenantAuth
 ) -> None:
-    from app.platform.tables import Tenant
     from app.tenancy.keys import rotate_webhook_secret
+    from app.tenancy.tables import Tenant
 
     with database.sessionmaker() as session:
         name = session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant.id))

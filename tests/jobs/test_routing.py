@@ -16,9 +16,9 @@ from flask import Flask
 from app import create_app
 from app.cli.launcher import Launcher, inference_queues
 from app.jobs import sweeps
-from app.models.registry import ModelRepository
 from app.platform.database import Database
 from app.platform.settings import Settings
+from app.repository.registry import ModelRepository
 from app.web.context import container_of, current_session, services
 from tests.conftest import RUN_ID, TenantAuth, insert_queued_job
 

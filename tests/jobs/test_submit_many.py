@@ -20,8 +20,9 @@ from app.errors import (
     QuotaExceeded,
     UnknownModel,
 )
+from app.jobs.tables import Job
 from app.platform.database import Database
-from app.platform.tables import Job, Tenant
+from app.tenancy.tables import Tenant
 from app.web.context import container_of
 from tests.conftest import STAGED, TenantAuth, make_tenant
 from tests.support import wait_until

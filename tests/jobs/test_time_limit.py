@@ -11,8 +11,8 @@ from flask import Flask
 from sqlalchemy import select
 
 from app.jobs import sweeps
+from app.jobs.tables import DeadLetter
 from app.platform.settings import Settings
-from app.platform.tables import DeadLetter
 from app.web.context import current_session, services
 from tests.conftest import WorkerProcess, wait_for_job
 from tests.support import wait_until

@@ -21,12 +21,14 @@ from click.testing import CliRunner
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.models.cards import ModelCard
+from app.batches.tables import Batch
+from app.cards import ModelCard
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Batch, Schedule, Tenant
 from app.runtime.sessions import SessionPool
 from app.schedules import paths, service
+from app.schedules.tables import Schedule
+from app.tenancy.tables import Tenant
 from app.web.context import container_of
 from tests.conftest import BeatProcess, TenantAuth, WorkerProcess, make_tenant
 from tests.support import starts_processes, wait_until

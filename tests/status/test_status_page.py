@@ -22,8 +22,8 @@ from flask.testing import FlaskClient
 from app import create_app
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
+from app.status.board import DEAD_LETTER_CAP
 from app.status.census import WorkerCensus
-from app.status.service import DEAD_LETTER_CAP
 from app.tenancy.keys import create_operator_key, hash_key, revoke_api_keys
 from app.web.context import container_of
 from tests.conftest import (

@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 from sklearn.datasets import load_digits
 
-from app.models.registry import ModelRepository
 from app.platform import embedded
 from app.platform.database import Database
 from app.platform.logstreams import RedisLogs
 from app.platform.settings import ROOT, Settings
+from app.repository.registry import ModelRepository
 from tests.conftest import RUN_ID, TenantAuth, service_env, stop_process
 from tests.support import process_started, starts_processes, wait_until
 

@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from flask.testing import FlaskClient
 
 from app.bindings import names
+from app.bindings.tables import StreamEntry
 from app.errors import InvalidRequest
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import StreamEntry
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant
 
 

@@ -24,8 +24,8 @@ from app import create_app
 from app.dataplane import payloads
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.platform.tables import Tenant
 from app.tenancy.keys import rotate_webhook_secret
+from app.tenancy.tables import Tenant
 from app.web.context import container_of, current_session
 from app.webhooks import delivery, retry_after, signing
 from app.webhooks.receiver import DuplicateDelivery, Receiver, WebhookVerificationError
