@@ -4,21 +4,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flask import Flask
-
 from app.observability import logs
 from app.platform.settings import Settings
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Flask loads with the factory: no other process (a worker) loads it
+    from flask import Flask
+
     from app.container import Container
 
 
 def create_app(settings: Settings | None = None, container: Container | None = None) -> Flask:
     """The API over `container` (else one built from `settings`, else from the
     environment)."""
+    from flask import Flask
+
     from app.container import Container
     from app.platform.embedded import resolve_urls
-    from app.web import register_api, request_logs
+    from app.web import request_logs
+    from app.web.api import register_api
+    from app.web.context import IN_PROGRESS, in_progress_of
     from app.web.json_codec import OrjsonProvider
     from app.web.problems import register_error_handlers
 
@@ -31,10 +35,11 @@ def create_app(settings: Settings | None = None, container: Container | None = N
     request_logs.install(app, settings.log_format)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.extensions["container"] = container
-    app.teardown_appcontext(lambda _exc: container.database.end_scope())
+    app.extensions[IN_PROGRESS] = in_progress_of(settings)
+    app.teardown_appcontext(lambda _exc: container.end_scope())
     register_error_handlers(app)
     # Made now, not by the first requests at once.
-    for name in ("dataplane", "api_keys", "queue_metrics", "status"):
+    for name in ("jobs", "calls", "tenants", "status"):
         getattr(container, name)
     register_api(app)
     return app

@@ -1,4 +1,4 @@
-"""What can go wrong for a caller of the data plane, as plain exceptions.
+"""What can go wrong for a caller of the operations, as plain exceptions.
 
 Each error says what went wrong, and nothing about a protocol: a `code` (a
 short stable name such as `queue-full`), a `detail` for a person, machine-

@@ -26,8 +26,9 @@ import psycopg2
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from app.jobs.claims import claim_next
 from app.jobs.inserts import INSERT_JOBS
-from app.jobs.transitions import Outcome, claim_next, finish
+from app.jobs.transitions import Outcome, finish
 from app.platform.migrate import upgrade
 from app.tenancy.keys import create_api_key
 from bench.infra import Database, Servers
@@ -104,7 +105,7 @@ def lifecycle(database: Database, jobs: int, batch: int, triggers: bool) -> dict
             claimed, _ = claim_next(session, "digits", batch, lease_s=60)
             session.commit()
             outcomes = [
-                Outcome(j.id, j.attempt, "succeeded", outputs={"label": [1]}) for j in claimed
+                Outcome(j.id, j.attempt, "succeeded", output_data=bytes(8)) for j in claimed
             ]
             finish(session, outcomes)
             session.commit()
@@ -140,7 +141,7 @@ def main() -> None:
         try:
             upgrade(database.psycopg2_url)
             engine = sa.create_engine(database.psycopg2_url)
-            with Session(engine) as session:
+            with sa.orm.Session(engine) as session, session.begin():
                 create_api_key(session, "bench")
             engine.dispose()
             lifecycle(database, args.batch * 10, args.batch, True)  # warm caches

@@ -208,7 +208,7 @@ def make_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
 
     yield make
     for app in made:
-        container_of(app).database.engine.dispose()
+        container_of(app).parts.database.engine.dispose()
 
 
 @pytest.fixture
@@ -239,12 +239,12 @@ class TenantAuth:
 
     @property
     def ref(self) -> TenantRef:
-        """The tenant as the data plane takes it."""
+        """The tenant as the operations take it."""
         return TenantRef(self.id, self.name)
 
 
 def make_tenant(database: Database) -> TenantAuth:
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         creds = create_api_key(session, f"tenant-{uuid.uuid4().hex[:8]}")
         tenant_id = session.scalar(sa.select(Tenant.id).where(Tenant.name == creds.tenant))
     assert tenant_id is not None

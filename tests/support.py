@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -21,6 +22,10 @@ from werkzeug.serving import make_server
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
+
+    from app.container import Container
+    from app.jobs.runner import Runner
+    from app.jobs.transitions import Outcome
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., object])
@@ -119,3 +124,19 @@ def process_started() -> None:
 
 def processes_started() -> int:
     return _started[0]
+
+
+def execute(
+    container: Container, job_ids: Iterable[uuid.UUID], runner: Runner | None = None
+) -> list[Outcome]:
+    """Claim and run these jobs as a worker's task does (a scope of its own), with
+    the container's runner or `runner` (one with other guards or a broken store)."""
+    from app.operations.execution import DrainSettings, Execution
+
+    execution = container.execution
+    if runner is not None:
+        parts = container.parts
+        settings = DrainSettings.of(container.settings)
+        execution = Execution(parts.database, runner, parts.dispatcher, settings)
+    with container.scope():
+        return execution.execute(list(job_ids))

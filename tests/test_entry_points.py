@@ -50,7 +50,9 @@ def test_the_worker_app_is_built_before_the_metrics_client_is_imported(
 def _guards_after(statement: str, settings: Settings, **variables: str) -> str:
     env = {**os.environ, "DATABASE_URL": settings.database_url,
            "REDIS_URL": settings.redis_url, **variables}  # fmt: skip
-    code = f"{statement}\nprint(container.guards == container.runtime.guards, container.guards)"
+    code = (
+        f"{statement}\nprint(container.guards == container.parts.runner.guards, container.guards)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     return out.stdout.strip()
@@ -73,7 +75,13 @@ def test_the_service_keeps_every_guard_and_only_the_fault_suite_turns_some_off(
     )
 
 
-def test_the_stream_consumer_imports_nothing_of_the_http_door(settings: Settings) -> None:
+def test_the_stream_consumer_imports_nothing_of_the_http_door_but_its_problem_types(
+    settings: Settings,
+) -> None:
+    """The stream door writes the HTTP door's problem objects into its entries (an error
+    reads the same at both); nothing else of that door, and no Flask, is loaded."""
     modules = _modules_after("import app.streams.process", settings)
     assert "app.streams.consumer" in modules and "app.streams.publisher" in modules
-    assert not {m for m in modules if m == "app.web" or m.startswith("app.web.")}
+    web = {m for m in modules if m == "app.web" or m.startswith("app.web.")}
+    assert web == {"app.web", "app.web.problem_types"}
+    assert not {m for m in modules if m.split(".")[0] in ("flask", "flask_smorest", "werkzeug")}

@@ -43,7 +43,9 @@ TEXT = "flower must never show this sentence"
 def test_every_task_takes_ids_or_model_names_only(app: Flask) -> None:
     import workers.tasks  # noqa: F401  (registers the tasks)
 
-    tasks = {n: t for n, t in container_of(app).celery.tasks.items() if not n.startswith("celery.")}
+    tasks = {
+        n: t for n, t in container_of(app).parts.celery.tasks.items() if not n.startswith("celery.")
+    }
     assert len(tasks) >= 6
     for name, task in tasks.items():
         hints = typing.get_type_hints(task.run)
@@ -127,7 +129,7 @@ def test_flower_needs_its_login_and_shows_ids_and_model_names_never_inputs(
         tasks = _tasks_seen(process, login, {"digits", "minilm"})
     finally:
         worker.stop()
-        container_of(app).database.engine.dispose()
+        container_of(app).parts.database.engine.dispose()
 
     shown = json.dumps(tasks)
     for task_id in tasks:

@@ -76,7 +76,7 @@ def test_a_unix_socket_redis_url_keeps_its_database_for_celery() -> None:
 
 def test_beats_sweeps_have_a_worker_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every queue beat sends to is served by `make run`, and none is the jobs queue."""
-    from app.container import beat_schedule
+    from app.parts import beat_schedule
 
     subject = Launcher(Settings())
     monkeypatch.setattr(subject, "_spawn", lambda child: None)

@@ -27,10 +27,10 @@ from celery import Celery
 from flask import Flask
 
 from app import create_app
-from app.jobs import dispatch, sweeps
+from app.jobs import dispatch
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
-from app.web.context import container_of, current_session, services
+from app.web.context import container_of
 from tests.conftest import QUIET_WORKER, RUN_ID, TenantAuth, service_env, stop_process
 from tests.support import process_started, starts_processes, wait_until
 
@@ -126,7 +126,7 @@ class TaskEvents:
 
 @pytest.fixture(scope="module")
 def task_events(routed_app: Flask) -> Iterator[TaskEvents]:
-    events = TaskEvents(container_of(routed_app).celery)
+    events = TaskEvents(container_of(routed_app).parts.celery)
     yield events
     events.stop()
 
@@ -284,11 +284,12 @@ def test_a_cpu_worker_never_takes_a_gpu_models_jobs_even_with_no_gpu_worker(
     gpu_folder: Path,
 ) -> None:
     on_gpu = submit(routed_app, tenant.headers, ON_GPU, 20)
-    with routed_app.app_context():  # the sweep's republish goes to the GPU queue too
-        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=0) >= 20
+    routed = container_of(routed_app)
+    with routed.scope():  # the sweep's republish goes to the GPU queue too
+        assert routed.maintenance.wake_waiting(older_than_s=0) >= 20
     # A wake-up for the GPU model on the CPU queue (a waker with a stale card, or
     # none): the CPU worker passes it on to the GPU queue instead of running it.
-    celery = container_of(routed_app).celery
+    celery = container_of(routed_app).parts.celery
     celery.send_task(dispatch.DRAIN_TASK, args=[ON_GPU], queue=CPU)
     on_cpu = submit(routed_app, tenant.headers, ON_CPU, 20)
     wait_finished(database, on_cpu)

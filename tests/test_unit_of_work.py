@@ -87,24 +87,24 @@ def test_an_outer_unit_that_raises_undoes_the_inner_one_too(db: Database) -> Non
         assert not _seen(db, outer) and not _seen(db, inner)
 
 
-def test_after_commit_runs_once_the_outermost_unit_committed(db: Database) -> None:
+def test_once_committed_runs_once_the_outermost_unit_committed(db: Database) -> None:
     name, ran = _name(), []
     with db.scope(), db.unit_of_work() as session:
         _add(session, name)
         with db.unit_of_work():
-            db.after_commit(lambda: ran.append(("inner", _seen(db, name))))
-        db.after_commit(lambda: ran.append(("outer", _seen(db, name))))
+            db.once_committed(lambda: ran.append(("inner", _seen(db, name))))
+        db.once_committed(lambda: ran.append(("outer", _seen(db, name))))
         assert ran == []
     assert ran == [("inner", True), ("outer", True)]
 
 
-def test_after_commit_never_runs_after_a_rollback(db: Database) -> None:
+def test_once_committed_never_runs_after_a_rollback(db: Database) -> None:
     ran: list[str] = []
     with db.scope():
         with pytest.raises(KeyError), db.unit_of_work():
-            db.after_commit(lambda: ran.append("woken"))
+            db.once_committed(lambda: ran.append("woken"))
             raise KeyError("nothing kept")
-        db.after_commit(lambda: ran.append("outside a unit: at once"))
+        db.once_committed(lambda: ran.append("outside a unit: at once"))
     assert ran == ["outside a unit: at once"]
 
 

@@ -1,4 +1,4 @@
-"""Beat's scheduler: one pending message per sweep (see app.jobs.periodic)."""
+"""Beat's scheduler: one pending message per sweep (see app.platform.periodic)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from celery.beat import PersistentScheduler, ScheduleEntry
 
-from app.jobs import periodic as control
+from app.platform import periodic as control
 
 logger = logging.getLogger(__name__)
 

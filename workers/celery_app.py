@@ -35,7 +35,7 @@ def worker_app(container: Container) -> Celery:
     (see app.observability.metrics_dir)."""
     if container.settings.worker_metrics_port:
         metrics_dir.ensure("worker")
-    celery = container.celery
+    celery = container.parts.celery
     install_worker_hooks(celery, container)
     return celery
 
@@ -82,17 +82,17 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
     def _after_fork(**_: Any) -> None:
         # Fresh database connections and ONNX Runtime sessions in each worker child.
         container.after_fork()
-        runtime = container.runtime
-        runtime.sessions.device_id = device_for(
+        runner = container.parts.runner
+        runner.sessions.device_id = device_for(
             getattr(current_process(), "index", 0) or 0, settings.cuda_devices
         )
         # A hard time limit: ORT holds the thread in C code, so the child is
         # killed; Celery starts a new one and the job's lease brings it back.
-        runtime.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)
+        runner.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)
         # Only the models whose queue this worker serves (-Q): a CPU worker never
         # holds a GPU model's session, a GPU worker no CPU model's.
         served = celery.amqp.queues.consume_from
-        for card in runtime.repository.all():
+        for card in runner.repository.all():
             if not served or (card.queue or settings.model_queue) in served:
-                runtime.sessions.get(card)
+                runner.sessions.get(card)
                 pipeline.load(card)

@@ -1,6 +1,6 @@
-"""Thin tasks: each takes ids (or nothing) and calls the job layer with the
-services of its worker's container. Every task is a unit of work: its session
-is the container database's scoped one, closed when the task ends."""
+"""Thin tasks: each takes ids (or nothing) and calls one operation of its worker's
+container. Every task is a scope: its session is the container database's
+scoped one, closed when the task ends; each operation owns its transactions."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from celery import Task, shared_task
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
-from app.batches import service as batches
 from app.container import Container
-from app.dataplane import payloads
-from app.jobs import dispatch, periodic, runner, sweeps
 from app.observability import logs, metrics
+from app.operations.batches import SPLIT_TASK
+from app.operations.execution import DRAIN_TASK, PURGE_TASK, SWEEP_TASK
+from app.operations.schedules import TICK_TASK
+from app.operations.webhooks import DELIVER_TASK
+from app.operations.webhooks import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 from app.platform.database import database_unavailable
-from app.schedules import service as schedules
-from app.webhooks import delivery
+from app.platform.periodic import clear_pending
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +36,17 @@ def services(task: Task) -> Container:
 
 @contextmanager
 def _sweeping(task: Task, name: str) -> Iterator[Container]:
-    """Once the sweep is over, beat may send the next (see app.jobs.periodic)."""
+    """Once the sweep is over, beat may send the next (see app.platform.periodic)."""
     container = services(task)
     settings = container.settings
     try:
         yield container
     finally:
-        periodic.clear_pending(settings.redis_url, settings.control_queue, name)
+        clear_pending(settings.redis_url, settings.control_queue, name)
         metrics.SWEEPS.labels(name).inc()  # they log only when they did something
 
 
-@shared_task(name=dispatch.DRAIN_TASK, bind=True, max_retries=8)
+@shared_task(name=DRAIN_TASK, bind=True, max_retries=8)
 def drain(self: Task, model: str) -> int:
     """A wake-up for `model`: run its queued jobs (see app.jobs.dispatch). It claims
     that model's jobs only. One that came on a queue other than the model's card
@@ -53,20 +54,18 @@ def drain(self: Task, model: str) -> int:
     not run here: a CPU worker never runs a GPU model's jobs. Passing on counts
     as a retry, so two machines whose cards disagree give up after max_retries."""
     container = services(self)
-    dispatcher, runtime = container.dispatcher, container.runtime
+    execution = container.execution
     came_on = (self.request.delivery_info or {}).get("routing_key")
     logs.bind(model=model)
     try:
-        queue = dispatcher.queue_for(model)
-        if came_on and came_on != queue and runtime.repository.on_disk(model):
+        queue = execution.queue_for(model)
+        if came_on and came_on != queue and execution.on_disk(model):
             logger.warning("a wake-up for %s came on queue %s: passed on to its card's %s",
                            model, came_on, queue)  # fmt: skip
-            dispatcher.taken(model, came_on)
+            execution.taken(model, came_on)
             raise self.retry(queue=queue, countdown=0)
-        dispatcher.taken(model, came_on)
-        return runner.drain(
-            container.database.session(), runtime, model, lambda: dispatcher.wake(model)
-        )
+        execution.taken(model, came_on)
+        return execution.drain(model)
     except (DBAPIError, RedisError) as exc:
         # The database or Redis went away: take the wake-up again later, with backoff
         # and jitter. Jobs claimed meanwhile come back through their leases.
@@ -78,55 +77,38 @@ def drain(self: Task, model: str) -> int:
         raise self.retry(exc=exc, countdown=countdown) from exc
 
 
-@shared_task(name=batches.SPLIT_TASK, bind=True, ignore_result=True)
+@shared_task(name=SPLIT_TASK, bind=True, ignore_result=True)
 def split_batch(self: Task, batch_id: str) -> str:
-    """Cut a file batch into chunk jobs (see app.batches.service.split)."""
-    container = services(self)
-    return batches.split(
-        container.database.session(), container.store, container.models, uuid.UUID(batch_id),
-        container.dispatcher.wake,
-    )  # fmt: skip
+    """Cut a file batch into chunk jobs (see app.operations.batches)."""
+    return services(self).batches.split(uuid.UUID(batch_id))
 
 
-@shared_task(name=schedules.TICK_TASK, bind=True, ignore_result=True)
+@shared_task(name=TICK_TASK, bind=True, ignore_result=True)
 def fire_schedules(self: Task) -> dict[str, int]:
     """Beat's tick: fire due schedules, then write finished runs' results."""
-    with _sweeping(self, schedules.TICK_TASK) as container:
-        session, settings, models = (
-            container.database.session(),
-            container.settings,
-            container.models,
-        )
-        fired = schedules.fire_due(
-            session, container.store, models, settings, container.dataplane.start_split
-        )
-        written = schedules.export_finished(
-            session, container.store, models, settings, container.database.sessionmaker
-        )
+    with _sweeping(self, TICK_TASK) as container:
+        fired = container.schedules.fire_due(container.batches.start_split)
+        written = container.schedules.export_finished()
     return {"fired": len(fired), "written": written}
 
 
-@shared_task(name=dispatch.SWEEP_TASK, bind=True, ignore_result=True)
+@shared_task(name=SWEEP_TASK, bind=True, ignore_result=True)
 def sweep(self: Task) -> dict[str, int]:
-    with _sweeping(self, dispatch.SWEEP_TASK) as container:
-        session, settings = container.database.session(), container.settings
-        # (the sweep logs what it moved)
-        counts = sweeps.sweep(session, settings, container.dispatcher, container.guards)
+    with _sweeping(self, SWEEP_TASK) as container:
+        counts = container.maintenance.sweep()  # (the sweep logs what it moved)
         for action, jobs in counts.items():
             if jobs:
                 metrics.SWEEP_JOBS.labels(action).inc(jobs)
-        counts["batches"] = batches.sweep(session, settings, container.dataplane.start_split)
+        counts["batches"] = container.batches.sweep()
     if counts["batches"]:
         logger.info("sweep: %d batch(es) finished or sent to split again", counts["batches"])
     return counts
 
 
-@shared_task(name=dispatch.PURGE_TASK, bind=True, ignore_result=True)
+@shared_task(name=PURGE_TASK, bind=True, ignore_result=True)
 def purge(self: Task) -> dict[str, Any]:
-    with _sweeping(self, dispatch.PURGE_TASK) as container:
-        counts = sweeps.purge(  # logs its own
-            container.database.session(), container.settings, container.store
-        )
+    with _sweeping(self, PURGE_TASK) as container:
+        counts = container.maintenance.purge()  # logs its own
     if done := {k: v for k, v in counts.items() if k in _PURGE_OWN and v}:
         logger.info("purge: %s", done)
     return counts
@@ -135,23 +117,23 @@ def purge(self: Task) -> dict[str, Any]:
 _PURGE_OWN = ("purged", "batch_objects", "idempotency_keys", "previous_webhook_secrets")
 
 
-@shared_task(name=delivery.DELIVER_TASK, bind=True, ignore_result=True)
+@shared_task(name=DELIVER_TASK, bind=True, ignore_result=True)
 def deliver_webhook(self: Task, delivery_id: int) -> str | None:
-    container = services(self)
-    session, settings = container.database.session(), container.settings
-    return delivery.deliver(session, settings, delivery_id, payloads.render)
+    return services(self).webhooks.deliver(delivery_id)
 
 
-@shared_task(name=delivery.SWEEP_TASK, bind=True, ignore_result=True)
+@shared_task(name=WEBHOOK_SWEEP_TASK, bind=True, ignore_result=True)
 def sweep_webhooks(self: Task) -> int:
     """Send due deliveries (and those whose worker died mid-send) to the webhooks queue."""
-    with _sweeping(self, delivery.SWEEP_TASK) as container:
+    with _sweeping(self, WEBHOOK_SWEEP_TASK) as container:
         settings = container.settings
-        ids = delivery.take_due(container.database.session(), settings)
-        for delivery_id in ids:
-            container.celery.send_task(
-                delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
+
+        def send(delivery_id: int) -> None:
+            container.parts.celery.send_task(
+                DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
             )
+
+        ids = container.webhooks.send_due(send)
     if ids:
         logger.info("webhook sweep: %d due delivery(ies) sent to the senders", len(ids))
     return len(ids)

@@ -1,1 +1,2 @@
-"""The batch door: uploaded files, batches cut into chunk jobs, results streamed."""
+"""Batches: uploaded files, batches cut into chunk jobs (at once, or by a worker's
+split), their progress and streamed results. Nothing here commits."""

@@ -24,8 +24,6 @@ from app.errors import Conflict, InsufficientStorage, InvalidRequest, TooLarge, 
 from app.jobs.chunks import PART_BYTES, file_key
 from app.platform.filestore import FileStore
 from app.platform.orm import owned
-from app.schedules.tables import Schedule
-from app.tenancy.quotas import Quotas
 
 FORMATS = (*readers.FORMATS, "parquet")
 
@@ -39,35 +37,6 @@ def format_of(filename: str, declared: str | None) -> str:
             errors={"format": [f"one of {', '.join(FORMATS)}"]},
         )
     return fmt
-
-
-def store(
-    session: Session,
-    files: FileStore,
-    tenant_id: int,
-    filename: str,
-    fmt: str,
-    body: IO[bytes],
-    max_bytes: int,
-    limits: Quotas | None = None,
-) -> File:
-    """Read `body` to its end into a new file (the caller commits); TooLarge past `max_bytes`,
-    QuotaExceeded past what the tenant may still store, InsufficientStorage or
-    Unavailable where the store cannot take it."""
-    room = limits.admit_upload(session, tenant_id, 0) if limits else None
-    limit = max_bytes if room is None else min(max_bytes, room)
-    try:
-        file = store_parts(session, files, tenant_id, filename, fmt,
-                           iter(lambda: _read_part(body), b""), limit)  # fmt: skip
-    except OSError as exc:
-        session.rollback()
-        raise store_refused(exc) from exc
-    except TooLarge:
-        session.rollback()  # the quota is read afresh
-        if limits is not None and limit < max_bytes:
-            limits.admit_upload(session, tenant_id, limit + 1)  # raises QuotaExceeded
-        raise
-    return file
 
 
 def store_refused(exc: OSError) -> InsufficientStorage | Unavailable:
@@ -119,6 +88,11 @@ def store_parts(
     return file
 
 
+def read_parts(body: IO[bytes]) -> Iterator[bytes]:
+    """`body` a part of PART_BYTES at a time, to its end."""
+    return iter(lambda: _read_part(body), b"")
+
+
 def _read_part(body: IO[bytes]) -> bytes:
     """Up to PART_BYTES: a stream's read may return less before its end."""
     pieces, left = [], PART_BYTES
@@ -140,9 +114,8 @@ def list_files(session: Session, tenant_id: int, limit: int = 100) -> list[File]
     return list(session.scalars(query.limit(limit)))
 
 
-def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> str | None:
-    """Delete a file no unfinished batch still reads; returns its object's key, for
-    the caller to delete from the store once the deletion is committed."""
+def unread(session: Session, tenant_id: int, file_id: uuid.UUID) -> File:
+    """The tenant's file, if no unfinished batch still reads it (Conflict if one does)."""
     file = get(session, tenant_id, file_id)
     busy = session.scalar(
         select(Batch.id)
@@ -151,11 +124,14 @@ def remove(session: Session, tenant_id: int, file_id: uuid.UUID) -> str | None:
     )
     if busy is not None:
         raise Conflict(f"batch {busy} is still reading file {file_id}; cancel it or wait")
-    schedule = session.scalar(select(Schedule.name).where(Schedule.input_file_id == file_id))
-    if schedule is not None:
-        raise Conflict(f"schedule {schedule!r} reads file {file_id}; change or delete it first")
+    return file
+
+
+def remove(session: Session, file: File) -> str | None:
+    """Delete the file's row; returns its object's key, for the caller to delete
+    from the store once the deletion is committed."""
     key = file.store_key
-    session.execute(delete(File).where(File.id == file_id))
+    session.execute(delete(File).where(File.id == file.id))
     return key
 
 

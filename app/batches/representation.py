@@ -7,7 +7,7 @@ from typing import Any
 from marshmallow import Schema, fields
 from sqlalchemy.orm import Session
 
-from app.batches.service import progress
+from app.batches.progress import progress
 from app.batches.tables import BATCH_STATUSES, Batch
 
 

@@ -22,10 +22,10 @@ from types import FrameType
 import requests
 
 from app.observability import metrics_dir
+from app.operations.models import queues_in
 from app.platform import embedded
 from app.platform.kept_secrets import kept_secret
 from app.platform.settings import ROOT, Settings
-from app.repository.registry import ModelRepository
 
 logger = logging.getLogger("launcher")
 
@@ -163,6 +163,8 @@ class Launcher:
         self.children: list[Child] = []
         self.stopping = False
         self.flower_auth, self.flower_auth_made = "", False
+        self.first_key: str | None = None
+        self.first_secret: str | None = None
 
     def run(self) -> None:
         signal.signal(signal.SIGINT, self._on_signal)
@@ -221,8 +223,8 @@ class Launcher:
                     ) from None
 
     def _prepare(self) -> None:
+        from app.container import Container
         from app.platform.migrate import upgrade
-        from app.repository.bundled import ensure_models
 
         self.settings.var_dir.mkdir(parents=True, exist_ok=True)
         if not self.settings.redis_url:
@@ -230,27 +232,21 @@ class Launcher:
         self.settings = embedded.resolve_urls(self.settings)
         logger.info("database: %s", _redact(self.settings.database_url))
         logger.info("redis:    %s", _redact(self.settings.redis_url))
-        for path in ensure_models(self.settings.model_repository):
-            logger.info("built model in %s", path)
-        upgrade(self.settings.database_url)
-        self.first_key, self.first_secret = self._first_key()
-
-    def _first_key(self) -> tuple[str | None, str | None]:
-        from app.platform.database import Database
-        from app.tenancy.keys import create_api_key, has_tenants
-
-        database = Database(self.settings.database_url)
+        container = Container(self.settings)
         try:
-            with database.sessionmaker() as session:
-                if has_tenants(session):
-                    return None, None
-                creds = create_api_key(session, "default")
-                return creds.api_key, creds.webhook_secret
+            for path in container.models.build_bundled():
+                logger.info("built model in %s", path)
+            upgrade(self.settings.database_url)
+            with container.scope():
+                first = container.tenants.first_key()  # the tenant `default`, on a fresh machine
+            self.first_key, self.first_secret = (
+                (first.api_key, first.webhook_secret) if first else (None, None)
+            )
         finally:
-            database.engine.dispose()
+            container.close()
 
     def _start_children(self) -> None:
-        named = ModelRepository(self.settings.model_repository).queues()
+        named = queues_in(self.settings.model_repository)
         queue, concurrency = inference_queues(self.settings, named), self.worker_concurrency
         logger.info("the worker serves the queues %s", queue)
         self.flower_auth, self.flower_auth_made = flower_login(self.settings)

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import click
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.errors import DomainError, UnknownModel
-from app.platform.settings import Settings
-from app.repository.registry import ModelRepository
-from app.schedules.tables import Schedule
-from app.tenancy.tables import Tenant
+from app.cli.context import for_tenant
+from app.container import Container
+from app.operations import ScheduleFields, TenantRef
+from app.operations.schedules import Schedule, ScheduleSchema
 
 
 @click.group("schedules")
@@ -24,38 +19,15 @@ def schedules() -> None:
     """Batch schedules (cron runs of a model over a file or a data folder)."""
 
 
-@contextmanager
-def _context(tenant: str) -> Iterator[tuple[Session, Settings, ModelRepository, int]]:
-    from app.container import Container
-
-    container = Container.from_env()
-    settings = container.settings
-    try:
-        with container.unit_of_work() as session:
-            found = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
-            if found is None:
-                raise click.ClickException(f"no tenant named {tenant!r}")
-            yield session, settings, ModelRepository(settings.model_repository), found
-            session.commit()  # the command is the unit of work: all of it, or none
-    except (DomainError, UnknownModel) as exc:
-        raise click.ClickException(getattr(exc, "detail", str(exc))) from None
-    finally:
-        container.close()
-
-
 def _show(schedule: Schedule) -> None:
-    from app.schedules.representation import ScheduleSchema
-
     click.echo(json.dumps(ScheduleSchema().dump(schedule)))
 
 
-def _by_name(session: Session, tenant_id: int, name: str) -> uuid.UUID:
-    found = session.scalar(
-        select(Schedule.id).where(Schedule.tenant_id == tenant_id, Schedule.name == name)
-    )
+def _by_name(container: Container, tenant: TenantRef, name: str) -> uuid.UUID:
+    found = container.schedules.named(tenant, name)
     if found is None:
         raise click.ClickException(f"no schedule named {name!r}")
-    return found
+    return found.id
 
 
 TENANT = click.option("--tenant", required=True, help="The tenant that owns the schedules")
@@ -65,10 +37,8 @@ TENANT = click.option("--tenant", required=True, help="The tenant that owns the 
 @TENANT
 def list_command(tenant: str) -> None:
     """One JSON line per schedule."""
-    from app.schedules import service
-
-    with _context(tenant) as (session, _settings, _models, tenant_id):
-        for schedule in service.list_schedules(session, tenant_id):
+    with for_tenant(tenant) as (made, ref):
+        for schedule in made.schedules.list_schedules(ref):
             _show(schedule)
 
 
@@ -85,22 +55,17 @@ def list_command(tenant: str) -> None:
 @click.option("--paused", is_flag=True)
 def add_command(tenant: str, **options: Any) -> None:
     """Add a schedule; prints it as JSON."""
-    from app.schedules import service
-
     spec = {k: v for k, v in options.items() if k not in ("file_id", "input_path", "output_path")}
     spec["input"] = {"file_id": options["file_id"], "path": options["input_path"]}
     spec["output"] = options["output_path"]
-    with _context(tenant) as (session, settings, models, tenant_id):
-        _show(service.create(session, models, settings, tenant_id, spec))
+    with for_tenant(tenant) as (made, ref):
+        _show(made.schedules.create(ref, cast(ScheduleFields, spec)))
 
 
 def _set_paused(tenant: str, name: str, paused: bool) -> None:
-    from app.schedules import service
-
-    with _context(tenant) as (session, settings, models, tenant_id):
-        schedule_id = _by_name(session, tenant_id, name)
-        changes = {"paused": paused}
-        _show(service.update_schedule(session, models, settings, tenant_id, schedule_id, changes))
+    with for_tenant(tenant) as (made, ref):
+        schedule_id = _by_name(made, ref, name)
+        _show(made.schedules.update(ref, schedule_id, ScheduleFields(paused=paused)))
 
 
 @schedules.command("pause")
@@ -124,10 +89,8 @@ def resume_command(tenant: str, name: str) -> None:
 @click.argument("name")
 def delete_command(tenant: str, name: str) -> None:
     """Delete NAME; its runs stay as batches."""
-    from app.schedules import service
-
-    with _context(tenant) as (session, _settings, _models, tenant_id):
-        service.delete(session, tenant_id, _by_name(session, tenant_id, name))
+    with for_tenant(tenant) as (made, ref):
+        made.schedules.delete(ref, _by_name(made, ref, name))
     click.echo(json.dumps({"deleted": name}))
 
 
@@ -137,10 +100,8 @@ def delete_command(tenant: str, name: str) -> None:
 @click.option("--limit", default=20, show_default=True)
 def runs_command(tenant: str, name: str, limit: int) -> None:
     """NAME's runs, newest first, one JSON line each (the batch's status and rows)."""
-    from app.schedules import service
-
-    with _context(tenant) as (session, _settings, _models, tenant_id):
-        for batch in service.runs(session, tenant_id, _by_name(session, tenant_id, name), limit):
+    with for_tenant(tenant) as (made, ref):
+        for batch in made.schedules.runs(ref, _by_name(made, ref, name), limit):
             click.echo(json.dumps({
                 "batch_id": str(batch.id), "scheduled_for": batch.scheduled_for.isoformat()
                 if batch.scheduled_for else None, "status": batch.status, "rows": batch.rows,

@@ -1,26 +1,18 @@
 """`python manage.py streams ...`: the stream door's bindings for operators (the same
-data-plane operations as /streams), and its consumer process."""
+binding operations as /streams), and its consumer process."""
 
 from __future__ import annotations
 
 import json
 import os
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import click
-from sqlalchemy import select
 
-from app.bindings.tables import StreamBinding
-from app.dataplane.requests import BindingFields
-from app.errors import DomainError
-from app.tenancy.keys import TenantRef
-from app.tenancy.tables import Tenant
-
-if TYPE_CHECKING:
-    from app.dataplane import DataPlane
+from app.cli.context import for_tenant
+from app.container import Container
+from app.operations import BindingFields, TenantRef
+from app.operations.bindings import BindingSchema, StreamBinding
 
 
 @click.group("streams")
@@ -29,40 +21,16 @@ def streams() -> None:
     consumer that serves them."""
 
 
-@contextmanager
-def _plane(tenant: str) -> Iterator[tuple[DataPlane, TenantRef]]:
-    """The data plane and the tenant named `tenant`, in one unit of work."""
-    from app.container import Container
-
-    container = Container.from_env()
-    try:
-        with container.unit_of_work() as session:
-            found = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
-            if found is None:
-                raise click.ClickException(f"no tenant named {tenant!r}")
-            yield container.dataplane, TenantRef(found, tenant)
-    except DomainError as exc:
-        raise click.ClickException(exc.detail) from None
-    finally:
-        container.close()
-
-
 def _show(binding: StreamBinding) -> None:
-    from app.bindings.representation import BindingSchema
-
     click.echo(json.dumps(BindingSchema().dump(binding)))
 
 
-def _find(plane: DataPlane, tenant: TenantRef, which: str) -> uuid.UUID:
+def _find(container: Container, tenant: TenantRef, which: str) -> uuid.UUID:
     """A binding by its id, or by its input log (short or full name)."""
-    try:
-        return uuid.UUID(which)
-    except ValueError:
-        pass
-    for binding in plane.list_bindings(tenant):
-        if which in (binding.input, binding.input.rsplit(":", 1)[-1]):
-            return binding.id
-    raise click.ClickException(f"tenant {tenant.name!r} has no binding of input {which!r}")
+    found = container.bindings.find(tenant, which)
+    if found is None:
+        raise click.ClickException(f"tenant {tenant.name!r} has no binding of input {which!r}")
+    return found
 
 
 TENANT = click.option("--tenant", required=True, help="The tenant that owns the bindings")
@@ -83,16 +51,16 @@ def create_command(
     names) as JSON."""
     fields = BindingFields(model=model, version=version, input=input_, output=output,
                            paused=paused)  # fmt: skip
-    with _plane(tenant) as (plane, ref):
-        _show(plane.create_binding(ref, fields))
+    with for_tenant(tenant) as (made, ref):
+        _show(made.bindings.create(ref, fields))
 
 
 @streams.command("list")
 @TENANT
 def list_command(tenant: str) -> None:
     """One JSON line per binding."""
-    with _plane(tenant) as (plane, ref):
-        for binding in plane.list_bindings(ref):
+    with for_tenant(tenant) as (made, ref):
+        for binding in made.bindings.list_bindings(ref):
             _show(binding)
 
 
@@ -101,13 +69,13 @@ def list_command(tenant: str) -> None:
 @WHICH
 def show_command(tenant: str, binding: str) -> None:
     """BINDING (its id, or its input log's name) as JSON."""
-    with _plane(tenant) as (plane, ref):
-        _show(plane.get_binding(ref, _find(plane, ref, binding)))
+    with for_tenant(tenant) as (made, ref):
+        _show(made.bindings.get(ref, _find(made, ref, binding)))
 
 
 def _set_paused(tenant: str, binding: str, paused: bool) -> None:
-    with _plane(tenant) as (plane, ref):
-        _show(plane.update_binding(ref, _find(plane, ref, binding), BindingFields(paused=paused)))
+    with for_tenant(tenant) as (made, ref):
+        _show(made.bindings.update(ref, _find(made, ref, binding), BindingFields(paused=paused)))
 
 
 @streams.command("pause")
@@ -131,9 +99,9 @@ def resume_command(tenant: str, binding: str) -> None:
 @WHICH
 def delete_command(tenant: str, binding: str) -> None:
     """Delete BINDING; its jobs, logs and consumer group stay."""
-    with _plane(tenant) as (plane, ref):
-        binding_id = _find(plane, ref, binding)
-        plane.delete_binding(ref, binding_id)
+    with for_tenant(tenant) as (made, ref):
+        binding_id = _find(made, ref, binding)
+        made.bindings.delete(ref, binding_id)
     click.echo(json.dumps({"deleted": str(binding_id)}))
 
 

@@ -1,4 +1,4 @@
 """The gRPC door: KServe v2 / Triton's `inference.GRPCInferenceService` over the
-data plane (`servicer`), its RPC table and key check (`door`), the protobuf
+operations (`servicer`), its RPC table and key check (`door`), the protobuf
 tensor codec (`codec`), streams (`stream`), the status-code mapping (`status`)
 and the server (`server`, `python -m app.grpc`). It needs nothing from `app.web`."""

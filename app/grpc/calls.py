@@ -1,6 +1,6 @@
-"""What a unary call and a stream's requests share: the data plane's request made
+"""What a unary call and a stream's requests share: the operations' request made
 from a decoded call and the RPC's deadline, the outputs checked before anything
-runs, and how the data plane hears that the caller left."""
+runs, and how the operations hear that the caller left."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 
-from app.cards import ModelCard
-from app.dataplane import InferRequest
 from app.errors import InvalidRequest
 from app.grpc import codec
+from app.operations import InferRequest
+from app.operations.models import ModelCard
 
 # grpcio's time_remaining() for a call without a deadline: a huge number, not None.
 NO_DEADLINE_S = 10 * 365 * 86400.0
 
 
 def infer_request(call: codec.Call, context: grpc.ServicerContext) -> InferRequest:
-    """The data plane's request for a decoded call. A gRPC deadline becomes the
+    """The call operations' request for a decoded call. A gRPC deadline becomes the
     job's deadline (nobody waits for it after), and the wait ends a little before
     it, so the caller still hears DEADLINE_EXCEEDED with the job's id from us."""
     remaining = context.time_remaining()
@@ -45,7 +45,7 @@ def check_outputs(card: ModelCard, call: codec.Call) -> None:
 
 
 def leaving(context: grpc.ServicerContext) -> Callable[[Callable[[], None]], object]:
-    """How the data plane hears that a caller left: the call's end (a cancel, a
+    """How the call operations hear that a caller left: the call's end (a cancel, a
     lost connection; also a normal end, which comes after the answer). A call
     already over runs `callback` at once."""
 

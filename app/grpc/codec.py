@@ -5,7 +5,7 @@ An input comes as typed `contents` (the repeated field of its datatype) or as
 BYTES element is a 4-byte length and its bytes), as `tritonclient.grpc` sends
 it. Decoding checks only the protocol's own shape and yields the same v2
 tensor list the HTTP door makes (`{"name", "datatype", "shape", "data"}`,
-data an ndarray), which the data plane checks against the model's card like
+data an ndarray), which the operations check against the model's card like
 any job's inputs. Outputs always go back as `raw_output_contents`, as Triton's
 server sends them.
 """
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from app.cards import ModelCard
 from app.errors import InvalidRequest
 from app.grpc.generated import grpc_service_pb2 as pb
+from app.operations.models import ModelCard
 from app.runtime.datatypes import V2_TO_NUMPY, encode_bytes, from_raw, is_bytes
 
 # The typed `contents` field of each datatype (FP16 has none: raw only).

@@ -24,8 +24,8 @@ from google.protobuf.message import DecodeError, Message
 from app.errors import DomainError
 from app.grpc import status
 from app.observability import metrics
+from app.operations import OPERATOR, Caller
 from app.platform.database import database_unavailable
-from app.tenancy.keys import OPERATOR, Caller
 
 logger = logging.getLogger(__name__)
 

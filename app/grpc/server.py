@@ -38,11 +38,11 @@ class Running:
     container: Container
 
     def check_health(self) -> bool:
-        """SERVING while the data plane is ready (database, broker, a model), for the
+        """SERVING while the service is ready (database, broker, a model), for the
         whole server ("") and the inference service alike."""
         try:
-            with self.container.database.scope():
-                checks = self.container.dataplane.readiness()
+            with self.container.scope():
+                checks = self.container.status.readiness()
             ready = all(value == "ok" for value in checks.values())
         except Exception:  # a check that cannot run is a "no"
             logger.exception("readiness check failed")

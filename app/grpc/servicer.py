@@ -1,4 +1,4 @@
-"""The RPCs this server answers, each a translation onto one data-plane operation.
+"""The RPCs this server answers, each a translation onto one operation.
 
 Health and server metadata are open; model metadata is open too, and a key,
 when sent, shows what its tenant is granted (as on the HTTP door); inference
@@ -14,7 +14,6 @@ from typing import Any
 
 import grpc
 
-from app.cards import ModelCard
 from app.container import Container
 from app.errors import Unavailable, UnknownModel
 from app.grpc import codec
@@ -23,8 +22,8 @@ from app.grpc.door import Access, Rpc
 from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.generated import model_config_pb2 as config_pb
 from app.grpc.stream import CallStream, open_streams
-from app.repository.registry import PUBLIC
-from app.tenancy.keys import Caller, TenantRef
+from app.operations import Caller, TenantRef
+from app.operations.models import PUBLIC, ModelCard
 
 SERVER_NAME = "inference-jobs"
 SERVER_VERSION = "0.1.0"
@@ -40,8 +39,7 @@ _CONFIG_TYPES = {
 class Servicer:
     def __init__(self, container: Container) -> None:
         self.container = container
-        self.plane = container.dataplane
-        self.settings = container.settings
+        self.models, self.settings = container.models, container.settings
         self.streams = open_streams(self.settings.grpc_max_streams_per_tenant)
 
     def rpcs(self) -> dict[str, Rpc]:
@@ -58,8 +56,8 @@ class Servicer:
         }
 
     def authenticate(self, key: str) -> Caller | None:
-        with self.container.database.scope():
-            caller = self.plane.authenticate(key)
+        with self.container.scope():
+            caller = self.container.tenants.authenticate(key)
         return None if caller is None or caller.expired() else caller
 
     # -- health and metadata -----------------------------------------------------
@@ -68,8 +66,8 @@ class Servicer:
         return pb.ServerLiveResponse(live=True)
 
     def server_ready(self, _request: Any, _context: Any, _caller: Any) -> pb.ServerReadyResponse:
-        with self.container.database.scope():
-            checks = self.plane.readiness()
+        with self.container.scope():
+            checks = self.container.status.readiness()
         return pb.ServerReadyResponse(ready=all(v == "ok" for v in checks.values()))
 
     def server_metadata(
@@ -82,7 +80,7 @@ class Servicer:
     ) -> pb.ModelReadyResponse:
         """Ready or not, as Triton answers (an unknown model is not ready, no error)."""
         try:
-            self.plane.model_ready(_visibility(caller), request.name, request.version or None)
+            self.models.model_ready(_visibility(caller), request.name, request.version or None)
         except (UnknownModel, Unavailable):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
@@ -90,7 +88,7 @@ class Servicer:
     def model_metadata(
         self, request: pb.ModelMetadataRequest, _context: Any, caller: Caller | None
     ) -> pb.ModelMetadataResponse:
-        card = self.plane.model(_visibility(caller), request.name, request.version or None)
+        card = self.models.model(_visibility(caller), request.name, request.version or None)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=card.name,
@@ -103,7 +101,7 @@ class Servicer:
     def model_config(
         self, request: pb.ModelConfigRequest, _context: Any, caller: Caller | None
     ) -> pb.ModelConfigResponse:
-        card = self.plane.model(_visibility(caller), request.name, request.version or None)
+        card = self.models.model(_visibility(caller), request.name, request.version or None)
         return pb.ModelConfigResponse(config=_config(card))
 
     # -- inference ---------------------------------------------------------------
@@ -113,10 +111,10 @@ class Servicer:
     ) -> pb.ModelInferResponse:
         tenant = _tenant(caller)
         call = codec.decode(request)
-        with self.container.database.scope():
-            card = self.plane.model(tenant.name, call.model, call.version)
+        with self.container.scope():
+            card = self.models.model(tenant.name, call.model, call.version)
             check_outputs(card, call)
-            answer = self.plane.infer(
+            answer = self.container.calls.infer(
                 tenant, infer_request(call, context), leaving=leaving(context)
             )
         parameters = {"job_id": str(answer.job_id)} if answer.job_id else {}

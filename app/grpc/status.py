@@ -1,4 +1,4 @@
-"""The one mapping of the data plane's errors to gRPC status codes.
+"""The one mapping of the operations' errors to gRPC status codes.
 
 Each `DomainError` code maps to a status; its `detail` (what was wrong, what
 was expected) becomes the status details, and what a program needs travels as

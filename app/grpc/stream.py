@@ -4,7 +4,7 @@ its job finishes, matched by the request's `id`.
 A reader thread takes requests off the stream; a submitter starts them as sync
 calls (jobs, ahead of async work), as many at once as arrived while the last
 ones were being started; the RPC's own thread follows all of them at once
-(`DataPlane.follow_calls`) and writes each answer when its job ends. A request
+(`CallOperations.follow_calls`) and writes each answer when its job ends. A request
 that cannot start (unknown model, inputs that do not fit, a full queue) is
 answered at once with `error_message`, and the stream goes on, as Triton does;
 so is one whose job failed or ran out of time.
@@ -35,16 +35,16 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from app.container import Container
-from app.dataplane.holds import Holds, Wording
 from app.errors import DomainError
 from app.grpc import codec, status
 from app.grpc.calls import check_outputs, infer_request
 from app.grpc.door import Refused
 from app.grpc.generated import grpc_service_pb2 as pb
-from app.jobs.sync import Answer, Call, Calls
 from app.observability import metrics
+from app.operations import TenantRef
+from app.operations.calls import Answer, Call, Calls
+from app.operations.holds import Holds, Wording
 from app.platform.database import database_unavailable
-from app.tenancy.keys import TenantRef
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class CallStream:
         streams: Holds,
     ) -> None:
         self.container, self.tenant, self.context = container, tenant, context
-        self.plane, self.streams = container.dataplane, streams
+        self.calls, self.models, self.streams = container.calls, container.models, streams
         settings = container.settings
         self._slots = threading.Semaphore(settings.grpc_stream_max_in_flight)
         self._budget = _Budget(settings.grpc_stream_max_in_flight_bytes)
@@ -113,11 +113,11 @@ class CallStream:
     def run(self, requests: Iterator[Request]) -> Iterator[pb.ModelStreamInferResponse]:
         # TooManyWaits (RESOURCE_EXHAUSTED) before anything is read.
         with self.streams.holding(self.tenant.id):
-            release = self.plane.hold(self.tenant)
+            release = self.calls.hold(self.tenant)
             calls: Calls | None = None
             submitter: threading.Thread | None = None
             try:
-                calls = self._calls = self.plane.follow_calls(self.tenant, GATHER_S)
+                calls = self._calls = self.calls.follow_calls(self.tenant, GATHER_S)
                 if not self.context.add_callback(calls.leave):
                     return  # over before it began
                 reader = threading.Thread(target=self._read, args=(requests, calls),
@@ -198,7 +198,7 @@ class CallStream:
                 continue
             try:
                 call = codec.decode(request)
-                check_outputs(self.plane.model(self.tenant.name, call.model, call.version), call)
+                check_outputs(self.models.model(self.tenant.name, call.model, call.version), call)
             except Exception as exc:
                 self._post(_error(request, exc))
                 continue
@@ -206,8 +206,8 @@ class CallStream:
         if not decoded:
             return
         try:
-            with self.container.database.scope():
-                started = self.plane.start_calls(
+            with self.container.scope():
+                started = self.calls.start_calls(
                     self.tenant, [infer_request(call, self.context) for _, call in decoded]
                 )
         except Exception as exc:  # none of them started (the database did not answer)
@@ -252,8 +252,8 @@ class CallStream:
         if not jobs:
             return
         try:
-            with self.container.database.scope():
-                cancelled = self.plane.cancel_jobs(self.tenant, jobs)
+            with self.container.scope():
+                cancelled = self.calls.cancel(self.tenant, jobs)
             logger.info("stream of %s cut: %d unfinished job(s) cancelled", self.tenant.name,
                         cancelled)  # fmt: skip
         except Exception:  # the lease and deadline sweeps still end them

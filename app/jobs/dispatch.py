@@ -26,6 +26,8 @@ from collections.abc import Callable
 import redis
 from celery import Celery
 
+from app.platform.broker import redis_client
+
 logger = logging.getLogger(__name__)
 
 DRAIN_TASK = "jobs.drain"
@@ -33,11 +35,6 @@ SWEEP_TASK = "jobs.sweep"
 PURGE_TASK = "jobs.purge"
 
 WAKE_FLAG_TTL_S = 30
-
-
-def redis_client(url: str) -> redis.Redis:
-    """A client for the broker's Redis (`unix://` sockets too)."""
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 class Dispatcher:

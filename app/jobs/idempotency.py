@@ -10,22 +10,27 @@ any number of concurrent repeats create exactly one job.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, DomainError, InvalidRequest
-from app.jobs.tables import IdempotencyKey
+from app.cards import ModelCard
+from app.errors import Conflict, DomainError, InvalidRequest, NotFound
+from app.jobs.reads import get_many
+from app.jobs.staging import fingerprint
+from app.jobs.tables import IdempotencyKey, Job
 
 TTL_HOURS = 24
 
 
-def claim(session: Session, tenant_id: int, key: str, fingerprint: str) -> uuid.UUID | None:
+def claim(session: Session, tenant_id: int, key: str, request_hash: str) -> uuid.UUID | None:
     """Hold the key for this transaction; returns the job an earlier request made.
-    Raises (the transaction rolled back) when the key is held or was used otherwise."""
-    earlier = claim_many(session, tenant_id, {key: fingerprint})[key]
+    Raises when the key is held or was used otherwise (the unit of work then rolls
+    back, releasing the lock)."""
+    earlier = claim_many(session, tenant_id, {key: request_hash})[key]
     if isinstance(earlier, DomainError):
-        session.rollback()
         raise earlier
     return earlier
 
@@ -81,10 +86,10 @@ def claim_many(
 
 
 def remember(
-    session: Session, tenant_id: int, key: str, fingerprint: str, job_id: uuid.UUID
+    session: Session, tenant_id: int, key: str, request_hash: str, job_id: uuid.UUID
 ) -> None:
     session.add(
-        IdempotencyKey(tenant_id=tenant_id, key=key, request_hash=fingerprint, job_id=job_id)
+        IdempotencyKey(tenant_id=tenant_id, key=key, request_hash=request_hash, job_id=job_id)
     )
 
 
@@ -98,3 +103,102 @@ def forget_expired(session: Session) -> int:
         ).all()
     )
     return count
+
+
+class Keyed(Protocol):
+    """What a bulk submit's request says that its key depends on."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def version(self) -> str | None: ...
+    @property
+    def inputs(self) -> Any: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+
+
+# A request of a bulk submit that passed its checks: its place, its card, its arrays.
+Checked = tuple[int, ModelCard, dict[str, Any]]
+
+
+class BulkKeys:
+    """The idempotency keys of a bulk submit: the first use of each key is claimed
+    (its earlier job returned instead of a new one), later uses of the same key
+    in the list repeat the first's outcome, or are an error for another request."""
+
+    def __init__(self, requests: Sequence[Keyed], checked: list[Checked], field: str) -> None:
+        self._requests, self._checked, self._field = requests, checked, field
+        self._first: dict[str, int] = {}  # key: the request that uses it first
+        self._prints: dict[str, str] = {}
+        # (request, the first with its key; None: that key's first use was another request)
+        self._repeats: list[tuple[int, int | None]] = []
+        self._unkeyed: list[Checked] = []
+        self._keyed: list[Checked] = []
+        for item in checked:
+            request = requests[item[0]]
+            key = request.idempotency_key
+            if key is None:
+                self._unkeyed.append(item)
+                continue
+            print_ = fingerprint(request.model, request.version, request.inputs)
+            if key in self._first:
+                same = self._prints[key] == print_
+                self._repeats.append((item[0], self._first[key] if same else None))
+                continue
+            self._first[key], self._prints[key] = item[0], print_
+            self._keyed.append(item)
+
+    @property
+    def none(self) -> bool:
+        """No request of the list has a key."""
+        return not self._keyed and not self._repeats
+
+    def claim(
+        self, session: Session, tenant_id: int, outcomes: list[Job | DomainError | None]
+    ) -> list[Checked]:
+        """Hold the keys; what is left to stage, in request order. A key's earlier
+        job (or its refusal) becomes that request's outcome at once."""
+        if not self._keyed:
+            return self._checked
+        claimed = claim_many(session, tenant_id, self._prints, self._field)
+        earlier: dict[uuid.UUID, Job | None] = {
+            job_id: None for job_id in claimed.values() if isinstance(job_id, uuid.UUID)
+        }
+        if earlier:
+            for job in get_many(session, tenant_id, list(earlier)):
+                earlier[job.id] = job
+        left = list(self._unkeyed)
+        for item in self._keyed:
+            key = self._requests[item[0]].idempotency_key
+            assert key is not None
+            outcome = claimed[key]
+            if outcome is None:
+                left.append(item)
+            elif isinstance(outcome, DomainError):
+                outcomes[item[0]] = outcome
+            else:
+                outcomes[item[0]] = earlier[outcome] or NotFound(
+                    f"the job this {self._field} made ({outcome}) is gone",
+                    errors={self._field: ["its job was deleted; use a new key"]},
+                )
+        return sorted(left, key=lambda item: item[0])
+
+    def remember(self, session: Session, tenant_id: int, order: list[int], jobs: list[Job]) -> None:
+        """Record the keys of the new jobs, in their transaction."""
+        for index, job in zip(order, jobs, strict=True):
+            key = self._requests[index].idempotency_key
+            if key is not None:
+                remember(session, tenant_id, key, self._prints[key], job.id)
+
+    def repeat(self, outcomes: list[Job | DomainError | None]) -> None:
+        """A key's later uses: the first's outcome, or an error for another request."""
+        for index, first in self._repeats:
+            outcomes[index] = (
+                outcomes[first] if first is not None
+                else InvalidRequest(
+                    f"this {self._field} is used earlier in the list with a different "
+                    "request; give each request its own key",
+                    errors={self._field: ["already used with a different request body"]},
+                )
+            )  # fmt: skip

@@ -1,5 +1,5 @@
 """Coalesced job inserts: the API process's concurrent submits share one INSERT
-and one commit.
+and one commit (a unit of work of the writer thread's own).
 
 Each submit hands its row to a writer thread and waits until the row is
 committed, so a 202 still means the job is durable. While one batch is being
@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, Table, insert
+from sqlalchemy import Table, insert
 
 from app.jobs.tables import Job
 from app.jobs.transitions import MARK_UNSENT
 from app.platform.background import LazyThread
+from app.platform.database import Database
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,8 @@ class JobInserter:
     """One per process; its thread starts on first use (after a fork). Without
     `wake`, it writes rows nobody runs: the records of calls that ran inline."""
 
-    def __init__(self, engine: Engine, wake: Callable[[str], bool] | None) -> None:
-        self._engine = engine
+    def __init__(self, database: Database, wake: Callable[[str], bool] | None) -> None:
+        self._database = database
         self._wake = wake
         self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
         self._writer = LazyThread(self._run, "job-inserts")
@@ -89,8 +90,12 @@ class JobInserter:
 
     def _write(self, batch: list[_Pending]) -> None:
         try:
-            with self._engine.begin() as conn:
-                rows = conn.execute(INSERT_JOBS, [v for p in batch for v in p.rows]).all()
+            with self._database.separate_unit_of_work() as session:
+                rows = (
+                    session.connection()
+                    .execute(INSERT_JOBS, [v for p in batch for v in p.rows])
+                    .all()
+                )
         except BaseException as exc:  # handed to every waiting submit, which raises it
             for pending in batch:
                 pending.error = exc
@@ -117,5 +122,5 @@ class JobInserter:
             if not self._wake(model):
                 unsent += [v["id"] for p in batch for v in p.rows if v["model"] == model]
         if unsent:
-            with self._engine.begin() as conn:
+            with self._database.separate_core_unit_of_work() as conn:
                 conn.execute(MARK_UNSENT, {"ids": unsent})

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from app.jobs.transitions import ClaimedJob
+from app.jobs.claims import ClaimedJob
 from app.platform.background import LazyThread
 
 logger = logging.getLogger(__name__)

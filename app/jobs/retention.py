@@ -1,7 +1,7 @@
 """Retention of the logs that grow with every job: job events, webhook payloads,
 delivery logs, dead letters and audit rows, each kept for its own setting.
 
-The purge sweep deletes in batches of BATCH rows, one transaction each, walking
+The purge sweep deletes in batches of BATCH rows, one unit of work each, walking
 the table's primary key upwards (ids grow with time, so old rows come first and
 each batch is one index range), and at most MAX_BATCHES a table per run, so an
 hourly purge never holds a lock or a worker for long; the next run goes on.
@@ -9,15 +9,12 @@ hourly purge never holds a lock or a worker for long; the next run goes on.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.platform.settings import Settings
-
-logger = logging.getLogger(__name__)
 
 BATCH = 500
 MAX_BATCHES = 2000
@@ -68,7 +65,9 @@ def rules(settings: Settings) -> list[tuple[Rule, float]]:
     ]
 
 
-def _batch(session: Session, rule: Rule, older_than_s: float, after: int) -> list[int]:
+def prune_piece(session: Session, rule: Rule, older_than_s: float, after: int) -> list[int]:
+    """Up to BATCH rows of `rule` older than `older_than_s`, with ids above `after`,
+    deleted (or cleared); their ids."""
     chosen = (
         f"SELECT id FROM {rule.table} WHERE id > :after AND {rule.at} < "
         f"now() - make_interval(secs => :age) AND {rule.where} ORDER BY id LIMIT :limit"
@@ -79,23 +78,3 @@ def _batch(session: Session, rule: Rule, older_than_s: float, after: int) -> lis
         statement = f"UPDATE {rule.table} {rule.action} WHERE id IN ({chosen}) RETURNING id"
     params = {"after": after, "age": older_than_s, "limit": BATCH}
     return [row.id for row in session.execute(text(statement), params)]
-
-
-def prune(session: Session, rule: Rule, older_than_s: float) -> int:
-    """Rows of `rule` older than `older_than_s`, deleted (or cleared) batch by batch."""
-    total, after = 0, 0
-    for _ in range(MAX_BATCHES):
-        ids = _batch(session, rule, older_than_s, after)
-        session.commit()
-        total += len(ids)
-        if len(ids) < BATCH:
-            break
-        after = max(ids)
-    return total
-
-
-def prune_all(session: Session, settings: Settings) -> dict[str, int]:
-    counts = {rule.name: prune(session, rule, age) for rule, age in rules(settings) if age > 0}
-    if any(counts.values()):
-        logger.info("retention: %s", counts)
-    return counts

@@ -1,13 +1,13 @@
-"""The one path that runs jobs. Every door (async jobs today; sync, batch and
-beat later) reaches `run_claimed`; a door only decides how the answer returns.
+"""Running claimed jobs: the one function every door's jobs reach (async jobs,
+sync calls, batch chunks, beat's runs), whatever decides how the answer returns.
 
-`drain` serves a wake-up for one model: it claims that model's queued jobs
-from PostgreSQL in batches (one UPDATE ... SKIP LOCKED each), runs each batch
-through the one inference function (`app.runtime.engine.infer`, one ONNX
-Runtime call for many jobs where the model allows), and writes every outcome
-in one UPDATE. A bad row fails only its own job. While jobs run, a background
-thread renews their leases, so only a worker that died loses them.
-`execute` does the same for jobs named by id.
+`Runner.run` groups claimed jobs by model version, reads each one's inputs, runs
+each group through the one inference function (`app.runtime.engine.infer`, one
+ONNX Runtime call for many jobs where the model allows) and says what each
+attempt came to; a bad row fails only its own job. While they run, the lease
+keeper renews their leases, so only a worker that died loses them. Writing the
+outcomes, and claiming, are the execution operations' units of work
+(app.operations.execution); nothing here commits.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from sqlalchemy.orm import Session
 
 from app.cards import ModelCard
 from app.errors import UnknownModel
-from app.jobs import telemetry
-from app.jobs.chunks import read_range, result_key, settle
+from app.jobs.chunks import read_range, result_key
+from app.jobs.claims import ClaimedJob
 from app.jobs.guards import Guards
 from app.jobs.leases import LeaseKeeper
 from app.jobs.replies import Reply
 from app.jobs.tables import TERMINAL_STATUSES
-from app.jobs.transitions import ClaimedJob, Outcome, claim, claim_next, finish_rows, renew_leases
+from app.jobs.transitions import Outcome
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.repository.registry import ModelRepository
@@ -62,15 +62,33 @@ _TRANSIENT_MARKERS = (
 )
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """What running jobs needs of the settings: the lease (JOB_LEASE_SECONDS),
+    renewed every third of it, the time limit (JOB_TIME_LIMIT_SECONDS), and the
+    retry backoff (RETRY_BACKOFF_SECONDS, RETRY_BACKOFF_MAX_SECONDS)."""
+
+    lease_s: float
+    time_limit_s: float
+    backoff_s: float
+    backoff_max_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> RunSettings:
+        return cls(settings.job_lease_seconds, settings.job_time_limit_seconds,
+                   settings.retry_backoff_seconds, settings.retry_backoff_max_seconds)  # fmt: skip
+
+
 @dataclass
-class Runtime:
-    """What the execute path needs; built once per process."""
+class Runner:
+    """What runs claimed jobs; one per process (workers; the API for inline models)."""
 
     repository: ModelRepository
     sessions: SessionPool
-    settings: Settings
-    new_session: Callable[[], Session]
+    settings: RunSettings
     store: FileStore  # batch chunks' rows and results
+    # Writes new leases for jobs still running (a unit of work of its own).
+    renew: Callable[[list[ClaimedJob]], None]
     # Called when jobs outrun JOB_TIME_LIMIT_SECONDS. Worker children kill themselves
     # there (a hard time limit); elsewhere (tests, the API) nothing is set.
     on_time_limit: Callable[[list[ClaimedJob]], None] | None = None
@@ -82,121 +100,52 @@ class Runtime:
     leases: LeaseKeeper = field(init=False)
 
     def __post_init__(self) -> None:
-        self.leases = LeaseKeeper(self._renew)
+        self.leases = LeaseKeeper(lambda jobs: self.renew(jobs))
 
-    def _renew(self, jobs: list[ClaimedJob]) -> None:
-        with self.new_session() as session:
-            renew_leases(session, jobs, self.settings.job_lease_seconds)
-            session.commit()
+    def card(self, model: str, version: str | None = None) -> ModelCard | None:
+        try:
+            return self.repository.resolve_rescanning(model, version)
+        except UnknownModel:
+            return None
 
+    def run(self, session: Session, claimed: list[ClaimedJob]) -> list[Outcome]:
+        """Run claimed jobs, grouped by model version, their leases renewed meanwhile;
+        what each attempt came to, in the order of the groups. `session` reads the
+        rows of chunks kept in PostgreSQL."""
+        groups: dict[tuple[str, str], list[ClaimedJob]] = defaultdict(list)
+        for job in claimed:
+            groups[(job.model, job.model_version)].append(job)
+        with self._leases_renewed(claimed):
+            return [
+                o for (m, v), jobs in groups.items() for o in _run_group(session, self, m, v, jobs)
+            ]
 
-def drain(session: Session, runtime: Runtime, model: str, wake: Callable[[], object]) -> int:
-    """Run queued jobs of `model` until none is left or DRAIN_SECONDS passed.
-
-    Each claim takes jobs until their rows fill one call (the card's
-    max_batch_size). The batching delay is waited once, before the first claim,
-    so a lone job waits at most that long for company. When more jobs wait than
-    one claim took, `wake` is called first, so an idle worker process claims the
-    next batch alongside this one; so does stopping on time with work left, so
-    no job waits for the sweep. An empty claim ends the task only once the
-    queue stayed empty for DRAIN_LINGER_MS: under steady load, jobs then join a
-    running task instead of costing a new wake-up message each time.
-    Returns the number of jobs run.
-    """
-    settings = runtime.settings
-    card = _card(runtime, model, None)
-    batching = card.batching if card else None
-    max_rows = max(1, batching.max_batch_size) if batching else 1
-    if batching and batching.max_queue_delay_ms:
-        time.sleep(batching.max_queue_delay_ms / 1000)
-    linger_s = settings.drain_linger_ms / 1000
-    started = time.monotonic()
-    stop_at, idle_until = started + settings.drain_seconds, started + linger_s
-    done = 0
-    while True:
-        claimed, more = claim_next(
-            session, model, max_rows, settings.job_lease_seconds,
-            guarded=runtime.guards.claim,
-        )  # fmt: skip
-        session.commit()  # the claim is visible, its SKIP LOCKED leftovers unlocked
-        if not claimed:
-            if time.monotonic() >= idle_until:
-                return done
-            time.sleep(linger_s / 4)
-            continue
-        if more:
-            wake()
-        run_claimed(session, runtime, claimed)
-        done += len(claimed)
-        if time.monotonic() >= stop_at:
-            wake()
-            return done
-        idle_until = time.monotonic() + linger_s
-
-
-def execute(session: Session, runtime: Runtime, job_ids: list[uuid.UUID]) -> list[Outcome]:
-    """Claim these jobs (those claimable now) and run them."""
-    claimed = claim(
-        session,
-        job_ids,
-        runtime.settings.job_lease_seconds,
-        guarded=runtime.guards.claim,
-        reclaim_expired=runtime.guards.lease,
-    )
-    session.commit()
-    if len(claimed) < len(job_ids):
-        logger.info("skipped %d job(s) not claimable now", len(job_ids) - len(claimed))
-    return run_claimed(session, runtime, claimed)
-
-
-def run_claimed(session: Session, runtime: Runtime, claimed: list[ClaimedJob]) -> list[Outcome]:
-    """Run claimed jobs, grouped by model version, and write every outcome at once."""
-    if not claimed:
-        return []
-    groups: dict[tuple[str, str], list[ClaimedJob]] = defaultdict(list)
-    for job in claimed:
-        groups[(job.model, job.model_version)].append(job)
-    with _leases_renewed(runtime, claimed):
-        outcomes = [
-            o for (m, v), jobs in groups.items() for o in _run_group(session, runtime, m, v, jobs)
+    def answer(self, claimed: list[ClaimedJob], outcomes: list[Outcome], rows: list[Any]) -> None:
+        """Send each finished sync call's answer to its caller's process (after the
+        commit: the record is there first); a lost one is read from PostgreSQL by
+        its caller instead, so a failure here is only logged."""
+        channels = {job.id: job.reply_to for job in claimed if job.reply_to}
+        if not channels or self.reply is None:
+            return
+        by_job = {outcome.job_id: outcome for outcome in outcomes}
+        replies = [
+            (channels[row.id], _answer(row, by_job[row.id]))
+            for row in rows
+            if row.id in channels and row.status in TERMINAL_STATUSES
         ]
-    rows = finish_rows(session, outcomes, guarded=runtime.guards.finish)
-    telemetry.finished(session, claimed, rows)  # metrics and a line per finished job
-    written = {row.id for row in rows}
-    session.commit()
-    _reply(runtime, claimed, outcomes, rows)  # after the commit: the record is there first
-    if batches := {job.batch_id for job in claimed if job.batch_id is not None}:
-        settle(session, batches)  # after the commit: the last chunk's writer sees every chunk
-        session.commit()
-    for outcome in outcomes:
-        if outcome.job_id not in written:
-            logger.warning(
-                "job %s: outcome of attempt %s not written (the job moved on)",
-                outcome.job_id,
-                outcome.attempt,
-            )
-    return outcomes
+        try:
+            if replies:
+                self.reply(replies)
+        except Exception as exc:
+            logger.warning("could not send %d answer(s) (%s); callers read them", len(replies), exc)
 
-
-def _reply(
-    runtime: Runtime, claimed: list[ClaimedJob], outcomes: list[Outcome], rows: list[Any]
-) -> None:
-    """Send each finished sync call's answer to its caller's process; a lost one is
-    read from PostgreSQL by its caller instead, so a failure here is only logged."""
-    channels = {job.id: job.reply_to for job in claimed if job.reply_to}
-    if not channels or runtime.reply is None:
-        return
-    by_job = {outcome.job_id: outcome for outcome in outcomes}
-    replies = [
-        (channels[row.id], _answer(row, by_job[row.id]))
-        for row in rows
-        if row.id in channels and row.status in TERMINAL_STATUSES
-    ]
-    try:
-        if replies:
-            runtime.reply(replies)
-    except Exception as exc:
-        logger.warning("could not send %d answer(s) (%s); callers read them", len(replies), exc)
+    def _leases_renewed(self, jobs: list[ClaimedJob]) -> AbstractContextManager[None]:
+        """Renew the jobs' leases every third of their length while they run, and
+        enforce the time limit (app.jobs.leases)."""
+        settings = self.settings
+        return self.leases.holding(
+            jobs, settings.lease_s / 3, settings.time_limit_s, self.on_time_limit
+        )
 
 
 def _answer(row: Any, outcome: Outcome) -> Reply:
@@ -206,30 +155,21 @@ def _answer(row: Any, outcome: Outcome) -> Reply:
     return Reply(row.id, row.status, row.error_code, outcome.error_message, outputs)
 
 
-def backoff_delay(settings: Settings, attempt: int) -> float:
+def backoff_delay(settings: RunSettings, attempt: int) -> float:
     """Exponential backoff with full jitter: spreads retries of a burst of failures."""
-    cap = min(
-        settings.retry_backoff_max_seconds, settings.retry_backoff_seconds * 2 ** (attempt - 1)
-    )
+    cap = min(settings.backoff_max_s, settings.backoff_s * 2 ** (attempt - 1))
     return random.uniform(0, cap)
 
 
-def _card(runtime: Runtime, model: str, version: str | None) -> ModelCard | None:
-    try:
-        return runtime.repository.resolve_rescanning(model, version)
-    except UnknownModel:
-        return None
-
-
 def _run_group(
-    session: Session, runtime: Runtime, model: str, version: str, jobs: list[ClaimedJob]
+    session: Session, runner: Runner, model: str, version: str, jobs: list[ClaimedJob]
 ) -> list[Outcome]:
     try:
-        card = runtime.repository.resolve_rescanning(model, version)
+        card = runner.repository.resolve_rescanning(model, version)
     except UnknownModel as exc:  # unloaded, or out of its version policy, since submit
         return [_failed(job, "model_unavailable", exc) for job in jobs]
     try:
-        runtime.sessions.get(card)
+        runner.sessions.get(card)
     except Exception as exc:  # file missing, corrupt, or not what its card says
         if not _transient(exc):
             logger.error("model %s cannot serve, failing %d job(s): %s", card.ref, len(jobs), exc)
@@ -238,26 +178,26 @@ def _run_group(
     runnable, requests = [], []
     for job in jobs:
         try:
-            requests.append(_inputs(session, runtime.store, card, job))
+            requests.append(_inputs(session, runner.store, card, job))
             runnable.append(job)
         except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
             outcomes[job.id] = _failed(job, "invalid_input", exc)
         except OSError as exc:  # the file store did not answer: the chunk's rows are kept
-            outcomes[job.id] = _store_error(runtime, job, exc)
+            outcomes[job.id] = _store_error(runner, job, exc)
     started = time.perf_counter()
-    results = infer(runtime.sessions, card, requests)
+    results = infer(runner.sessions, card, requests)
     elapsed = time.perf_counter() - started
     sizes = [_rows(card, request) for request in requests]
     total = sum(sizes) or 1
     for job, result, size in zip(runnable, results, sizes, strict=True):
         try:
             outcome = (
-                _after_error(runtime.settings, runtime.guards, job, result)
+                _after_error(runner.settings, runner.guards, job, result)
                 if isinstance(result, Exception)
-                else _succeeded(runtime.store, job, result)
+                else _succeeded(runner.store, job, result)
             )
         except OSError as exc:  # its result part could not be written (a full disk)
-            outcome = _store_error(runtime, job, exc)
+            outcome = _store_error(runner, job, exc)
         # What the job cost: its rows' share of the call (one figure per job, summed
         # per tenant by GET /usage).
         outcomes[job.id] = replace(
@@ -315,7 +255,7 @@ def _rows_in_file(
     return parse_inputs(card, unpack_apart(header, data))
 
 
-def _after_error(settings: Settings, guards: Guards, job: ClaimedJob, exc: Exception) -> Outcome:
+def _after_error(settings: RunSettings, guards: Guards, job: ClaimedJob, exc: Exception) -> Outcome:
     if isinstance(exc, NonFiniteOutput):
         logger.warning("job %s failed: %s", job.id, exc)
         return _failed(job, "non_finite_output", exc)
@@ -325,16 +265,16 @@ def _after_error(settings: Settings, guards: Guards, job: ClaimedJob, exc: Excep
     return _retry(settings, guards, job, exc, "resource_exhausted")
 
 
-def _store_error(runtime: Runtime, job: ClaimedJob, exc: OSError) -> Outcome:
+def _store_error(runner: Runner, job: ClaimedJob, exc: OSError) -> Outcome:
     """The file store failed this chunk (unreachable, full, its object gone): tried
     again later like any transient error, then dead-lettered; never a half-written
     part taken as done (a part is written whole or not at all)."""
     logger.warning("job %s: the file store failed: %s", job.id, exc)
-    return _retry(runtime.settings, runtime.guards, job, exc, "store_unavailable")
+    return _retry(runner.settings, runner.guards, job, exc, "store_unavailable")
 
 
 def _retry(
-    settings: Settings, guards: Guards, job: ClaimedJob, exc: Exception, code: str
+    settings: RunSettings, guards: Guards, job: ClaimedJob, exc: Exception, code: str
 ) -> Outcome:
     if job.attempt >= job.max_attempts and guards.cap:
         logger.warning("job %s failed after %d attempts: %s", job.id, job.attempt, exc)
@@ -367,13 +307,3 @@ def _failed(job: ClaimedJob, code: str, exc: Exception) -> Outcome:
         error_class=type(exc).__name__,
         traceback="".join(traceback.format_exception(exc)),
     )
-
-
-def _leases_renewed(runtime: Runtime, jobs: list[ClaimedJob]) -> AbstractContextManager[None]:
-    """Renew the jobs' leases every third of their length while they run, and
-    enforce the time limit (app.jobs.leases)."""
-    settings = runtime.settings
-    return runtime.leases.holding(
-        jobs, settings.job_lease_seconds / 3, settings.job_time_limit_seconds,
-        runtime.on_time_limit,
-    )  # fmt: skip

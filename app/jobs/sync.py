@@ -9,7 +9,7 @@ gave up: DeadlinePassed names it, and its result can be read at /jobs/<id>.
 A card with `"execution": "inline"` (small CPU models) runs in the calling
 process instead, through the same inference function; its record (a finished
 job, without inputs) is written after it ran, before the caller is answered.
-The data plane (`app.dataplane`) composes these.
+The call operations (`app.operations.calls`) compose these.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.jobs.transitions import ClaimedJob
+from app.jobs.claims import ClaimedJob
 from app.observability import metrics
 
 logger = logging.getLogger("app.jobs")

@@ -6,9 +6,10 @@ message twice; the second delivery then matches no row, so it can neither run
 a job another worker owns nor write a second result. A job that fails is given
 its dead letter in the same statement.
 
-The `claim` and `finish` checks can be left out (`guarded=False`): the execute
-path does so only when its policy (app.jobs.guards) has that guard off, which
-only the fault suite does, to show the duplicates they prevent.
+The claim (app.jobs.claims) and `finish` checks can be left out
+(`guarded=False`): the execute path does so only when its policy
+(app.jobs.guards) has that guard off, which only the fault suite does, to show
+the duplicates they prevent.
 """
 
 from __future__ import annotations
@@ -28,23 +29,6 @@ UUIDS = ARRAY(UUID(as_uuid=True))
 
 
 @dataclass(frozen=True)
-class ClaimedJob:
-    id: uuid.UUID
-    model: str
-    model_version: str
-    inputs: dict[str, Any] | None  # JSON, for rows written before input_data
-    input_data: bytes | None
-    attempt: int
-    max_attempts: int
-    batch_id: uuid.UUID | None = None  # a chunk of this batch
-    input_file_id: uuid.UUID | None = None  # its rows are in this file, from input_offset
-    input_offset: int | None = None
-    input_key: str | None = None  # the file store's object its rows are in
-    batch_index: int | None = None
-    reply_to: str | None = None  # a sync call's: where its answer is published
-
-
-@dataclass(frozen=True)
 class Outcome:
     """What an attempt came to. `retry` puts the job back in the queue after `delay_s`."""
 
@@ -60,170 +44,6 @@ class Outcome:
     error_class: str | None = None
     traceback: str | None = None
     delay_s: float = 0.0
-
-
-_CLAIMED = (
-    "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at, batch_id, "
-    "input_file_id, input_offset, input_key, batch_index, reply_to"
-)
-_LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
-_CLAIMABLE = """
-    AND ((status = 'queued' AND run_after <= now()) {expired})
-    AND attempts < max_attempts
-    AND (deadline_at IS NULL OR deadline_at > now())
-"""
-
-
-def claim(
-    session: Session,
-    job_ids: list[uuid.UUID],
-    lease_s: float,
-    *,
-    guarded: bool = True,
-    reclaim_expired: bool = True,
-) -> list[ClaimedJob]:
-    """Move these jobs to running under a lease, where claimable; returns those
-    this call won, in the order of `job_ids`.
-
-    Claimable: queued and due, or running with a lease that ran out (its worker
-    died), within the attempt cap and the deadline.
-    """
-    expired = "OR (status = 'running' AND lease_expires_at < now())" if reclaim_expired else ""
-    where = _CLAIMABLE.format(expired=expired) if guarded else ""
-    statement = text(
-        f"""
-        UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(), {_LEASE}
-        WHERE id = ANY(:ids) {where}
-        RETURNING {_CLAIMED}
-        """
-    ).bindparams(bindparam("ids", type_=UUIDS))
-    position = {job_id: i for i, job_id in enumerate(job_ids)}
-    # RETURNING has no order; callers (a batch streaming results) keep theirs.
-    rows = sorted(
-        session.execute(statement, {"ids": job_ids, "lease": lease_s}), key=lambda r: position[r.id]
-    )
-    return [_claimed(r) for r in rows]
-
-
-def claim_next(
-    session: Session, model: str, max_rows: int, lease_s: float, *, guarded: bool = True
-) -> tuple[list[ClaimedJob], bool]:
-    """Claim queued, due jobs of `model` whose rows fit in `max_rows` (a job bigger
-    than that alone), under a lease, fairly between tenants. Returns them in the
-    order taken, and whether more were waiting.
-
-    Fair dispatch: higher `priority` first; within a priority, tenants take turns
-    (each tenant's oldest, then each one's second oldest, ...), so one tenant's
-    flood of queued jobs delays another tenant's next job by about one turn, not
-    by the whole flood. The tenants come from a skip scan of ix_jobs_claim (one
-    index probe per tenant with queued jobs of the model), each tenant's head of
-    the queue from the same index: the cost grows with the number of tenants
-    waiting, never with the length of the queue.
-
-    SKIP LOCKED lets worker processes claim side by side without waiting on each
-    other; candidates left over are unlocked when this transaction commits.
-    Unguarded (the fault suite only) a running job can be claimed again.
-
-    A job back from a worker that died running it (`worker_lost`) is claimed
-    alone: if its own rows killed the process (the OOM killer), its next
-    attempts kill only it, not the jobs beside it, which would otherwise use
-    up their attempts with it and be dead-lettered for its rows.
-    """
-    params = {"model": model, "max_rows": max_rows, "lease": lease_s,
-              "per_tenant": 2 * max_rows}  # fmt: skip
-    rows = sorted(claim_next_statement(guarded).execute(session, params), key=lambda r: r.position)
-    more = bool(rows) and (rows[0].candidates > len(rows) or len(rows) == max_rows)
-    return [_claimed(r) for r in rows], more
-
-
-@functools.cache
-def claim_next_statement(guarded: bool = True) -> Prepared:
-    """claim_next's statement; params model, max_rows, per_tenant and lease. Made
-    once per process (parsing its text was 6% of a worker's CPU on one-row jobs)
-    and prepared once per connection (planning it took 0.7 ms of PostgreSQL's CPU
-    a call, more than running it)."""
-    waiting = "status = 'queued'" if guarded else "status IN ('queued', 'running')"
-
-    def due(table: str) -> str:
-        return f"{table}.{waiting}" + (f" AND {table}.run_after <= now()" if guarded else "")
-
-    return Prepared(
-        "claim_next" if guarded else "claim_next_unguarded",
-        f"""
-        WITH RECURSIVE tenants AS (  -- ordered as ix_jobs_claim is, so it walks that index
-            (SELECT tenant_id FROM jobs WHERE model = :model AND {waiting}
-             ORDER BY tenant_id, priority DESC, created_at LIMIT 1)
-            UNION ALL
-            SELECT (SELECT j.tenant_id FROM jobs j
-                    WHERE j.model = :model AND j.{waiting} AND j.tenant_id > t.tenant_id
-                    ORDER BY j.tenant_id, j.priority DESC, j.created_at LIMIT 1)
-            FROM tenants t WHERE t.tenant_id IS NOT NULL
-        ),
-        heads AS (  -- each tenant's next jobs; the spare covers rows others hold locked
-            SELECT h.id, h.priority, h.created_at,
-                   row_number() OVER (PARTITION BY t.tenant_id, h.priority
-                                      ORDER BY h.created_at) AS turn
-            FROM tenants t CROSS JOIN LATERAL (
-                SELECT id, priority, created_at FROM jobs
-                WHERE model = :model AND tenant_id = t.tenant_id AND {due("jobs")}
-                  AND attempts < max_attempts AND (deadline_at IS NULL OR deadline_at > now())
-                ORDER BY priority DESC, created_at LIMIT :per_tenant
-            ) AS h
-            WHERE t.tenant_id IS NOT NULL
-        ),
-        candidates AS (  -- locked in turn order, one primary-key probe each, until enough
-            SELECT h.id, j.rows, h.priority, h.turn, h.created_at
-            FROM (SELECT * FROM heads ORDER BY priority DESC, turn, created_at, id) AS h
-            CROSS JOIN LATERAL (  -- a job its worker died running fills a claim alone
-                SELECT CASE WHEN j.error_code = 'worker_lost' THEN :max_rows + 1
-                            ELSE j.batch_rows END AS rows
-                FROM jobs j WHERE j.id = h.id AND {due("j")}
-                FOR UPDATE SKIP LOCKED
-            ) AS j
-            LIMIT :max_rows
-        ),
-        picked AS (
-            SELECT pid, position FROM (
-                SELECT id AS pid, sum(rows) OVER w AS running,
-                       row_number() OVER w AS position
-                FROM candidates
-                WINDOW w AS (ORDER BY priority DESC, turn, created_at, id)
-            ) AS c
-            WHERE running <= :max_rows OR position = 1
-        )
-        UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = now(), {_LEASE}
-        FROM picked
-        WHERE jobs.id = picked.pid
-        RETURNING {_CLAIMED}, picked.position, (SELECT count(*) FROM candidates) AS candidates
-        """,
-        {"model": "text", "max_rows": "integer", "per_tenant": "integer", "lease": "float8"},
-    )
-
-
-def _claimed(r: Any) -> ClaimedJob:
-    return ClaimedJob(
-        r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts,
-        r.batch_id, r.input_file_id, r.input_offset, r.input_key, r.batch_index, r.reply_to,
-    )  # fmt: skip
-
-
-def renew_leases(session: Session, jobs: list[ClaimedJob], lease_s: float) -> set[uuid.UUID]:
-    """Extend the leases this worker still holds; returns the ids still owned."""
-    statement = text(
-        """
-        UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease)
-        FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[])) AS o(id, attempt)
-        WHERE jobs.id = o.id AND jobs.status = 'running' AND jobs.attempts = o.attempt
-        RETURNING jobs.id
-        """
-    )
-    params = {
-        "ids": [str(j.id) for j in jobs],
-        "attempts": [j.attempt for j in jobs],
-        "lease": lease_s,
-    }
-    owned = {r.id for r in session.execute(statement, params)}
-    return owned
 
 
 # Dead letters for the rows a CTE named `moved` returned with status 'failed'.

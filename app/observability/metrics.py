@@ -191,10 +191,9 @@ def read_at_scrape(
     off (it would compile the plan on every scrape: more than it runs), nothing
     kept; None (and a warning naming `what`) when PostgreSQL did not answer."""
     try:
-        with engine.connect() as conn:
+        with engine.connect() as conn:  # closed unfinished: the SET LOCALs end with it
             conn.execute(text("SET LOCAL statement_timeout = 5000; SET LOCAL jit = off"))
             rows = [conn.execute(statement, params).all() for statement in statements]
-            conn.rollback()
     except SQLAlchemyError as exc:
         logger.warning("metrics: %s not read: %s", what, type(exc).__name__)
         return None

@@ -141,3 +141,8 @@ def make_celery(
     celery.services = services
     celery.set_default()
     return celery
+
+
+def redis_client(url: str) -> redis.Redis:
+    """A client for the broker's Redis (`unix://` sockets too)."""
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)

@@ -1,2 +1,4 @@
-"""Managing the model repository, as Triton's repository API: bring a model in
-(checked with ONNX Runtime), load and unload versions for every process."""
+"""The model repository: the folder of cards and model files (`registry`), the load
+states every process shares (`states`), bringing a model in (`intake`, checked with
+ONNX Runtime), loading and unloading it (`control`, as Triton's repository API),
+and the bundled models' builders (`bundled`)."""

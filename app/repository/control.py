@@ -1,62 +1,26 @@
-"""Explicit model control, as Triton's repository API: add a version, load or
-unload a model, list what serves. The CLI and the operator routes call these.
-
-Each change is written to the shared `model_states` table, so every API and
-worker process (on any machine sharing the repository folder) serves the same
-versions within MODEL_STATE_CACHE_SECONDS; this process sees it at once.
+"""Explicit model control, as Triton's repository API: load or unload a model,
+list what serves (adding a version is `intake.add_model`). The model operations
+(app.operations.models) record each change in the shared `model_states` table, so
+every API and worker process (on any machine sharing the repository folder)
+serves the same versions within MODEL_STATE_CACHE_SECONDS; this process sees it
+at once.
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
-
 from app.errors import InvalidModel, UnknownModel
-from app.repository.intake import Added, add_model, check_loadable
+from app.repository.intake import check_loadable
 from app.repository.registry import ModelRepository, VersionStatus
-from app.repository.states import READY, UNAVAILABLE, State, set_states
-
-logger = logging.getLogger(__name__)
+from app.repository.states import READY, UNAVAILABLE, State
 
 UNLOADED = "unloaded by an operator"
 
 
-def add(
-    engine: Engine | None,
-    repository: ModelRepository,
-    source: Path,
-    name: str,
-    version: str | None = None,
-    *,
-    force: bool = False,
-    move: bool = False,
-    description: str = "",
-    tenants: list[str] | None = None,
-) -> Added:
-    """`intake.add_model`, then mark the version READY for every process
-    (`engine` None: no database to tell; processes see it on their next scan)."""
-    added = add_model(
-        repository.root, source, name, version,
-        force=force, move=move, description=description, tenants=tenants,
-    )  # fmt: skip
-    if engine is not None:
-        try:
-            set_states(engine, name, {added.card.version: State(READY)})
-        except SQLAlchemyError as exc:  # the files are in place: processes rescan anyway
-            logger.warning("could not record %s as READY in the database: %s", added.card.ref, exc)
-    repository.sync(force=True)
-    return added
-
-
-def load(engine: Engine, repository: ModelRepository, name: str) -> list[VersionStatus]:
-    """Rescan the folder and check every version of `name` with ONNX Runtime;
-    those that pass serve (as their version policy allows), those that fail are
-    UNAVAILABLE with the reason, and InvalidModel names them."""
+def checked_states(repository: ModelRepository, name: str) -> dict[str, State]:
+    """Rescan the folder and check every version of `name` with ONNX Runtime: READY
+    for those that pass, UNAVAILABLE with the reason for the others."""
     repository.refresh()
-    statuses = _statuses(repository, name)
+    statuses = statuses_of(repository, name)
     cards = {card.version: card for card in repository.on_disk(name)}
     states: dict[str, State] = {}
     for status in statuses:
@@ -69,25 +33,25 @@ def load(engine: Engine, repository: ModelRepository, name: str) -> list[Version
             states[status.version] = State(READY)
         except InvalidModel as exc:
             states[status.version] = State(UNAVAILABLE, exc.detail)
-    set_states(engine, name, states)
-    repository.sync(force=True)
+    return states
+
+
+def load_failures(name: str, states: dict[str, State]) -> InvalidModel | None:
+    """The error naming the versions of `name` that did not load, if any did not."""
     failed = {v: s.reason for v, s in states.items() if s.state == UNAVAILABLE}
-    if failed:
-        listed = "; ".join(f"version {v}: {reason}" for v, reason in failed.items())
-        raise InvalidModel(f"model {name} did not load: {listed}", versions=failed)
-    return _statuses(repository, name)
+    if not failed:
+        return None
+    listed = "; ".join(f"version {v}: {reason}" for v, reason in failed.items())
+    return InvalidModel(f"model {name} did not load: {listed}", versions=failed)
 
 
-def unload(engine: Engine, repository: ModelRepository, name: str) -> list[VersionStatus]:
-    """Stop serving every version of `name`: new submits get 404, queued jobs
-    fail `model_unavailable` when a worker reaches them."""
-    statuses = _statuses(repository, name)
-    set_states(engine, name, {s.version: State(UNAVAILABLE, UNLOADED) for s in statuses})
-    repository.sync(force=True)
-    return _statuses(repository, name)
+def unloaded_states(repository: ModelRepository, name: str) -> dict[str, State]:
+    """Every version of `name` UNAVAILABLE: new submits get 404, queued jobs fail
+    `model_unavailable` when a worker reaches them."""
+    return {s.version: State(UNAVAILABLE, UNLOADED) for s in statuses_of(repository, name)}
 
 
-def _statuses(repository: ModelRepository, name: str) -> list[VersionStatus]:
+def statuses_of(repository: ModelRepository, name: str) -> list[VersionStatus]:
     statuses = [status for status in repository.index() if status.name == name]
     if not statuses:
         raise UnknownModel(name, None, sorted({s.name for s in repository.index()}))

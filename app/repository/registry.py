@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.cards import ModelCard, version_key
-from app.errors import UnknownModel
+from app.errors import DomainError, UnknownModel
 from app.repository.states import READY, UNAVAILABLE, SharedStates, State
 
 logger = logging.getLogger(__name__)
@@ -234,3 +234,24 @@ class ModelRepository:
         if state is not None:
             return VersionStatus(name, version, UNAVAILABLE, state.reason or "unloaded")
         return VersionStatus(name, version, READY)
+
+
+class CardCache:
+    """The cards one batch of requests asks for (a bulk submit, a stream's entries),
+    each looked up once, its error too."""
+
+    def __init__(self, repository: ModelRepository, tenant: str) -> None:
+        self._repository, self._tenant = repository, tenant
+        self._found: dict[tuple[str, str | None], ModelCard | DomainError] = {}
+
+    def __call__(self, model: str, version: str | None) -> ModelCard:
+        key = (model, version)
+        if key not in self._found:
+            try:
+                self._found[key] = self._repository.resolve(model, version, self._tenant)
+            except DomainError as exc:
+                self._found[key] = exc
+        found = self._found[key]
+        if isinstance(found, DomainError):
+            raise found
+        return found

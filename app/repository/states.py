@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from app.repository.tables import ModelState
 
@@ -33,8 +34,8 @@ class State:
     reason: str | None = None
 
 
-def set_states(engine: Engine, name: str, versions: dict[str, State]) -> None:
-    """Record states of `name`'s versions in one transaction; every process sees it."""
+def set_states(session: Session, name: str, versions: dict[str, State]) -> None:
+    """Record states of `name`'s versions; every process sees them once committed."""
     if not versions:
         return
     rows = [
@@ -50,8 +51,7 @@ def set_states(engine: Engine, name: str, versions: dict[str, State]) -> None:
             "updated_at": sa.func.clock_timestamp(),
         },
     )
-    with engine.begin() as conn:
-        conn.execute(statement)
+    session.execute(statement)
 
 
 class SharedStates:

@@ -163,7 +163,6 @@ def read_models(session: Session, window_s: float) -> list[ModelLine]:
     finished: dict[str, dict[str, int]] = {}
     for r in session.execute(_FINISHED, {"window": window_s}):
         finished.setdefault(r.model, dict.fromkeys(FINISHED_STATUSES, 0))[r.status] = r.jobs
-    session.commit()
     return [
         ModelLine(
             model,
@@ -180,7 +179,6 @@ def count_open_dead_letters(session: Session) -> int:
     """Dead letters not replayed, up to DEAD_LETTER_CAP + 1 (shown as "10000+")."""
     _bounded(session)
     count = int(session.execute(_OPEN_LETTERS, {"cap": DEAD_LETTER_CAP + 1}).scalar_one())
-    session.commit()
     return count
 
 
@@ -189,7 +187,6 @@ def recent_dead_letters(session: Session, limit: int = RECENT_LIMIT) -> list[Let
     webhooks): for operators."""
     _bounded(session)
     rows = session.execute(_RECENT_LETTERS, {"limit": limit}).all()
-    session.commit()
     return [_letter(r) for r in rows]
 
 

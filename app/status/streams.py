@@ -83,7 +83,6 @@ class StreamTotals:
 def read_streams(session: Session, logs: LogEngine, group: str) -> list[StreamLine]:
     """Every binding (up to MAX_LINES) with its lag."""
     rows = session.execute(_BINDINGS, {"limit": MAX_LINES}).all()
-    session.commit()
     return _with_states(rows, logs, group)
 
 

@@ -14,12 +14,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from app.bindings.entries import Finished
-from app.dataplane.problems import problem
-from app.dataplane.requests import EntryRequest
 from app.errors import DomainError, InvalidRequest, MalformedRequest, TooLarge
-from app.jobs.sync import ended_without_outputs
+from app.operations import EntryRequest
+from app.operations.bindings import Finished
+from app.operations.calls import ended_without_outputs
 from app.platform.logstreams import LogEntry
+from app.web.problem_types import problem
 
 MAX_REQUEST_ID = 200
 REQUIRED = ("id", "inputs")

@@ -9,7 +9,7 @@ none gets one another holds. Each round:
 - claims entries idle longer than STREAMS_CLAIM_IDLE_SECONDS (their consumer
   died before acknowledging them: XAUTOCLAIM);
 - reads new entries of every ready binding in one call (up to STREAMS_READ_COUNT
-  per log), and turns each log's batch into jobs with one data-plane operation;
+  per log), and turns each log's batch into jobs with one binding operation;
 - acknowledges a batch only after that operation committed. Entries that cannot
   become a job (not JSON, unknown model, inputs that do not fit) are appended to
   the dead-letter log with the reason, then acknowledged with the rest: a poison
@@ -30,18 +30,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import redis
 
-from app.bindings.entries import EntryOutcome
-from app.bindings.service import ActiveBinding
-from app.dataplane import DataPlane
-from app.dataplane.requests import EntryRequest
 from app.errors import DomainError, QueueFull, QuotaExceeded, Unavailable
-from app.jobs.guards import Guards
 from app.observability import metrics
-from app.platform.database import Database, database_unavailable
+from app.operations import EntryRequest
+from app.operations.bindings import ActiveBinding, BindingOperations, EntryOutcome
+from app.operations.execution import Guards
+from app.platform.database import database_unavailable
 from app.platform.logstreams import LogEngine, LogEntry, LogGone
 from app.platform.settings import Settings
 from app.streams import codec, unstaged
@@ -68,8 +67,8 @@ class _State:
 class Consumer:
     def __init__(
         self,
-        plane: DataPlane,
-        database: Database,
+        operations: BindingOperations,
+        scope: Callable[[], AbstractContextManager[object]],
         logs: LogEngine,
         settings: Settings,
         guards: Guards,
@@ -79,7 +78,7 @@ class Consumer:
         checkpoint: Callable[[str], None] = unstaged,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.plane, self.database, self.logs = plane, database, logs
+        self.operations, self.scope, self.logs = operations, scope, logs
         self.settings, self.guards, self.name = settings, guards, name
         self.group, self.count = settings.streams_group, settings.streams_read_count
         self.on_accepted, self.checkpoint, self.clock = on_accepted, checkpoint, clock
@@ -112,8 +111,8 @@ class Consumer:
             self.claim()
             self._claim_at = now + max(0.5, self.settings.streams_claim_idle_seconds / 2)
         if now >= self._purge_at:
-            with self.database.scope():
-                self.plane.purge_stream_entries()
+            with self.scope():
+                self.operations.purge_entries()
             self._purge_at = now + PURGE_EVERY_S
         ready = [s for s in self.bindings.values() if s.resume_at <= now]
         for state in [s for s in ready if s.own_first or s.chunk < self.count]:
@@ -143,8 +142,8 @@ class Consumer:
     def refresh(self) -> None:
         """Follow the unpaused bindings: a new one gets its group (from the log's
         first entry); one gone or paused is no longer read."""
-        with self.database.scope():
-            active = {b.id: b for b in self.plane.active_bindings()}
+        with self.scope():
+            active = {b.id: b for b in self.operations.active()}
         for binding_id, spec in active.items():
             state = self.bindings.get(binding_id)
             if state is None:
@@ -228,8 +227,8 @@ class Consumer:
             self.logs.ack(spec.input, self.group, ids)
 
     def _accept(self, spec: ActiveBinding, requests: list[EntryRequest]) -> list[EntryOutcome]:
-        with self.database.scope():
-            return self.plane.accept_entries(
+        with self.scope():
+            return self.operations.accept_entries(
                 spec, requests, find_redelivered=self.guards.redelivery
             )
 

@@ -42,15 +42,15 @@ def run(container: Container, *, checkpoint: Callable[[str], None] | None = None
     if settings.streams_metrics_port:
         metrics.serve(settings.worker_metrics_host, settings.streams_metrics_port,
                       settings.metrics_token)  # fmt: skip
-    engine = container.logs
+    engine = container.parts.logs
     stage = checkpoint or unstaged
     publisher = Publisher(
-        container.dataplane, container.database, engine, container.guards,
+        container.bindings, container.scope, engine, container.guards,
         settings.streams_dedupe_seconds, checkpoint=stage,
     )  # fmt: skip
     name = consumer_name()
     consumer = Consumer(
-        container.dataplane, container.database, engine, settings, container.guards, name,
+        container.bindings, container.scope, engine, settings, container.guards, name,
         on_accepted=publisher.accepted, checkpoint=stage,
     )  # fmt: skip
     stop = threading.Event()

@@ -34,12 +34,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 
-from app.bindings.entries import Finished
-from app.dataplane import DataPlane
-from app.jobs.guards import Guards
 from app.observability import metrics
-from app.platform.database import Database
+from app.operations.bindings import BindingOperations, Finished
+from app.operations.execution import Guards
 from app.platform.logstreams import LogEngine
 from app.streams import codec, unstaged
 
@@ -58,8 +57,8 @@ class Publisher:
 
     def __init__(
         self,
-        plane: DataPlane,
-        database: Database,
+        operations: BindingOperations,
+        scope: Callable[[], AbstractContextManager[object]],
         logs: LogEngine,
         guards: Guards,
         keep_s: float,
@@ -67,7 +66,7 @@ class Publisher:
         checkpoint: Callable[[str], None] = unstaged,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.plane, self.database, self.logs = plane, database, logs
+        self.operations, self.scope, self.logs = operations, scope, logs
         self.guards, self.keep_s, self.checkpoint, self.clock = guards, keep_s, checkpoint, clock
         self._lock = threading.Lock()
         # Jobs this process accepted whose results are not out, oldest first.
@@ -115,8 +114,8 @@ class Publisher:
 
     def publish(self, job_ids: list[uuid.UUID] | None) -> list[Finished]:
         """Publish the finished ones among `job_ids` (None: any), up to LIMIT."""
-        with self.database.scope():
-            done = self.plane.publish_results(self._send, job_ids=job_ids, limit=LIMIT)
+        with self.scope():
+            done = self.operations.publish_results(self._send, job_ids=job_ids, limit=LIMIT)
         if done:
             with self._lock:
                 for item in done:

@@ -1,4 +1,5 @@
-"""Tenants and their API keys. Keys are shown once and stored as SHA-256 hashes."""
+"""Tenants and their API keys. Keys are shown once and stored as SHA-256 hashes.
+Nothing here commits: the tenant operations (app.operations.tenants) own the transaction."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from app.tenancy.tables import ApiKey, Tenant
@@ -52,7 +53,7 @@ def create_api_key(
             expires_at=expires_at,
         )
     )
-    session.commit()
+    session.flush()
     return Credentials(tenant.name, api_key, tenant.webhook_secret, expires_at)
 
 
@@ -65,7 +66,7 @@ def create_operator_key(session: Session, *, expires_at: datetime | None = None)
             kind=OPERATOR, key_hash=hash_key(api_key), prefix=api_key[:10], expires_at=expires_at
         )
     )
-    session.commit()
+    session.flush()
     return api_key
 
 
@@ -81,7 +82,7 @@ def rotate_webhook_secret(session: Session, tenant_name: str, overlap_hours: flo
     tenant.previous_webhook_secret = tenant.webhook_secret
     tenant.previous_secret_expires_at = datetime.now(UTC) + timedelta(hours=overlap_hours)
     tenant.webhook_secret = _new_secret()
-    session.commit()
+    session.flush()
     return tenant.webhook_secret
 
 
@@ -187,9 +188,7 @@ def revoke_api_keys(session: Session, *, prefix: str | None, tenant: str | None)
         query = query.where(ApiKey.tenant_id == owner)
     else:
         raise ValueError("name a key (its prefix) or a tenant")
-    revoked = list(session.scalars(query.returning(ApiKey.prefix)))
-    session.commit()
-    return revoked
+    return list(session.scalars(query.returning(ApiKey.prefix)))
 
 
 def list_api_keys(session: Session, tenant: str | None = None) -> list[dict[str, object]]:
@@ -257,10 +256,25 @@ def set_quotas(session: Session, name: str, changes: dict[str, float | None]) ->
             raise ValueError("max_priority is at most 9")
         is_float = quota == "max_submits_per_second"
         setattr(tenant, quota, value if value is None or is_float else int(value))
-    session.commit()
+    session.flush()
     [described] = describe_tenants(session, name)
     return described
 
 
 def has_tenants(session: Session) -> bool:
     return session.scalar(select(Tenant.id).limit(1)) is not None
+
+
+def tenant_named(session: Session, name: str) -> TenantRef | None:
+    row = session.execute(select(Tenant.id, Tenant.name).where(Tenant.name == name)).first()
+    return TenantRef(row.id, row.name) if row is not None else None
+
+
+def forget_previous_secrets(session: Session) -> int:
+    """A rotated-out webhook secret signs nothing after its overlap: it is erased
+    then, so a later leak of the database does not carry it. How many were."""
+    statement = text(
+        "UPDATE tenants SET previous_webhook_secret = NULL, previous_secret_expires_at = NULL "
+        "WHERE previous_secret_expires_at < now() RETURNING id"
+    )
+    return len(session.execute(statement).all())

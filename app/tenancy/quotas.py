@@ -27,14 +27,37 @@ from sqlalchemy.orm import Session
 
 from app.batches.tables import Batch, File
 from app.errors import InvalidRequest, QuotaExceeded, TenantGone
-from app.jobs.dispatch import redis_client
 from app.jobs.tables import SYNC_PRIORITY
+from app.platform.broker import redis_client
 from app.platform.settings import Settings
 from app.tenancy.tables import Tenant
 
 logger = logging.getLogger(__name__)
 
 DAY = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    """The TENANT_* defaults (a tenant's own quota, when set, wins; 0: no limit), the
+    Redis the submit rate is counted in, and RETENTION_SECONDS (batch results count
+    toward the stored bytes until retention deletes them)."""
+
+    in_flight: int
+    submits_per_second: float
+    batch_rows_per_day: int
+    stored_bytes: int
+    max_priority: int
+    redis_url: str
+    retention_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> QuotaSettings:
+        return cls(
+            settings.tenant_max_in_flight, settings.tenant_max_submits_per_second,
+            settings.tenant_max_batch_rows_per_day, settings.tenant_max_stored_bytes,
+            settings.tenant_max_priority, settings.redis_url, settings.retention_seconds,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,23 +71,21 @@ class Limits:
     max_priority: int
 
     @classmethod
-    def of(cls, tenant: Tenant, settings: Settings) -> Limits:
+    def of(cls, tenant: Tenant, defaults: QuotaSettings) -> Limits:
         def pick(own: float | None, default: float) -> float | None:
             value = own if own is not None else default
             return value if value > 0 else None
 
-        in_flight = pick(tenant.max_in_flight, settings.tenant_max_in_flight)
-        rows = pick(tenant.max_batch_rows_per_day, settings.tenant_max_batch_rows_per_day)
-        stored = pick(tenant.max_stored_bytes, settings.tenant_max_stored_bytes)
+        in_flight = pick(tenant.max_in_flight, defaults.in_flight)
+        rows = pick(tenant.max_batch_rows_per_day, defaults.batch_rows_per_day)
+        stored = pick(tenant.max_stored_bytes, defaults.stored_bytes)
         priority = tenant.max_priority
         return cls(
             in_flight=None if in_flight is None else int(in_flight),
-            submits_per_second=pick(
-                tenant.max_submits_per_second, settings.tenant_max_submits_per_second
-            ),
+            submits_per_second=pick(tenant.max_submits_per_second, defaults.submits_per_second),
             batch_rows_per_day=None if rows is None else int(rows),
             stored_bytes=None if stored is None else int(stored),
-            max_priority=settings.tenant_max_priority if priority is None else priority,
+            max_priority=defaults.max_priority if priority is None else priority,
         )
 
 
@@ -92,7 +113,7 @@ class Quotas:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: QuotaSettings,
         *,
         ttl_s: float = 5.0,
         count_ttl_s: float = 0.5,
@@ -227,7 +248,7 @@ class Quotas:
         )  # fmt: skip
 
     def _stored(self, session: Session, tenant_id: int, size: int, allowed: int) -> int:
-        used = stored_bytes(session, tenant_id, self.settings.retention_seconds)
+        used = stored_bytes(session, tenant_id, self.settings.retention_s)
         if used + size <= allowed and used < allowed:
             return allowed - used - size
         raise QuotaExceeded(

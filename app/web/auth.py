@@ -12,9 +12,9 @@ from flask_smorest import Blueprint
 
 from app.errors import Forbidden
 from app.observability import logs
-from app.repository.registry import PUBLIC
-from app.tenancy.keys import OPERATOR, Caller, TenantRef
-from app.web.context import plane, services
+from app.operations import OPERATOR, Caller, TenantRef
+from app.operations.models import PUBLIC
+from app.web.context import requests_in_progress, services
 from app.web.problems import Problem
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,7 +45,7 @@ def _caller() -> Caller:
             "send the header `Authorization: Bearer <api key>`",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    caller = plane().authenticate(key.strip())
+    caller = services().tenants.authenticate(key.strip())
     if caller is None:
         raise Problem(
             "unauthorized",
@@ -106,7 +106,7 @@ def authenticated(view: F) -> F:
             raise Forbidden("this route needs a tenant's API key; an operator key has no jobs")
         g.tenant = caller.tenant
         logs.bind(tenant=caller.tenant.name)  # on every line of this request from here on
-        with services().requests_in_progress.holding(caller.tenant.id):
+        with requests_in_progress().holding(caller.tenant.id):
             if getattr(view, _STREAMS_BODY, False):
                 return view(*args, **kwargs)
             request.get_data(cache=True)  # what the view parses later

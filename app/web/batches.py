@@ -1,5 +1,5 @@
 """/batches: many rows for one model, run as chunk jobs; progress, results, cancel.
-Handlers only translate HTTP; `app.batches` does the work."""
+Handlers only translate HTTP; the batch operations do the work."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ from typing import Any
 from flask import Response, request, stream_with_context
 from marshmallow import Schema, fields, validate
 
-from app.batches import results
-from app.batches.representation import BatchSchema, describe
-from app.batches.service import BATCH_EVENTS
-from app.dataplane import BatchRequest, Webhook
+from app.operations import BatchRequest, Webhook
+from app.operations.batches import BATCH_EVENTS, BatchSchema, results
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint, links_by_id
-from app.web.context import current_session, plane, services
+from app.web.context import services
 from app.web.schemas import WebhookSchema
 
 blp = Blueprint("batches", __name__, url_prefix="/batches", description="Batch inference")
@@ -78,9 +76,8 @@ class ResultsArgsSchema(Schema):
 @authenticated
 @blp.arguments(SubmitBatchSchema())
 def submit(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
-    session = current_session()
     webhook = body["webhook"]
-    batch = plane().create_batch(
+    batch = services().batches.create(
         current_tenant(),
         BatchRequest(
             body["model"],
@@ -90,7 +87,7 @@ def submit(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
             webhook=Webhook(webhook["url"], tuple(webhook["events"])) if webhook else None,
         ),
     )
-    return describe(session, batch), 202, {"Location": f"/batches/{batch.id}"}
+    return batch, 202, {"Location": f"/batches/{batch['id']}"}
 
 
 @blp.get("")
@@ -98,7 +95,7 @@ def submit(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
 @authenticated
 @blp.arguments(BatchListArgsSchema(), location="query")
 def list_batches(args: dict[str, Any]) -> dict[str, Any]:
-    return {"items": plane().list_batches(current_tenant(), args["limit"])}
+    return {"items": services().batches.list_batches(current_tenant(), args["limit"])}
 
 
 @blp.get("/<uuid:batch_id>")
@@ -106,7 +103,7 @@ def list_batches(args: dict[str, Any]) -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND", description="No such batch for this tenant")
 @authenticated
 def get_batch(batch_id: uuid.UUID) -> dict[str, Any]:
-    return plane().batch(current_tenant(), batch_id)
+    return services().batches.get(current_tenant(), batch_id)
 
 
 @blp.post("/<uuid:batch_id>/cancel")
@@ -116,7 +113,7 @@ def get_batch(batch_id: uuid.UUID) -> dict[str, Any]:
 @blp.alt_response(409, response="CONFLICT", description="The batch has already finished")
 @authenticated
 def cancel_batch(batch_id: uuid.UUID) -> dict[str, Any]:
-    return plane().cancel_batch(current_tenant(), batch_id)
+    return services().batches.cancel(current_tenant(), batch_id)
 
 
 @blp.get("/<uuid:batch_id>/results")
@@ -139,8 +136,8 @@ def batch_results(args: dict[str, Any], batch_id: uuid.UUID) -> Response:
     fmt = request.accept_mimetypes.best_match(
         [results.JSONL, results.NPY, results.PARQUET], results.JSONL
     )
-    body, name = plane().batch_results(current_tenant(), batch_id, fmt, args["output"])
-    services().database.end_scope()  # the stream reads in sessions of its own
+    # The stream reads in sessions of its own: the request holds no connection.
+    body, name = services().batches.results(current_tenant(), batch_id, fmt, args["output"])
     return Response(
         stream_with_context(body), mimetype=fmt,
         headers={"Content-Disposition": f'attachment; filename="{name}"'},

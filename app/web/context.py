@@ -1,14 +1,20 @@
-"""What a request handler reaches: the process's container, its data plane and
-the request's database session (the request is the unit of work: its session
-closes at teardown). The only module of the HTTP door that reads `current_app`."""
+"""What a request handler reaches: the process's container (its operations, its
+settings), this API process's count of each tenant's requests in progress, and
+the request's database scope (the request is one: its session closes at
+teardown). The only module of the HTTP door that reads `current_app`."""
 
 from __future__ import annotations
 
+import sys
+
 from flask import Flask, current_app
-from sqlalchemy.orm import Session
 
 from app.container import Container
-from app.dataplane import DataPlane
+from app.errors import TooManyRequests
+from app.operations.holds import Holds, Wording
+from app.platform.settings import Settings
+
+IN_PROGRESS = "requests_in_progress"
 
 
 def container_of(app: Flask) -> Container:
@@ -20,10 +26,18 @@ def services() -> Container:
     return container_of(current_app)
 
 
-def plane() -> DataPlane:
-    return services().dataplane
+def requests_in_progress() -> Holds:
+    """Each tenant's requests in progress on this API process (`in_progress_of`)."""
+    holds: Holds = current_app.extensions[IN_PROGRESS]
+    return holds
 
 
-def current_session() -> Session:
-    """The request's session, made on first use, closed at the request's teardown."""
-    return services().database.session()
+def in_progress_of(settings: Settings) -> Holds:
+    """Each tenant's requests whose bodies are awaited on an API process, bounded by
+    MAX_REQUESTS_PER_TENANT (0: unbounded)."""
+    wording = Wording(
+        what="requests", per_tenant="MAX_REQUESTS_PER_TENANT", total="",
+        advice="let one finish", refusal=TooManyRequests,
+    )  # fmt: skip
+    per_tenant = settings.max_requests_per_tenant or sys.maxsize
+    return Holds(per_tenant, sys.maxsize, wording)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.jobs.dead_letters import Filters
-from app.jobs.tables import DeadLetter
+from app.operations.dead_letters import DeadLetter, Filters
 from app.web.auth import authenticated, current_actor, current_tenant, operator_only
 from app.web.blueprint import Blueprint, links_by_id
-from app.web.context import plane
-from app.web.schemas import (
+from app.web.context import services
+from app.web.record_schemas import (
     BulkReplaySchema,
     DeadLetterListArgsSchema,
     DeadLetterPageSchema,
@@ -45,7 +44,7 @@ def _filters(args: dict[str, Any]) -> Filters:
 @blp.arguments(DeadLetterListArgsSchema(), location="query")
 @blp.response(200, DeadLetterPageSchema, links=letter_links("/items/0/id"))
 def list_letters(args: dict[str, Any]) -> dict[str, Any]:
-    items, next_cursor = plane().dead_letters(
+    items, next_cursor = services().dead_letters.list_letters(
         current_tenant(), _filters(args), args["limit"], args.get("cursor")
     )
     return {"items": items, "next_cursor": next_cursor}
@@ -56,7 +55,7 @@ def list_letters(args: dict[str, Any]) -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND")
 @authenticated
 def get_letter(letter_id: int) -> DeadLetter:
-    return plane().dead_letter(current_tenant(), letter_id)
+    return services().dead_letters.get(current_tenant(), letter_id)
 
 
 @blp.get("/<int:letter_id>/traceback")
@@ -66,7 +65,7 @@ def get_letter(letter_id: int) -> DeadLetter:
 def letter_traceback(letter_id: int) -> dict[str, Any]:
     """An operator's view of any tenant's failure: the traceback names the
     service's own files and lines, which tenants are not shown."""
-    letter = plane().dead_letter(None, letter_id)
+    letter = services().dead_letters.get(None, letter_id)
     return {"id": letter.id, "tenant_id": letter.tenant_id, "traceback": letter.traceback}
 
 
@@ -76,7 +75,7 @@ def letter_traceback(letter_id: int) -> dict[str, Any]:
 @blp.alt_response(409, response="CONFLICT", description="Already replayed, or not replayable")
 @authenticated
 def replay_letter(letter_id: int) -> dict[str, Any]:
-    job_id = plane().replay_dead_letter(current_tenant(), letter_id, current_actor())
+    job_id = services().dead_letters.replay(current_tenant(), letter_id, current_actor())
     return {"replayed": 1, "job_ids": [job_id]}
 
 
@@ -85,7 +84,7 @@ def replay_letter(letter_id: int) -> dict[str, Any]:
 @blp.arguments(BulkReplaySchema())
 @blp.response(202, ReplayResultSchema, description="Every matching letter not yet replayed")
 def replay_matching(body: dict[str, Any]) -> dict[str, Any]:
-    job_ids = plane().replay_dead_letters(
+    job_ids = services().dead_letters.replay_matching(
         current_tenant(), _filters(body), body["limit"], current_actor()
     )
     return {"replayed": len(job_ids), "job_ids": job_ids}
@@ -96,4 +95,4 @@ def replay_matching(body: dict[str, Any]) -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND")
 @authenticated
 def purge_letter(letter_id: int) -> None:
-    plane().purge_dead_letter(current_tenant(), letter_id, current_actor())
+    services().dead_letters.purge(current_tenant(), letter_id, current_actor())

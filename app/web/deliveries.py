@@ -6,16 +6,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from app.operations.webhooks import Logged
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint, link
-from app.web.context import plane
-from app.web.schemas import (
+from app.web.context import services
+from app.web.record_schemas import (
     DisabledWebhookUrlListSchema,
     WebhookDeliveryListSchema,
     WebhookDeliverySchema,
     WebhookUrlArgsSchema,
 )
-from app.webhooks import delivery
 
 blp = Blueprint("deliveries", __name__, url_prefix="/jobs", description="Webhook deliveries")
 urls_blp = Blueprint(
@@ -25,7 +25,7 @@ urls_blp = Blueprint(
 )  # fmt: skip
 
 
-def _with_logs(logged: delivery.Logged) -> dict[str, Any]:
+def _with_logs(logged: Logged) -> dict[str, Any]:
     """A delivery with its attempts, as the schema shows it."""
     row, attempts = logged
     fields = [name for name in WebhookDeliverySchema().fields if name != "log"]
@@ -41,7 +41,10 @@ def _with_logs(logged: delivery.Logged) -> dict[str, Any]:
 @authenticated
 def list_deliveries(job_id: uuid.UUID) -> dict[str, Any]:
     return {
-        "items": [_with_logs(logged) for logged in plane().deliveries(current_tenant(), job_id)]
+        "items": [
+            _with_logs(logged)
+            for logged in services().webhooks.deliveries(current_tenant(), job_id)
+        ]
     }
 
 
@@ -54,14 +57,14 @@ def redeliver_one(job_id: uuid.UUID, delivery_id: int) -> dict[str, Any]:
     """Send the delivery again from the start of its schedule, same webhook-id and
     body. A URL disabled for failing is enabled again by this (the receiver is taken
     to be back); one that answered 410 Gone is not: enable it first."""
-    return _with_logs(plane().redeliver(current_tenant(), job_id, delivery_id))
+    return _with_logs(services().webhooks.redeliver(current_tenant(), job_id, delivery_id))
 
 
 @urls_blp.get("/disabled")
 @urls_blp.response(200, DisabledWebhookUrlListSchema)
 @authenticated
 def list_disabled() -> dict[str, Any]:
-    return {"items": plane().disabled_webhook_urls(current_tenant())}
+    return {"items": services().webhooks.disabled_urls(current_tenant())}
 
 
 @urls_blp.delete("/disabled")
@@ -72,4 +75,4 @@ def list_disabled() -> dict[str, Any]:
 def enable_url(args: dict[str, Any]) -> None:
     """Enable a disabled URL, whatever the reason (the only way for one that answered
     410 Gone). Its disabled deliveries stay so: redeliver those still wanted."""
-    plane().enable_webhook_url(current_tenant(), args["url"])
+    services().webhooks.enable_url(current_tenant(), args["url"])

@@ -14,20 +14,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
-from sqlalchemy.orm import Session
-
-from app.jobs.events import EventBus, events_after
-from app.jobs.representation import JobSchema
-from app.jobs.tables import TERMINAL_STATUSES, Job
-from app.platform.database import Database
+from app.operations.jobs import TERMINAL_STATUSES, Job, JobEvent, JobOperations, JobSchema
 
 KEEPALIVE_S = 15.0
 MAX_STREAM_S = 600.0  # then the client reconnects with Last-Event-ID
 
 
 def job_event_stream(
-    database: Database,
-    bus: EventBus,
+    jobs: JobOperations,
     job_id: uuid.UUID,
     after: int,
     release: Callable[[], None] = lambda: None,
@@ -35,19 +29,18 @@ def job_event_stream(
     """`release` is called when the stream ends, however it ends (the client
     going away closes the generator)."""
     try:
-        yield from _stream(database, bus, job_id, after)
+        yield from _stream(jobs, job_id, after)
     finally:
         release()
 
 
-def _stream(database: Database, bus: EventBus, job_id: uuid.UUID, after: int) -> Iterator[str]:
+def _stream(jobs: JobOperations, job_id: uuid.UUID, after: int) -> Iterator[str]:
     ends_at = time.monotonic() + MAX_STREAM_S
-    with bus.watching(job_id) as watch:
+    with jobs.watching().watching(job_id) as watch:
         while True:
             seen = watch.version()
-            with database.sessionmaker() as session:  # closed before a slow client reads
-                messages = _messages(session, job_id, after)
-            for event_id, status, message in messages:
+            # read in a session of its own, closed before a slow client reads
+            for event_id, status, message in _messages(*jobs.events(job_id, after), job_id):
                 yield message
                 after = event_id
                 if status in TERMINAL_STATUSES:
@@ -59,10 +52,10 @@ def _stream(database: Database, bus: EventBus, job_id: uuid.UUID, after: int) ->
                 yield ": keepalive\n\n"
 
 
-def _messages(session: Session, job_id: uuid.UUID, after: int) -> list[tuple[int, str, str]]:
-    """The job's events after `after` as SSE messages; the terminal one carries the job."""
-    events = events_after(session, job_id, after)
-    job = session.get(Job, job_id) if any(e.status in TERMINAL_STATUSES for e in events) else None
+def _messages(
+    events: list[JobEvent], job: Job | None, job_id: uuid.UUID
+) -> list[tuple[int, str, str]]:
+    """The job's events as SSE messages; the terminal one carries the job."""
     messages = []
     for event in events:
         data: dict[str, object] = {

@@ -8,11 +8,10 @@ from typing import Any
 from flask import request
 from marshmallow import Schema, fields
 
-from app.batches import files
-from app.batches.tables import File
+from app.operations.files import FORMATS, File, Upload, format_of
 from app.web.auth import authenticated, current_tenant, streams_body
 from app.web.blueprint import Blueprint, link, links_by_id
-from app.web.context import plane, services
+from app.web.context import services
 
 blp = Blueprint("files", __name__, url_prefix="/files", description="Input files for batches")
 
@@ -32,7 +31,7 @@ def file_links(pointer: str = "/id") -> dict[str, Any]:
 class FileSchema(Schema):
     id = fields.UUID()
     filename = fields.String()
-    format = fields.String(metadata={"enum": list(files.FORMATS)})
+    format = fields.String(metadata={"enum": list(FORMATS)})
     size_bytes = fields.Integer()
     sha256 = fields.String()
     created_at = fields.DateTime()
@@ -71,10 +70,10 @@ _UPLOAD = {
 @streams_body
 @blp.arguments(UploadArgsSchema(), location="query")
 def upload(args: dict[str, Any]) -> tuple[File, int, dict[str, str]]:
-    settings = services().settings
-    fmt = files.format_of(args["filename"], args["format"])
-    request.max_content_length = settings.max_upload_bytes  # this route only
-    file = plane().upload(current_tenant(), args["filename"], fmt, request.stream)
+    operations = services().files
+    fmt = format_of(args["filename"], args["format"])
+    request.max_content_length = operations.max_upload_bytes  # this route only
+    file = operations.upload(current_tenant(), Upload(args["filename"], fmt, request.stream))
     return file, 201, {"Location": f"/files/{file.id}"}
 
 
@@ -82,7 +81,7 @@ def upload(args: dict[str, Any]) -> tuple[File, int, dict[str, str]]:
 @blp.response(200, FileListSchema, links=file_links("/items/0/id"))
 @authenticated
 def list_files() -> dict[str, Any]:
-    return {"items": plane().list_files(current_tenant())}
+    return {"items": services().files.list_files(current_tenant())}
 
 
 @blp.get("/<uuid:file_id>")
@@ -90,7 +89,7 @@ def list_files() -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND", description="No such file for this tenant")
 @authenticated
 def get_file(file_id: uuid.UUID) -> File:
-    return plane().file(current_tenant(), file_id)
+    return services().files.get(current_tenant(), file_id)
 
 
 @blp.delete("/<uuid:file_id>")
@@ -99,4 +98,4 @@ def get_file(file_id: uuid.UUID) -> File:
 @blp.alt_response(409, response="CONFLICT", description="A batch is still reading it")
 @authenticated
 def delete_file(file_id: uuid.UUID) -> None:
-    plane().delete_file(current_tenant(), file_id)
+    services().files.delete(current_tenant(), file_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.web.blueprint import Blueprint
-from app.web.context import plane
+from app.web.context import services
 from app.web.problems import PROBLEM_TYPES, Problem
 
 blp = Blueprint("health", __name__, description="Health and server metadata")
@@ -30,7 +30,7 @@ def live() -> dict[str, Any]:
 @blp.response(200, description="PostgreSQL and Redis answer and a model is loadable")
 @blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="Names each failed check")
 def ready() -> dict[str, Any]:
-    checks = plane().readiness()
+    checks = services().status.readiness()
     failed = {name: message for name, message in checks.items() if message != "ok"}
     if failed:
         raise Problem(

@@ -1,7 +1,7 @@
 """KServe v2 sync inference: POST /v2/models/<name>[/versions/<v>]/infer.
 
 JSON or the binary tensor extension in, the same form out; `tritonclient.http`
-works against it unchanged. Handlers only translate HTTP; the data plane runs
+works against it unchanged. Handlers only translate HTTP; the call operations run
 the request.
 """
 
@@ -11,11 +11,11 @@ from typing import Any
 
 from flask import Response, request
 
-from app.dataplane import InferRequest
+from app.operations import InferRequest
 from app.web import kserve
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
-from app.web.context import plane
+from app.web.context import services
 
 blp = Blueprint("inference", __name__, description="Synchronous inference (KServe v2)")
 
@@ -47,7 +47,7 @@ def infer(name: str, version: str | None = None) -> Response:
     call = kserve.decode_request(
         request.get_data(), request.headers.get(kserve.HEADER_LENGTH)
     )  # after authentication: an anonymous body is never parsed
-    answer = plane().infer(
+    answer = services().calls.infer(
         current_tenant(),
         InferRequest(name, call.tensors, version=version, timeout_s=call.timeout_s),
     )

@@ -1,5 +1,5 @@
 """/jobs: submit a job, read it, wait for it, stream its events, cancel it.
-Handlers only translate HTTP to the data plane's requests and back."""
+Handlers only translate HTTP to the job operations' requests and back."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ from typing import Any
 from flask import Response, request, stream_with_context
 from marshmallow import ValidationError
 
-from app.dataplane import JobQuery, JobRequest, Wait, Webhook
-from app.dataplane.problems import problem
 from app.errors import DomainError, InvalidRequest, MalformedRequest, TooManyWaits
-from app.jobs import service
-from app.jobs.tables import TERMINAL_STATUSES, Job
+from app.operations import JobQuery, JobRequest, Wait, Webhook
+from app.operations.jobs import TERMINAL_STATUSES, Job, Page, deadline
 from app.platform.settings import Settings
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint, links_by_id
-from app.web.context import plane, services
+from app.web.context import services
 from app.web.event_stream import job_event_stream
+from app.web.problem_types import problem
 from app.web.problems import flatten
 from app.web.schemas import (
     MAX_BULK_JOBS,
@@ -60,7 +59,7 @@ def job_links(pointer: str = "/id") -> dict[str, Any]:
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Inputs do not fit")
 @blp.alt_response(429, response="TOO_MANY_REQUESTS", description="A queue or quota is full")
 def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, dict[str, str]]:
-    job = plane().submit(
+    job = services().jobs.submit(
         current_tenant(),
         job_request(body, headers_in.get("cancel_after"), headers_in.get("idempotency_key")),
     )
@@ -69,7 +68,7 @@ def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, 
     if wait is None:
         return job, 202, headers
     try:
-        job = plane().wait(current_tenant(), job.id, Wait(wait, until="finished"))
+        job = services().jobs.wait(current_tenant(), job.id, Wait(wait, until="finished"))
     except TooManyWaits:
         return job, 202, headers  # the job is accepted all the same: no wait, as RFC 7240 allows
     headers["Preference-Applied"] = f"wait={wait:g}"
@@ -82,7 +81,7 @@ def job_request(
     webhook = body["webhook"]
     return JobRequest(
         body["model"], body["inputs"], version=body["version"], priority=body["priority"],
-        deadline=service.deadline(body["deadline"], cancel_after),
+        deadline=deadline(body["deadline"], cancel_after),
         idempotency_key=idempotency_key,
         webhook=Webhook(webhook["url"], tuple(webhook["events"])) if webhook else None,
     )  # fmt: skip
@@ -110,7 +109,7 @@ def submit_bulk(body: dict[str, Any]) -> dict[str, Any]:
             places.append(index)
         except DomainError as exc:
             items[index] = item_problem(exc, index)
-    outcomes = plane().submit_many(current_tenant(), requests)
+    outcomes = services().jobs.submit_many(current_tenant(), requests)
     for index, outcome in zip(places, outcomes, strict=True):
         items[index] = item_problem(outcome, index) if isinstance(outcome, DomainError) else outcome
     refused = sum(isinstance(item, dict) for item in items)
@@ -136,9 +135,9 @@ def preferred_wait(prefer: str | None, settings: Settings) -> float | None:
 @blp.arguments(ListJobsArgsSchema(), location="query")
 @blp.response(200, JobPageSchema, links=job_links("/items/0/id"))
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Bad filter or cursor")
-def list_jobs(args: dict[str, Any]) -> service.Page:
+def list_jobs(args: dict[str, Any]) -> Page:
     outputs = args.pop("include", None) == "outputs"
-    return plane().list_jobs(current_tenant(), JobQuery(**args, outputs=outputs))
+    return services().jobs.list_jobs(current_tenant(), JobQuery(**args, outputs=outputs))
 
 
 @blp.post("/<uuid:job_id>/cancel")
@@ -148,7 +147,7 @@ def list_jobs(args: dict[str, Any]) -> service.Page:
 @blp.alt_response(409, response="CONFLICT", description="The job has already finished")
 @authenticated
 def cancel_job(job_id: uuid.UUID) -> Job:
-    return plane().cancel(current_tenant(), job_id)
+    return services().jobs.cancel(current_tenant(), job_id)
 
 
 @blp.get("/<uuid:job_id>")
@@ -157,7 +156,7 @@ def cancel_job(job_id: uuid.UUID) -> Job:
 @blp.response(200, JobSchema, links=job_links())
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
-    return plane().wait(current_tenant(), job_id, Wait(args["wait"], until="change"))
+    return services().jobs.wait(current_tenant(), job_id, Wait(args["wait"], until="change"))
 
 
 @blp.get("/<uuid:job_id>/events")
@@ -176,18 +175,17 @@ def get_job(args: dict[str, Any], job_id: uuid.UUID) -> Job:
 def job_events(args: dict[str, Any], job_id: uuid.UUID) -> Response:
     header = request.headers.get("Last-Event-ID", "").strip()
     if header and not (header.isascii() and header.isdigit()):
-        plane().get(current_tenant(), job_id)  # 404 before anything else
+        services().jobs.get(current_tenant(), job_id)  # 404 before anything else
         raise MalformedRequest(
             f"Last-Event-ID {header[:40]!r} is not an event id; send the id of the last "
             "event received (digits), or no header to start from the first event",
             errors={"Last-Event-ID": ["a non-negative integer"]},
         )
     after = int(header) if header else args.get("last_event_id", 0)
-    release = plane().follow(current_tenant(), job_id, after)
+    release = services().jobs.follow(current_tenant(), job_id, after)
     if release is None:
         return Response(status=204)  # all was sent: EventSource stops reconnecting on a 204
-    container = services()
-    stream = job_event_stream(container.database, container.events, job_id, after, release)
+    stream = job_event_stream(services().jobs, job_id, after, release)
     return Response(
         stream_with_context(stream),
         mimetype="text/event-stream",

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from app.cards import ModelCard
 from app.errors import InvalidRequest
+from app.operations.models import ModelCard
 from app.runtime.datatypes import V2_TO_NUMPY, encode_bytes, from_raw, is_bytes
 from app.web import json_codec
 

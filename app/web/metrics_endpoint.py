@@ -34,5 +34,4 @@ def scrape() -> Response:
             "this service's metrics need `Authorization: Bearer <METRICS_TOKEN>`",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    body = metrics.exposition(services().queue_metrics, services().stream_metrics)
-    return Response(body, content_type=metrics.CONTENT_TYPE)
+    return Response(services().status.metrics(), content_type=metrics.CONTENT_TYPE)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.cards import ModelCard
+from app.operations.models import ModelCard
 from app.web.auth import optional_tenant
 from app.web.blueprint import Blueprint
-from app.web.context import plane
-from app.web.schemas import ModelListSchema, ModelMetadataSchema
+from app.web.context import services
+from app.web.record_schemas import ModelListSchema, ModelMetadataSchema
 
 blp = Blueprint("models", __name__, description="Models served")
 
@@ -16,7 +16,7 @@ blp = Blueprint("models", __name__, description="Models served")
 def _resolve(name: str, version: str | None = None) -> ModelCard:
     """What the caller may see: models its tenant is granted (open ones without
     a key); others answer 404 like absent ones. UnknownModel: 404 via app.web.problems."""
-    return plane().model(optional_tenant(), name, version)
+    return services().models.model(optional_tenant(), name, version)
 
 
 @blp.get("/models")
@@ -24,7 +24,7 @@ def _resolve(name: str, version: str | None = None) -> ModelCard:
 @blp.alt_response(401, response="UNAUTHORIZED", description="A key was sent and is not valid")
 def list_models() -> dict[str, Any]:
     """The serving models; with a tenant's key, also those granted to it."""
-    served = plane().list_models(optional_tenant())
+    served = services().models.list_models(optional_tenant())
     return {"models": [{**card.to_dict(), "versions": versions} for card, versions in served]}
 
 
@@ -47,7 +47,7 @@ def model_version_metadata(name: str, version: str) -> dict[str, Any]:
 @blp.alt_response(503, response="SERVICE_UNAVAILABLE", description="Known, but its file is gone")
 def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
     """Answers by status, as KServe clients read it: 200 only when ready."""
-    card = plane().model_ready(optional_tenant(), name, version)
+    card = services().models.model_ready(optional_tenant(), name, version)
     return {"name": card.name, "version": card.version, "ready": True}
 
 

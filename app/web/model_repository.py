@@ -3,17 +3,12 @@ load, unload, and the index of every version with its state."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from flask import request
 from marshmallow import Schema, fields
-from sqlalchemy.engine import Engine
 
-from app.errors import TooLarge
-from app.repository import control
-from app.repository.intake import check_ref, staging_file
-from app.repository.registry import ModelRepository, VersionStatus
+from app.operations.models import VersionStatus
 from app.web.auth import operator_only
 from app.web.blueprint import Blueprint
 from app.web.context import services
@@ -21,8 +16,6 @@ from app.web.context import services
 blp = Blueprint(
     "repository", __name__, url_prefix="/v2/repository", description="Model repository (operators)"
 )
-
-_CHUNK = 1024 * 1024
 
 
 class VersionStatusSchema(Schema):
@@ -54,16 +47,6 @@ _MODEL_FILE = {
 }
 
 
-def _repository() -> ModelRepository:
-    repository: ModelRepository = services().models
-    return repository
-
-
-def _engine() -> Engine:
-    engine: Engine = services().database.engine
-    return engine
-
-
 @blp.put("/models/<name>/versions/<version>")
 @blp.doc(requestBody=_MODEL_FILE)
 @operator_only
@@ -73,17 +56,12 @@ def _engine() -> Engine:
 @blp.alt_response(413, response="REQUEST_ENTITY_TOO_LARGE", description="Over MAX_MODEL_BYTES")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="Not a model that can serve")
 def put_version(args: dict[str, Any], name: str, version: str) -> tuple[dict[str, Any], int]:
-    check_ref(name, version)  # before the upload, not after it
     limit = services().settings.max_model_bytes
     request.max_content_length = limit  # this route only
-    staged = _stream_to_file(_repository(), limit)
-    try:
-        added = control.add(
-            _engine(), _repository(), staged, name, version, force=args["force"], move=True,
-            description=args["description"],
-        )  # fmt: skip
-    finally:
-        staged.unlink(missing_ok=True)
+    added = services().models.add_upload(
+        request.stream.read, name, version, limit, force=args["force"],
+        description=args["description"],
+    )  # fmt: skip
     return added.to_dict(), 201
 
 
@@ -93,7 +71,7 @@ def put_version(args: dict[str, Any], name: str, version: str) -> tuple[dict[str
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="A version failed to load")
 @operator_only
 def load(name: str) -> list[VersionStatus]:
-    return control.load(_engine(), _repository(), name)
+    return services().models.load(name)
 
 
 @blp.post("/models/<name>/unload")
@@ -101,7 +79,7 @@ def load(name: str) -> list[VersionStatus]:
 @blp.alt_response(404, response="NOT_FOUND", description="No such model in the folder")
 @operator_only
 def unload(name: str) -> list[VersionStatus]:
-    return control.unload(_engine(), _repository(), name)
+    return services().models.unload(name)
 
 
 class IndexSchema(Schema):
@@ -115,22 +93,4 @@ class IndexSchema(Schema):
 def index(body: dict[str, Any]) -> list[VersionStatus]:
     """Every version in the folder: READY, or UNAVAILABLE with the reason
     (Triton's index; `{"ready": true}` lists only READY ones)."""
-    statuses = _repository().index()
-    return [s for s in statuses if s.state == "READY"] if body.get("ready") else statuses
-
-
-def _stream_to_file(repository: ModelRepository, limit: int) -> Path:
-    """The request body, written in chunks to a staging file in the repository."""
-    path = staging_file(repository.root)
-    size = 0
-    try:
-        with path.open("wb") as out:
-            while chunk := request.stream.read(_CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise TooLarge(f"the model is larger than MAX_MODEL_BYTES ({limit} bytes)")
-                out.write(chunk)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-    return path
+    return services().models.index(ready_only=bool(body.get("ready")))

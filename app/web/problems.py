@@ -1,6 +1,6 @@
 """RFC 9457 problem details: every error the API returns is shaped here.
 
-The data plane raises plain domain errors (`app.errors`), each mapped to its
+The operations raise plain domain errors (`app.errors`), each mapped to its
 problem type (its `code`), status and headers here, once; handlers at the
 edge may raise `Problem` directly; Werkzeug / webargs errors are translated by
 `problem_from_http_exception`. The `type` of each problem is a
@@ -14,8 +14,8 @@ from typing import Any
 from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException
 
-from app.dataplane.problems import PROBLEM_JSON, PROBLEM_TYPES, status_of
 from app.errors import DeadlinePassed, DomainError, InferenceFailed
+from app.web.problem_types import PROBLEM_JSON, PROBLEM_TYPES, status_of
 
 _STATUS_CODES = {
     400: "malformed-request",
@@ -115,7 +115,7 @@ def flatten(messages: Any, path: str = "") -> list[str]:
 
 
 def problem_from_domain_error(exc: DomainError) -> Problem:
-    """The one mapping of the data plane's errors to HTTP: the problem type is the
+    """The one mapping of the operations' errors to HTTP: the problem type is the
     error's code, its status the one `status_of` gives (shared with the stream
     door's problem objects); some errors point elsewhere (`Location`)."""
     headers: dict[str, str] = {}

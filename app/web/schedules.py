@@ -7,14 +7,12 @@ from typing import Any, cast
 
 from marshmallow import Schema, fields, validate
 
-from app.batches.representation import describe
-from app.dataplane import ScheduleFields
-from app.schedules.representation import ScheduleSchema
-from app.schedules.tables import Schedule
+from app.operations import ScheduleFields
+from app.operations.schedules import Schedule, ScheduleSchema
 from app.web.auth import authenticated, current_tenant
 from app.web.batches import BatchListSchema
 from app.web.blueprint import Blueprint, links_by_id
-from app.web.context import current_session, plane
+from app.web.context import services
 
 blp = Blueprint("schedules", __name__, url_prefix="/schedules", description="Batch schedules")
 
@@ -85,7 +83,7 @@ class RunsArgsSchema(Schema):
 @authenticated
 @blp.arguments(CreateScheduleSchema())
 def create_schedule(body: dict[str, Any]) -> tuple[Schedule, int, dict[str, str]]:
-    schedule = plane().create_schedule(current_tenant(), cast(ScheduleFields, body))
+    schedule = services().schedules.create(current_tenant(), cast(ScheduleFields, body))
     return schedule, 201, {"Location": f"/schedules/{schedule.id}"}
 
 
@@ -93,7 +91,7 @@ def create_schedule(body: dict[str, Any]) -> tuple[Schedule, int, dict[str, str]
 @blp.response(200, ScheduleListSchema, links=schedule_links("/items/0/id"))
 @authenticated
 def list_schedules() -> dict[str, Any]:
-    return {"items": plane().list_schedules(current_tenant())}
+    return {"items": services().schedules.list_schedules(current_tenant())}
 
 
 @blp.get("/<uuid:schedule_id>")
@@ -101,7 +99,7 @@ def list_schedules() -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
 @authenticated
 def get_schedule(schedule_id: uuid.UUID) -> Schedule:
-    return plane().get_schedule(current_tenant(), schedule_id)
+    return services().schedules.get(current_tenant(), schedule_id)
 
 
 @blp.patch("/<uuid:schedule_id>")
@@ -111,7 +109,7 @@ def get_schedule(schedule_id: uuid.UUID) -> Schedule:
 @authenticated
 @blp.arguments(ScheduleFieldsSchema())
 def update_schedule(changes: dict[str, Any], schedule_id: uuid.UUID) -> Schedule:
-    return plane().update_schedule(current_tenant(), schedule_id, cast(ScheduleFields, changes))
+    return services().schedules.update(current_tenant(), schedule_id, cast(ScheduleFields, changes))
 
 
 @blp.delete("/<uuid:schedule_id>")
@@ -119,7 +117,7 @@ def update_schedule(changes: dict[str, Any], schedule_id: uuid.UUID) -> Schedule
 @blp.alt_response(404, response="NOT_FOUND", description="No such schedule for this tenant")
 @authenticated
 def delete_schedule(schedule_id: uuid.UUID) -> None:
-    plane().delete_schedule(current_tenant(), schedule_id)
+    services().schedules.delete(current_tenant(), schedule_id)
 
 
 @blp.get("/<uuid:schedule_id>/runs")
@@ -128,5 +126,5 @@ def delete_schedule(schedule_id: uuid.UUID) -> None:
 @authenticated
 @blp.arguments(RunsArgsSchema(), location="query")
 def schedule_runs(args: dict[str, Any], schedule_id: uuid.UUID) -> dict[str, Any]:
-    runs = plane().schedule_runs(current_tenant(), schedule_id, args["limit"])
-    return {"items": [describe(current_session(), batch) for batch in runs]}
+    runs = services().schedules.runs(current_tenant(), schedule_id, args["limit"])
+    return {"items": services().batches.describe(runs)}

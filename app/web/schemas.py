@@ -1,4 +1,6 @@
-"""Request and response schemas: the API's contract, also its OpenAPI description."""
+"""Request and response schemas of jobs (the shared ones too: problems, webhooks,
+instants): the API's contract, also its OpenAPI description. Those of the
+records kept beside jobs are app.web.record_schemas."""
 
 from __future__ import annotations
 
@@ -9,9 +11,8 @@ from typing import Any, ClassVar
 
 from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, missing, validate
 
-from app.jobs.representation import JobSchema
-from app.jobs.tables import JOB_STATUSES
-from app.webhooks.ssrf import DEFAULT_EVENTS, EVENTS
+from app.operations.jobs import JOB_STATUSES, JobSchema
+from app.operations.webhooks import DEFAULT_EVENTS, EVENTS
 
 MAX_CANCEL_AFTER_S = 366 * 24 * 3600
 
@@ -305,169 +306,3 @@ class ListJobsArgsSchema(Schema):
         validate=validate.OneOf(["outputs"]),
         metadata={"description": "`outputs` to have each job's outputs in the list"},
     )
-
-
-class TensorMetadataSchema(Schema):
-    name = fields.String()
-    datatype = fields.String()
-    shape = fields.List(fields.Integer())
-
-
-class ModelMetadataSchema(Schema):
-    """KServe v2 model metadata."""
-
-    name = fields.String()
-    versions = fields.List(fields.String())
-    platform = fields.String()
-    inputs = fields.List(fields.Nested(TensorMetadataSchema))
-    outputs = fields.List(fields.Nested(TensorMetadataSchema))
-
-
-class ModelSummarySchema(Schema):
-    name = fields.String()
-    version = fields.String()
-    versions = fields.List(fields.String())
-    platform = fields.String()
-    description = fields.String()
-    inputs = fields.List(fields.Nested(TensorMetadataSchema))
-    outputs = fields.List(fields.Nested(TensorMetadataSchema))
-    labels = fields.List(fields.String())
-    metrics = fields.Dict()
-
-
-class ModelListSchema(Schema):
-    models = fields.List(fields.Nested(ModelSummarySchema))
-
-
-class DeadLetterSchema(Schema):
-    id = fields.Integer()
-    job_id = fields.UUID()
-    model = fields.String()
-    model_version = fields.String()
-    error_code = fields.String()
-    error_class = fields.String()
-    message = fields.String()
-    traceback = fields.Constant(
-        None, metadata={"description": "Shown to operators only: GET /dead-letters/<id>/traceback"}
-    )
-    attempts = fields.Integer()
-    first_failed_at = fields.DateTime()
-    last_failed_at = fields.DateTime()
-    created_at = fields.DateTime()
-    replayed_at = fields.DateTime(allow_none=True)
-
-
-class TracebackSchema(Schema):
-    id = fields.Integer()
-    tenant_id = fields.Integer()
-    traceback = fields.String(allow_none=True)
-
-
-class DeadLetterFiltersSchema(Schema):
-    model = fields.String()
-    error_code = fields.String()
-    since = instant(metadata={"description": "Created at or after"})
-    until = instant(metadata={"description": "Created before"})
-    replayed = fields.Boolean()
-
-
-class DeadLetterListArgsSchema(DeadLetterFiltersSchema):
-    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
-    cursor = fields.Integer(metadata={"description": "next_cursor of the previous page"})
-
-
-class DeadLetterPageSchema(Schema):
-    items = fields.List(fields.Nested(DeadLetterSchema))
-    next_cursor = fields.Integer(allow_none=True)
-
-
-class BulkReplaySchema(DeadLetterFiltersSchema):
-    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=1000))
-
-
-class ReplayResultSchema(Schema):
-    replayed = fields.Integer()
-    job_ids = fields.List(fields.UUID())
-
-
-class WebhookAttemptSchema(Schema):
-    at = fields.DateTime()
-    url = fields.String()
-    status_code = fields.Integer(allow_none=True)
-    error = fields.String(allow_none=True)
-    latency_ms = fields.Float(allow_none=True)
-
-
-class WebhookDeliverySchema(Schema):
-    id = fields.Integer()
-    event_type = fields.String()
-    message_id = fields.String(metadata={"description": "The webhook-id header"})
-    url = fields.String()
-    status = fields.String(
-        metadata={"enum": ["pending", "sending", "in_flight", "delivered", "failed", "disabled"]}
-    )
-    attempts = fields.Integer()
-    next_attempt_at = fields.DateTime()
-    delivered_at = fields.DateTime(allow_none=True)
-    log = fields.List(fields.Nested(WebhookAttemptSchema))
-
-
-class WebhookDeliveryListSchema(Schema):
-    items = fields.List(fields.Nested(WebhookDeliverySchema))
-
-
-class DisabledWebhookUrlSchema(Schema):
-    url = fields.String()
-    reason = fields.String(
-        metadata={
-            "enum": ["gone", "failing"],
-            "description": "`gone`: it answered 410 Gone; `failing`: every delivery to it failed "
-            "for WEBHOOK_DISABLE_AFTER_SECONDS (a redeliver to it enables it again)",
-        }
-    )
-    disabled_at = fields.DateTime()
-
-
-class DisabledWebhookUrlListSchema(Schema):
-    items = fields.List(fields.Nested(DisabledWebhookUrlSchema))
-
-
-class WebhookUrlArgsSchema(Schema):
-    url = fields.String(required=True, metadata={"description": "The webhook URL, exactly"})
-
-
-class UsageArgsSchema(Schema):
-    start = instant(data_key="from", metadata={"description": "Default: `to` less 24 hours"})
-    end = instant(data_key="to", metadata={"description": "Default: now"})
-
-
-class ModelUsageSchema(Schema):
-    model = fields.String()
-    jobs = fields.Integer(metadata={"description": "Jobs created in the period (with chunks)"})
-    batch_chunks = fields.Integer(metadata={"description": "Of which chunks of batches"})
-    succeeded = fields.Integer()
-    failed = fields.Integer(metadata={"description": "Failed or expired"})
-    cancelled = fields.Integer()
-    unfinished = fields.Integer(metadata={"description": "Still queued or running"})
-    rows = fields.Integer(metadata={"description": "Rows along the model's batch axis"})
-    queued_seconds = fields.Float(metadata={"description": "Sum of time from submit to start"})
-    running_seconds = fields.Float(metadata={"description": "Sum of time from start to finish"})
-    compute_seconds = fields.Float(
-        metadata={"description": "Sum of each job's share of its micro-batch's ONNX Runtime time"}
-    )
-
-
-class UsageTotalSchema(Schema):
-    jobs = fields.Integer()
-    rows = fields.Integer()
-    queued_seconds = fields.Float()
-    running_seconds = fields.Float()
-    compute_seconds = fields.Float()
-
-
-class UsageReportSchema(Schema):
-    tenant = fields.String()
-    start = fields.DateTime(data_key="from")
-    end = fields.DateTime(data_key="to")
-    models = fields.List(fields.Nested(ModelUsageSchema))
-    total = fields.Nested(UsageTotalSchema)

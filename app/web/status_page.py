@@ -37,14 +37,14 @@ from flask.wrappers import Request
 from werkzeug.wrappers import Response
 
 from app.errors import Forbidden
+from app.operations import OPERATOR
+from app.operations.status import Status, StatusSchema, status_dict
+from app.operations.tenants import hash_key
 from app.platform.kept_secrets import kept_secret
 from app.platform.settings import Settings
-from app.status.board import Status
-from app.status.representation import StatusSchema, status_dict
-from app.tenancy.keys import OPERATOR, hash_key
 from app.web.auth import optional_operator
 from app.web.blueprint import Blueprint
-from app.web.context import plane, services
+from app.web.context import services
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def _is_operator() -> bool:
     digest = session.get(SESSION_KEY)
     if not isinstance(digest, str):
         return False
-    caller = plane().authenticate_hash(digest)
+    caller = services().tenants.authenticate_hash(digest)
     if caller is None or caller.kind != OPERATOR:
         session.pop(SESSION_KEY, None)  # revoked or expired since: signed out
         return False
@@ -114,7 +114,7 @@ def _is_operator() -> bool:
 
 
 def _status() -> Status:
-    return plane().status(operator=_is_operator())
+    return services().status.status(operator=_is_operator())
 
 
 def _links() -> dict[str, str | None]:
@@ -165,7 +165,7 @@ def sign_in() -> Response:
     """Post an operator key; a 303 back to the page either way (a message says why not)."""
     _same_origin()
     key = request.form.get("key", "").strip()
-    caller = plane().authenticate(key) if 0 < len(key) <= MAX_KEY_CHARS else None
+    caller = services().tenants.authenticate(key) if 0 < len(key) <= MAX_KEY_CHARS else None
     if caller is None:
         flash("That key is not valid, was revoked or has expired.")
     elif caller.kind != OPERATOR:

@@ -8,12 +8,11 @@ from typing import Any, cast
 
 from marshmallow import Schema, fields, validate
 
-from app.bindings.representation import BindingSchema
-from app.bindings.tables import StreamBinding
-from app.dataplane.requests import BindingFields
+from app.operations import BindingFields
+from app.operations.bindings import BindingSchema, StreamBinding
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint, links_by_id
-from app.web.context import plane
+from app.web.context import services
 
 blp = Blueprint(
     "streams", __name__, url_prefix="/streams",
@@ -70,7 +69,7 @@ class BindingListSchema(Schema):
 @authenticated
 @blp.arguments(CreateBindingSchema())
 def create_binding(body: dict[str, Any]) -> tuple[StreamBinding, int, dict[str, str]]:
-    binding = plane().create_binding(current_tenant(), cast(BindingFields, body))
+    binding = services().bindings.create(current_tenant(), cast(BindingFields, body))
     return binding, 201, {"Location": f"/streams/{binding.id}"}
 
 
@@ -78,7 +77,7 @@ def create_binding(body: dict[str, Any]) -> tuple[StreamBinding, int, dict[str, 
 @blp.response(200, BindingListSchema, links=binding_links("/items/0/id"))
 @authenticated
 def list_bindings() -> dict[str, Any]:
-    return {"items": plane().list_bindings(current_tenant())}
+    return {"items": services().bindings.list_bindings(current_tenant())}
 
 
 @blp.get("/<uuid:binding_id>")
@@ -86,7 +85,7 @@ def list_bindings() -> dict[str, Any]:
 @blp.alt_response(404, response="NOT_FOUND", description="No such binding for this tenant")
 @authenticated
 def get_binding(binding_id: uuid.UUID) -> StreamBinding:
-    return plane().get_binding(current_tenant(), binding_id)
+    return services().bindings.get(current_tenant(), binding_id)
 
 
 @blp.patch("/<uuid:binding_id>")
@@ -98,7 +97,7 @@ def get_binding(binding_id: uuid.UUID) -> StreamBinding:
 def update_binding(changes: dict[str, Any], binding_id: uuid.UUID) -> StreamBinding:
     """Change the model, its version, the output log or `paused`; the input log
     cannot change (make another binding)."""
-    return plane().update_binding(current_tenant(), binding_id, cast(BindingFields, changes))
+    return services().bindings.update(current_tenant(), binding_id, cast(BindingFields, changes))
 
 
 @blp.delete("/<uuid:binding_id>")
@@ -108,4 +107,4 @@ def update_binding(changes: dict[str, Any], binding_id: uuid.UUID) -> StreamBind
 def delete_binding(binding_id: uuid.UUID) -> None:
     """Its jobs stay; so do its logs and consumer group (a new binding of the same
     input log goes on where this one stopped)."""
-    plane().delete_binding(current_tenant(), binding_id)
+    services().bindings.delete(current_tenant(), binding_id)

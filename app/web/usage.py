@@ -7,8 +7,8 @@ from typing import Any
 
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint
-from app.web.context import plane
-from app.web.schemas import UsageArgsSchema, UsageReportSchema
+from app.web.context import services
+from app.web.record_schemas import UsageArgsSchema, UsageReportSchema
 
 blp = Blueprint("usage", __name__, url_prefix="/usage", description="What your jobs cost")
 
@@ -23,7 +23,7 @@ def get_usage(args: dict[str, Any]) -> dict[str, Any]:
     the last 24 hours; at most 31 days."""
     end = args.get("end") or datetime.now(UTC)
     start = args.get("start") or end - timedelta(days=1)
-    models = plane().usage_report(current_tenant(), start, end)
+    models = services().webhooks.usage_report(current_tenant(), start, end)
     total = {
         name: sum(getattr(m, name) for m in models)
         for name in ("jobs", "rows", "queued_seconds", "running_seconds", "compute_seconds")

@@ -9,8 +9,11 @@ the outcome: `delivered`, `pending` again at its next scheduled time, `failed`
 410 Gone, or every delivery to it failed for WEBHOOK_DISABLE_AFTER_SECONDS (as
 Stripe and Svix disable an endpoint); then the URL's pending deliveries stop too.
 A worker killed mid-delivery leaves a lease that runs out; the sweep sends the
-delivery again, with the same webhook-id. Every time here is PostgreSQL's
-`now()`, never the sender's clock: a sender whose clock is off neither parks a
+delivery again, with the same webhook-id. The steps (`take_due`; `prepare`,
+`send`, `judge`, `record` for one attempt) write nothing they do not own and never
+commit: the webhook operations run each database step as a unit of work, and no
+transaction is open while the receiver takes its time. Every time here is
+PostgreSQL's `now()`, never the sender's clock: a sender whose clock is off neither parks a
 retry nor signs a timestamp a receiver refuses.
 """
 
@@ -18,14 +21,12 @@ from __future__ import annotations
 
 import logging
 import random
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -34,8 +35,8 @@ from app.jobs.tables import DeadLetter, Job
 from app.observability import logs, metrics
 from app.platform.settings import Settings
 from app.tenancy.tables import Tenant
-from app.webhooks import retry_after, signing, transport
-from app.webhooks.ssrf import Resolver, UnsafeUrl, check_url, networks
+from app.webhooks import payloads, retry_after, signing, transport
+from app.webhooks.ssrf import Network, Resolver, UnsafeUrl, check_url, networks
 from app.webhooks.tables import DisabledWebhookUrl, WebhookAttempt, WebhookDelivery
 
 logger = logging.getLogger(__name__)
@@ -44,33 +45,53 @@ DELIVER_TASK = "webhooks.deliver"
 SWEEP_TASK = "webhooks.sweep"
 
 
-def lease_seconds(settings: Settings) -> float:
-    """Longer than any attempt can take (the whole-attempt HTTP budget), with room to
-    record it. It starts again when a sender takes the delivery, so time spent in the
-    queue does not eat into it."""
-    return settings.webhook_timeout_seconds * 2 + 5
+@dataclass(frozen=True)
+class DeliverySettings:
+    """What sending webhooks needs of the settings (WEBHOOK_*)."""
+
+    timeout_s: float
+    schedule: tuple[float, ...]  # the delay before each attempt after the first
+    disable_after_s: float
+    allow_private: bool
+    allowed: tuple[Network, ...]
+    proxy_url: str
+    max_payload_bytes: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> DeliverySettings:
+        return cls(
+            settings.webhook_timeout_seconds, tuple(settings.webhook_retry_schedule),
+            settings.webhook_disable_after_seconds, settings.webhook_allow_private_networks,
+            tuple(networks(settings.webhook_allowed_networks)), settings.webhook_proxy_url,
+            settings.webhook_max_payload_bytes,
+        )  # fmt: skip
+
+    @property
+    def lease_s(self) -> float:
+        """Longer than any attempt can take (the whole-attempt HTTP budget), with room to
+        record it. It starts again when a sender takes the delivery, so time spent in
+        the queue does not eat into it."""
+        return self.timeout_s * 2 + 5
 
 
-def take_due(session: Session, settings: Settings, limit: int = 200) -> list[int]:
-    """Due deliveries, and those whose worker died mid-send, marked `sending`."""
-    statement = text(
-        """
-        UPDATE webhook_deliveries SET status = 'sending',
-               lease_expires_at = now() + make_interval(secs => :lease)
-        WHERE id IN (
-            SELECT id FROM webhook_deliveries
-            WHERE (status = 'pending' AND next_attempt_at <= now())
-               OR (status IN ('sending', 'in_flight') AND lease_expires_at < now())
-            ORDER BY next_attempt_at LIMIT :limit FOR UPDATE SKIP LOCKED
-        )
-        RETURNING id
-        """
+_TAKE_DUE = text(
+    """
+    UPDATE webhook_deliveries SET status = 'sending',
+           lease_expires_at = now() + make_interval(secs => :lease)
+    WHERE id IN (
+        SELECT id FROM webhook_deliveries
+        WHERE (status = 'pending' AND next_attempt_at <= now())
+           OR (status IN ('sending', 'in_flight') AND lease_expires_at < now())
+        ORDER BY next_attempt_at LIMIT :limit FOR UPDATE SKIP LOCKED
     )
-    ids = [
-        r.id for r in session.execute(statement, {"lease": lease_seconds(settings), "limit": limit})
-    ]
-    session.commit()
-    return ids
+    RETURNING id
+    """
+)
+
+
+def take_due(session: Session, lease_s: float, limit: int = 200) -> list[int]:
+    """Due deliveries, and those whose worker died mid-send, marked `sending`."""
+    return [r.id for r in session.execute(_TAKE_DUE, {"lease": lease_s, "limit": limit})]
 
 
 _TAKE = text(
@@ -97,65 +118,103 @@ _FINISH = text(
 _SET_PAYLOAD = text(f"UPDATE webhook_deliveries SET payload = :payload WHERE {_GUARD} RETURNING id")
 
 
+class LeaseLost(Exception):
+    """Another sender took the delivery (this one's lease ran out): nothing this
+    sender wrote in its unit of work may stay."""
+
+
 @dataclass(frozen=True)
-class _Taken:
-    """What one sender read before its POST, and the take it must name to write."""
+class Ready:
+    """One attempt, taken and prepared: the take its writes must name, the delivery,
+    and what to send (or, for a disabled URL, why nothing is sent)."""
 
     id: int
     attempts: int
     lease: datetime
+    now: datetime  # the database's time of the take: the event's and the signature's
+    delivery: WebhookDelivery
+    payload: str = ""
+    headers: dict[str, str] | None = None
+    not_sent: str | None = None
+
+    @property
+    def guard(self) -> dict[str, Any]:
+        return {"id": self.id, "attempts": self.attempts, "lease": self.lease}
 
 
-# The event a delivery sends, as JSON: made by the layer that knows jobs and batches
-# (app.dataplane.payloads), so this package imports neither.
-Render = Callable[[Session, Settings, WebhookDelivery, datetime], str]
-
-
-def deliver(
-    session: Session,
-    settings: Settings,
-    delivery_id: int,
-    render: Render,
-    *,
-    resolver: Resolver | None = None,
-) -> str | None:
-    """One attempt of one delivery; returns its status afterwards (None: not ours).
-
-    The payload is rendered once, at the first attempt, and kept. The lease starts
-    at the take, and no transaction is open during the POST."""
-    row = session.execute(
-        _TAKE, {"id": delivery_id, "lease": lease_seconds(settings)}
-    ).one_or_none()
-    session.commit()
+def prepare(session: Session, delivery_id: int, settings: DeliverySettings) -> Ready | None:
+    """Take a delivery the sweep marked `sending` (`sending` -> `in_flight`, so a
+    duplicate message does nothing; None then) and make its request: the payload,
+    rendered at the first attempt and kept, and its signature."""
+    row = session.execute(_TAKE, {"id": delivery_id, "lease": settings.lease_s}).one_or_none()
     if row is None:
         return None
-    taken = _Taken(delivery_id, row.attempts, row.lease_expires_at)
     delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
     assert delivery is not None
     logs.bind(job_id=delivery.job_id)
-    now = row.now  # the database's time of the take: the event's and the signature's
+    ready = Ready(delivery_id, row.attempts, row.lease_expires_at, row.now, delivery)
     disabled = session.get(DisabledWebhookUrl, (delivery.tenant_id, delivery.url))
     if disabled is not None:
-        note = NOT_SENT[disabled.reason]
-        return _finish(session, taken, delivery, "disabled", counted=0, error=note)
+        return replace(ready, not_sent=NOT_SENT[disabled.reason])
     payload = delivery.payload
     if payload is None:
-        payload = render(session, settings, delivery, now)
-        if session.execute(_SET_PAYLOAD, {**_guard(taken), "payload": payload}).first() is None:
-            session.rollback()
-            return None
+        payload = payloads.render(session, delivery, ready.now, settings.max_payload_bytes)
+        if session.execute(_SET_PAYLOAD, {**ready.guard, "payload": payload}).first() is None:
+            raise LeaseLost(delivery.message_id)
     tenant = session.get(Tenant, delivery.tenant_id)
     assert tenant is not None
-    headers = signing.headers(tenant, delivery.message_id, payload, now)
-    session.commit()  # nothing held while the receiver takes its time
+    headers = signing.headers(tenant, delivery.message_id, payload, ready.now)
+    return replace(ready, payload=payload, headers=headers)
+
+
+def send(settings: DeliverySettings, ready: Ready, resolver: Resolver | None) -> transport.Answer:
+    """The attempt's POST: the URL checked (resolved once), then POSTed to the
+    address that was checked. Any failure is an answer, never an exception: a bug
+    here must still end as a recorded attempt, not a resend loop."""
     try:
-        answer = _post(settings, delivery.url, payload, headers, resolver)
-    except Exception:  # a bug here must still end as a recorded attempt, not a resend loop
-        logger.exception("webhook %s: attempt failed", delivery.message_id)
-        answer = transport.Answer(None, "delivery error", None, 0.0)
-    code, error = answer.status_code, answer.error
-    schedule = settings.webhook_retry_schedule
-    attempts = taken.attempts + 1
+        return _post(settings, ready, resolver)
+    except Exception:
+        logger.exception("webhook %s: attempt failed", ready.delivery.message_id)
+        return transport.Answer(None, "delivery error", None, 0.0)
+
+
+def _post(settings: DeliverySettings, ready: Ready, resolver: Resolver | None) -> transport.Answer:
+    url, headers = ready.delivery.url, ready.headers or {}
+    try:
+        target = check_url(
+            url, allow_private=settings.allow_private, allowed=settings.allowed,
+            resolver=resolver, resolve=not settings.proxy_url,
+        )  # fmt: skip
+    except UnsafeUrl as exc:
+        return transport.Answer(None, f"unsafe URL: {exc}", None, 0.0)
+    answer = transport.post(target, ready.payload.encode(), headers, settings.timeout_s,
+                            settings.proxy_url)  # fmt: skip
+    if answer.status_code is not None and not 200 <= answer.status_code < 300:
+        code = answer.status_code
+        error = "redirect not followed" if 300 <= code < 400 else f"HTTP {code}"
+        return transport.Answer(code, error, answer.retry_after, answer.latency_ms)
+    return answer
+
+
+@dataclass(frozen=True)
+class Attempted:
+    """What an attempt came to: the delivery's status after it, whether it counts as
+    an attempt, and (`pending`) when the next one is due, in seconds from now."""
+
+    status: str
+    counted: int
+    error: str | None
+    code: int | None = None
+    latency_ms: float | None = None
+    delay: float | None = None
+
+
+def judge(settings: DeliverySettings, ready: Ready, answer: transport.Answer) -> Attempted:
+    """The delivery's status after this answer: `delivered` (2xx), `disabled` (410
+    Gone), `failed` (an unsafe URL, or the schedule used up), else `pending` again
+    at its next scheduled time, or later where a 429 or 503 asked so."""
+    code, error, schedule = answer.status_code, answer.error, settings.schedule
+    attempts = ready.attempts + 1
     delay: float | None = None
     if code is not None and 200 <= code < 300:
         status = "delivered"
@@ -164,7 +223,7 @@ def deliver(
     elif (error or "").startswith("unsafe URL") or attempts >= len(schedule):
         status = "failed"
     else:
-        answered = now + timedelta(milliseconds=answer.latency_ms)  # an HTTP date's "now"
+        answered = ready.now + timedelta(milliseconds=answer.latency_ms)  # an HTTP date's "now"
         waited = (
             retry_after.seconds(answer.retry_after, max(schedule), answered)
             if code in (429, 503)
@@ -172,47 +231,42 @@ def deliver(
         )
         status = "pending"
         delay = max(schedule[attempts] * random.uniform(0.9, 1.1), waited or 0)
-    return _finish(session, taken, delivery, status, counted=1, error=error, code=code,
-                   latency_ms=answer.latency_ms, delay=delay,
-                   disable_after=settings.webhook_disable_after_seconds)  # fmt: skip
+    return Attempted(status, 1, error, code, answer.latency_ms, delay)
 
 
-def _guard(taken: _Taken) -> dict[str, Any]:
-    return {"id": taken.id, "attempts": taken.attempts, "lease": taken.lease}
-
-
-def _finish(
-    session: Session, taken: _Taken, delivery: WebhookDelivery, status: str, *, counted: int,
-    error: str | None, code: int | None = None, latency_ms: float | None = None,
-    delay: float | None = None, disable_after: float = 0,
-) -> str | None:  # fmt: skip
-    """Write the attempt's outcome, if this sender still holds the delivery; the next
-    attempt is due `delay` seconds from now (the database's clock). A failed attempt
-    that ends its URL's `disable_after` seconds of failing disables the URL."""
-    failing = status in ("pending", "failed") and counted
+def record(session: Session, ready: Ready, attempted: Attempted, settings: DeliverySettings) -> str:
+    """Write the attempt's outcome; LeaseLost if this sender no longer holds the
+    delivery. A failed attempt that ends its URL's WEBHOOK_DISABLE_AFTER_SECONDS
+    of failing disables the URL. Returns the delivery's status."""
+    delivery = ready.delivery
+    status, error, delay, code = attempted.status, attempted.error, attempted.delay, attempted.code
+    failing = status in ("pending", "failed") and attempted.counted
+    disable_after = settings.disable_after_s
     if failing and (failed_for := _failing_for(session, delivery)) >= disable_after > 0:
         status, delay = "disabled", None
         error = f"{error or f'HTTP {code}'}; URL disabled: failing for {failed_for:.0f} s"
-    values = {**_guard(taken), "status": status, "counted": counted, "delay": delay,
+    values = {**ready.guard, "status": status, "counted": attempted.counted, "delay": delay,
               "delivered": status == "delivered"}  # fmt: skip
     if session.execute(_FINISH, values).first() is None:
-        session.rollback()
-        logger.warning("webhook %s: lease lost, outcome not written", delivery.message_id)
-        return None
+        raise LeaseLost(delivery.message_id)
     session.add(WebhookAttempt(delivery_id=delivery.id, url=delivery.url, status_code=code,
-                               error=error, latency_ms=latency_ms))  # fmt: skip
+                               error=error, latency_ms=attempted.latency_ms))  # fmt: skip
     if status == "delivered":
-        session.execute(_RECOVERED, {"tenant": delivery.tenant_id, "url": delivery.url})
-    elif status == "disabled" and counted:
+        session.execute(RECOVERED, {"tenant": delivery.tenant_id, "url": delivery.url})
+    elif status == "disabled" and attempted.counted:
         _disable(session, delivery, "gone" if code == 410 else "failing")
     if status == "failed":
-        _dead_letter(session, delivery, taken.attempts + counted, error or f"HTTP {code}")
-    session.commit()
-    if counted:
-        _count_attempt(status, code, error)
-    logger.info("webhook %s to %s: %s (%s)", delivery.message_id, _origin(delivery.url), status,
-                code or error)  # fmt: skip
+        _dead_letter(session, delivery, ready.attempts + attempted.counted, error or f"HTTP {code}")
+    session.flush()
     return status
+
+
+def recorded(ready: Ready, status: str, attempted: Attempted) -> None:
+    """After the outcome was committed: the attempt's metrics and log line."""
+    if attempted.counted:
+        _count_attempt(status, attempted.code, attempted.error)
+    logger.info("webhook %s to %s: %s (%s)", ready.delivery.message_id,
+                _origin(ready.delivery.url), status, attempted.code or attempted.error)  # fmt: skip
 
 
 # Why a delivery to a disabled URL was not sent, by the URL's reason.
@@ -227,7 +281,7 @@ _FAILED = text(
     RETURNING extract(epoch FROM now() - failing_since) AS failing_for
     """
 )
-_RECOVERED = text("DELETE FROM failing_webhook_urls WHERE tenant_id = :tenant AND url = :url")
+RECOVERED = text("DELETE FROM failing_webhook_urls WHERE tenant_id = :tenant AND url = :url")
 _STOP_PENDING = text(
     """
     WITH stopped AS (
@@ -272,27 +326,6 @@ def _count_attempt(status: str, code: int | None, error: str | None) -> None:
     metrics.WEBHOOK_FAILURES.labels(reason).inc()
 
 
-def _post(
-    settings: Settings, url: str, payload: str, headers: dict[str, str], resolver: Resolver | None
-) -> transport.Answer:
-    """Check the URL (resolving it once), then POST to the address that was checked."""
-    try:
-        target = check_url(
-            url, allow_private=settings.webhook_allow_private_networks,
-            allowed=networks(settings.webhook_allowed_networks), resolver=resolver,
-            resolve=not settings.webhook_proxy_url,
-        )  # fmt: skip
-    except UnsafeUrl as exc:
-        return transport.Answer(None, f"unsafe URL: {exc}", None, 0.0)
-    answer = transport.post(target, payload.encode(), headers, settings.webhook_timeout_seconds,
-                            settings.webhook_proxy_url)  # fmt: skip
-    if answer.status_code is not None and not 200 <= answer.status_code < 300:
-        code = answer.status_code
-        error = "redirect not followed" if 300 <= code < 400 else f"HTTP {code}"
-        return transport.Answer(code, error, answer.retry_after, answer.latency_ms)
-    return answer
-
-
 def _dead_letter(session: Session, delivery: WebhookDelivery, attempts: int, error: str) -> None:
     subject: Batch | Job | None = (
         session.get(Batch, delivery.batch_id) if delivery.batch_id else None
@@ -310,76 +343,6 @@ def _dead_letter(session: Session, delivery: WebhookDelivery, attempts: int, err
             last_failed_at=func.now(), delivery_id=delivery.id,
         )
     )  # fmt: skip
-
-
-_REDELIVERABLE = "('delivered', 'failed', 'pending', 'disabled')"
-# Asking to send again is the tenant's word that the receiver is back: a URL
-# disabled for failing is enabled, its failing streak forgotten. A 410's stays.
-_ENABLE_FAILING = text(
-    f"""
-    WITH enabled AS (
-        DELETE FROM disabled_webhook_urls u USING webhook_deliveries d
-        WHERE d.id = ANY(:ids) AND d.status IN {_REDELIVERABLE} AND u.reason = 'failing'
-          AND u.tenant_id = d.tenant_id AND u.url = d.url
-        RETURNING u.tenant_id, u.url
-    )
-    DELETE FROM failing_webhook_urls f USING enabled e
-    WHERE f.tenant_id = e.tenant_id AND f.url = e.url
-    """
-)
-_REDELIVER = text(
-    f"""
-    UPDATE webhook_deliveries d SET status = 'pending', attempts = 0,
-           next_attempt_at = now(), lease_expires_at = NULL
-    WHERE d.id = ANY(:ids) AND d.status IN {_REDELIVERABLE}
-      AND NOT EXISTS (SELECT 1 FROM disabled_webhook_urls u
-                      WHERE u.tenant_id = d.tenant_id AND u.url = d.url)
-    RETURNING d.id
-    """
-)
-
-
-def redeliver(session: Session, ids: list[int]) -> list[int]:
-    """Send deliveries again from the start of the schedule (same webhook-id),
-    enabling URLs disabled for failing; not those being sent now, nor to a URL that
-    answered 410 Gone (until its tenant enables it: `enable`)."""
-    session.execute(_ENABLE_FAILING, {"ids": ids})
-    return [r.id for r in session.execute(_REDELIVER, {"ids": ids})]
-
-
-def disabled_urls(session: Session, tenant_id: int) -> list[DisabledWebhookUrl]:
-    """A tenant's disabled URLs, newest first."""
-    query = select(DisabledWebhookUrl).where(DisabledWebhookUrl.tenant_id == tenant_id)
-    return list(session.scalars(query.order_by(DisabledWebhookUrl.disabled_at.desc())))
-
-
-def enable(session: Session, tenant_id: int, url: str) -> bool:
-    """Enable a tenant's disabled URL (whatever the reason); whether it was disabled.
-    Its disabled deliveries stay as they are: redeliver those wanted."""
-    values = {"tenant": tenant_id, "url": url}
-    gone = session.execute(
-        text("DELETE FROM disabled_webhook_urls WHERE tenant_id = :tenant AND url = :url "
-             "RETURNING url"), values,
-    ).first()  # fmt: skip
-    session.execute(_RECOVERED, values)
-    return gone is not None
-
-
-Logged = tuple[WebhookDelivery, list[WebhookAttempt]]
-
-
-def log_of(session: Session, job_id: uuid.UUID, delivery_id: int | None = None) -> list[Logged]:
-    """A job's deliveries (or one of them), each with its attempts, in two queries."""
-    query = select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)
-    if delivery_id is not None:
-        query = query.where(WebhookDelivery.id == delivery_id)
-    deliveries = list(session.scalars(query.order_by(WebhookDelivery.id)))
-    attempts = session.scalars(
-        select(WebhookAttempt)
-        .where(WebhookAttempt.delivery_id.in_([d.id for d in deliveries]))
-        .order_by(WebhookAttempt.id)
-    ).all()
-    return [(d, [a for a in attempts if a.delivery_id == d.id]) for d in deliveries]
 
 
 def _origin(url: str) -> str:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from app.errors import InvalidRequest
+
 EVENTS = (
     "job.queued", "job.running", "job.succeeded", "job.failed",
     "job.cancelled", "job.expired", "job.dead_lettered",
@@ -122,6 +124,22 @@ def check_url(
             if not public:
                 raise UnsafeUrl(_not_public(host))
     return Target(parts.scheme, host, port, addresses[0], path)
+
+
+@dataclass(frozen=True)
+class UrlPolicy:
+    """Which webhook URLs a job or batch may name (WEBHOOK_ALLOW_PRIVATE_NETWORKS,
+    WEBHOOK_ALLOWED_NETWORKS), checked when it is submitted and again at each attempt."""
+
+    allow_private: bool = False
+    allowed: tuple[Network, ...] = ()
+
+    def check(self, url: str) -> None:
+        """InvalidRequest naming why the service must not call `url`."""
+        try:
+            check_url(url, allow_private=self.allow_private, allowed=self.allowed)
+        except UnsafeUrl as exc:
+            raise InvalidRequest(str(exc), errors={"webhook": {"url": [str(exc)]}}) from None
 
 
 def _not_public(host: str) -> str:

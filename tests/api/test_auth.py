@@ -30,7 +30,7 @@ def test_a_key_is_looked_up_once_per_cache_period(
     app = make_app(settings.with_overrides(api_key_cache_seconds=60))
     client = app.test_client()
     statements: list[str] = []
-    engine = container_of(app).database.engine
+    engine = container_of(app).parts.database.engine
 
     def record(_conn: object, _cursor: object, sql: str, *_: object) -> None:
         statements.append(sql)

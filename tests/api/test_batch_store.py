@@ -17,7 +17,6 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from app.batches.tables import Batch, File, FilePart
-from app.jobs import sweeps
 from app.jobs.chunks import PART_BYTES, result_key
 from app.jobs.tables import Job
 from app.platform.database import Database
@@ -74,7 +73,7 @@ def test_uploads_and_results_are_objects_in_the_store_not_rows_in_postgresql(
     database: Database,
     model_repository: Path,
 ) -> None:
-    store = container_of(bclient.application).store
+    store = container_of(bclient.application).parts.store
     pixels = rows(10_000)
     data = npy_bytes(pixels)
     file_id = upload(bclient, auth, data, "pixels.npy")
@@ -111,7 +110,9 @@ def test_uploads_and_results_are_objects_in_the_store_not_rows_in_postgresql(
         session.execute(sa.update(Batch).where(Batch.id == batch_id)
                         .values(finished_at=sa.text("now() - interval '2 days'")))  # fmt: skip
         session.commit()
-        assert sweeps.purge_batch_objects(session, store, 86_400) >= 1
+    container = container_of(bclient.application)
+    with container.scope():
+        assert container.maintenance.purge_batch_objects(86_400) >= 1
     assert store.size(result_key(batch_id, 0)) is None
     gone = bclient.get(
         f"/batches/{batch_id}/results", headers={**auth, "Accept": "application/x-npy"}
@@ -175,7 +176,7 @@ def test_files_and_results_from_before_the_store_are_still_read_from_postgresql(
     database: Database,
     model_repository: Path,
 ) -> None:
-    store = container_of(bclient.application).store
+    store = container_of(bclient.application).parts.store
     pixels = rows(5_000)
     data = npy_bytes(pixels)
     tenant_id = make_tenant_id(auth, database)

@@ -22,7 +22,6 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app.batches.tables import Batch, File, FilePart
-from app.jobs import sweeps
 from app.jobs.chunks import file_key, result_key
 from app.platform.database import Database
 from app.platform.settings import Settings
@@ -150,7 +149,7 @@ def test_uploads_and_results_are_objects_in_the_bucket_equal_to_direct_ort_and_t
     assert_same(got, expected)
 
     local = make_app(batch_chunk_rows=CHUNK_ROWS).test_client()  # the run's own store and worker
-    assert container_of(local.application).store.root != container_of(app).store.root
+    assert container_of(local.application).parts.store.root != container_of(app).parts.store.root
     local_file = upload(local, auth, data, "pixels.npy")
     local_batch = submit(local, auth, model="digits", file_id=local_file)
     assert wait_batch(local, auth, local_batch["id"])["status"] == "succeeded"
@@ -165,7 +164,8 @@ def test_uploads_and_results_are_objects_in_the_bucket_equal_to_direct_ort_and_t
         session.execute(sa.update(Batch).where(Batch.id == batch_id)
                         .values(finished_at=sa.text("now() - interval '2 days'")))  # fmt: skip
         session.commit()
-        assert sweeps.purge_batch_objects(session, container_of(app).store, 86_400) >= 1
+    with container_of(app).scope():
+        assert container_of(app).maintenance.purge_batch_objects(86_400) >= 1
     assert not any(k.startswith(f"batches/{batch_id}/") for k in s3.objects(PREFIX))
     gone = client.get(
         f"/batches/{batch_id}/results", headers={**auth, "Accept": "application/x-npy"}
@@ -199,10 +199,10 @@ def test_an_app_and_a_worker_started_afresh_read_an_upload_made_before_them(
     file_id = upload(first.test_client(), tenant.headers, npy_bytes(pixels), "pixels.npy")
     # Nothing of the first app or worker outlives them: not even the S3 clients
     # s3fs keeps per process.
-    type(container_of(first).store.fs).clear_instance_cache()
+    type(container_of(first).parts.store.fs).clear_instance_cache()
     s3_worker.restart()
     second = make_app(s3_settings)
-    assert container_of(second).store.fs is not container_of(first).store.fs
+    assert container_of(second).parts.store.fs is not container_of(first).parts.store.fs
     client = second.test_client()
     batch = submit(client, tenant.headers, model=MODEL, file_id=file_id)
     done = wait_batch(client, tenant.headers, batch["id"])

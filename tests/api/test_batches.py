@@ -19,15 +19,14 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app import create_app
-from app.batches import service as batches
+from app.batches.creation import Chunking, attach_file, new_batch
 from app.cards import ModelCard
-from app.dataplane.payloads import render
-from app.jobs import sweeps
 from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.runtime.sessions import SessionPool
-from app.web.context import container_of, services
+from app.web.context import container_of
+from app.webhooks.payloads import render
 from app.webhooks.tables import WebhookDelivery
 from tests.conftest import TenantAuth, WorkerProcess
 from tests.models import build_flaky_digits, build_slow_rows
@@ -110,8 +109,9 @@ def wait_batch(
             return batch
         seen.update(batch)
         if database is not None:
-            with client.application.app_context(), database.sessionmaker() as session:
-                sweeps.wake_waiting(session, services().dispatcher, 60)
+            container = container_of(client.application)
+            with container.scope():
+                container.maintenance.wake_waiting(60)
         return None
 
     return wait_until(finished, lambda: f"batch still {seen['status']}: {seen}", timeout)
@@ -351,9 +351,8 @@ def test_batch_webhook_fires_once_per_batch_not_per_chunk(
             .where(Job.batch_id == uuid.UUID(batch["id"]))
         )
         assert chunk_deliveries == 0
-        with batch_app.app_context():
-            body = json.loads(render(session, container_of(batch_app).settings, deliveries[0],
-                                       deliveries[0].created_at))  # fmt: skip
+        max_bytes = container_of(batch_app).settings.webhook_max_payload_bytes
+        body = json.loads(render(session, deliveries[0], deliveries[0].created_at, max_bytes))
     assert body["type"] == "batch.succeeded"
     assert body["data"]["id"] == batch["id"] and body["data"]["rows_done"] == 40
 
@@ -408,13 +407,12 @@ def test_results_of_an_unfinished_batch_are_a_409(
 ) -> None:
     file_id = upload(bclient, auth, npy_bytes(rows(10)), "r.npy")
     app = bclient.application
-    with app.app_context(), database.sessionmaker() as session:  # no split: it stays queued
-        batch = batches.create(
-            session, container_of(app).store, container_of(app).models,
-            container_of(app).settings,
-            make_tenant_id(auth, database), "digits", None, file_id=uuid.UUID(file_id),
-        )  # fmt: skip
-        session.commit()
+    container = container_of(app)
+    card = container.parts.repository.resolve("digits")
+    batch = new_batch(card, Chunking.of(container.settings), make_tenant_id(auth, database))
+    with database.sessionmaker.begin() as session:  # no split: it stays queued
+        attach_file(session, container.parts.store, batch, card, uuid.UUID(file_id))
+        session.add(batch)
     response = bclient.get(f"/batches/{batch.id}/results", headers=auth)
     assert response.status_code == 409 and "queued" in response.json["detail"]
     deleted = bclient.delete(f"/files/{file_id}", headers=auth)

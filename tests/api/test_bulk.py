@@ -158,7 +158,7 @@ def test_a_bulk_must_hold_one_to_the_maximum_of_jobs(
 def test_a_group_over_a_quota_is_refused_and_the_rest_accepted(
     make_app: Callable[..., Flask], database: Database, tenant: TenantAuth, limit: str
 ) -> None:
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         name = session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant.id))
         assert name is not None
         quotas = {"max_in_flight": 4} if limit == "max_in_flight" else {"max_priority": 4}

@@ -14,15 +14,14 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from app.jobs import runner, sweeps
 from app.jobs.tables import AuditEvent, Job
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.tenancy.keys import create_operator_key
-from app.web.context import container_of, current_session, services
+from app.web.context import container_of, services
 from tests.conftest import TenantAuth, insert_queued_job, make_tenant, wait_for_job
 from tests.models import HUGE, build_memhog
-from tests.support import wait_until
+from tests.support import execute, wait_until
 
 PIXELS = {"pixels": [[0.0] * 64]}
 
@@ -75,13 +74,14 @@ def test_cancel_after_expires_a_job_nobody_ran(idle: Flask, auth: dict[str, str]
     assert job["deadline_at"]
 
     def past_deadline() -> bool:  # by the database's clock, which the sweep reads
-        with container_of(idle).database.engine.connect() as conn:
+        with container_of(idle).parts.database.engine.connect() as conn:
             query = sa.text("SELECT deadline_at < now() FROM jobs WHERE id = :id")
             return bool(conn.scalar(query, {"id": job["id"]}))
 
     wait_until(past_deadline, "the job's Cancel-After deadline to pass")
-    with idle.app_context():
-        sweeps.sweep(current_session(), container_of(idle).settings, services().dispatcher)
+    swept = container_of(idle)
+    with swept.scope():
+        swept.maintenance.sweep()
     done = client.get(f"/jobs/{job['id']}", headers=auth).json
     assert done["status"] == "expired" and done["error"]["code"] == "deadline_exceeded"
 
@@ -118,9 +118,9 @@ def test_a_failed_wake_up_leaves_the_job_for_the_sweep(
     broken = make_app(settings.with_overrides(redis_url="redis://127.0.0.1:1/0"))
     job = post_job(broken.test_client(), auth)
     with app.app_context():
-        row = current_session().get(Job, uuid.UUID(job["id"]))
+        row = services().parts.database.session().get(Job, uuid.UUID(job["id"]))
         assert row is not None and row.status == "queued" and row.enqueued_at is None
-        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=60) >= 1
+        assert services().maintenance.wake_waiting(older_than_s=60) >= 1
     assert wait_for_job(app.test_client(), auth, job["id"])["status"] == "succeeded"
 
 
@@ -130,8 +130,7 @@ def poisoned(app: Flask, database: Database, tenant: TenantAuth) -> list[uuid.UU
     ids = [insert_queued_job(database, tenant.id, {"n": [HUGE]}, model="memhog") for _ in range(3)]
     with database.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE jobs SET max_attempts = 1 WHERE id = ANY(%s)", (ids,))
-    with app.app_context(), database.sessionmaker() as session:
-        outcomes = runner.execute(session, services().runtime, ids)
+    outcomes = execute(container_of(app), ids)
     assert {o.error_code for o in outcomes} == {"retries_exhausted"}
     return ids
 
@@ -160,7 +159,7 @@ def test_dead_letters_list_filter_and_read(
     assert "Failed to allocate memory" in letter["message"] and letter["attempts"] == 1
     assert letter["first_failed_at"] and letter["last_failed_at"]
     assert letter["traceback"] is None  # the service's files and lines: operators only
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         operator = {"Authorization": f"Bearer {create_operator_key(session)}"}
     shown = client.get(f"/dead-letters/{letter['id']}/traceback", headers=operator)
     assert shown.status_code == 200 and "Failed to allocate memory" in shown.json["traceback"]

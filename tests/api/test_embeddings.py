@@ -123,7 +123,7 @@ def test_jobs_of_different_lengths_batched_by_the_worker_equal_one_at_a_time(
             ids.append(job.id)
         session.commit()
     with app.app_context():
-        assert services().dispatcher.wake(staged)
+        assert services().parts.dispatcher.wake(staged)
     for job_id in ids:
         job = wait_for_job(app.test_client(), tenant.headers, str(job_id), timeout=60)
         assert job["status"] == "succeeded", job

@@ -175,7 +175,7 @@ def test_a_change_in_the_database_wakes_the_bus(idle: Flask, tenant: TenantAuth)
     """PostgreSQL NOTIFY (from the job_events trigger) reaches waiting requests."""
     client = idle.test_client()
     job_id = uuid.UUID(client.post("/jobs", json=BODY, headers=tenant.headers).json["id"])
-    bus = container_of(idle).events
+    bus = container_of(idle).parts.events
     with bus.watching(job_id) as watch:
         seen = watch.version()
         client.post(f"/jobs/{job_id}/cancel", headers=tenant.headers)
@@ -189,7 +189,7 @@ def test_one_statement_wakes_every_job_it_changed(
     """A statement changing many jobs sends their ids in a few NOTIFYs; each
     waiter wakes, and jobs nobody waits on are not counted."""
     ids = [insert_queued_job(database, tenant.id) for _ in range(250)]
-    bus = container_of(idle).events
+    bus = container_of(idle).parts.events
     watched = [ids[0], ids[199], ids[200], ids[-1]]  # either side of a 200-id chunk
     with ExitStack() as stack:
         watches = [stack.enter_context(bus.watching(job_id)) for job_id in watched]

@@ -25,7 +25,7 @@ from onnx import helper as h
 from app import create_app
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.web.context import container_of
+from app.web.context import IN_PROGRESS, container_of
 from tests.conftest import TenantAuth, make_tenant, wait_for_job
 from tests.support import LiveServer, wait_until
 
@@ -201,7 +201,7 @@ def test_waiting_requests_are_bounded_per_tenant_and_in_total(
     threads = [threading.Thread(target=hold, args=(t,), daemon=True) for t in (a, a, b)]
     for thread in threads:
         thread.start()
-    holds = container_of(hostile_app).holds
+    holds = container_of(hostile_app).parts.holds
     wait_until(lambda: sum(holds._held.values()) == 3, "all three requests to be waiting")
     over_tenant = hc.get(f"/jobs/{queued[a.id]}?wait=5", headers=a.headers)
     body = problem(over_tenant, 429)
@@ -242,7 +242,7 @@ def test_a_tenant_s_requests_in_progress_are_bounded_before_their_bodies_are_rea
     gets its share back when a stuck request ends."""
     app = make_app(max_requests_per_tenant=2, jobs_queue=f"bounded-{uuid.uuid4().hex}")
     server, other = serve(app), make_tenant(database)
-    requests = container_of(app).requests_in_progress
+    requests = app.extensions[IN_PROGRESS]
     stuck = [_unfinished_post(server.port, tenant) for _ in range(2)]
     try:
         wait_until(lambda: requests._held[tenant.id] == 2, "A's two bodies to be awaited")
@@ -300,7 +300,7 @@ def test_lists_leave_outputs_out_unless_asked(
     def record(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
         statements.append(sql)
 
-    engine = container_of(client.application).database.engine
+    engine = container_of(client.application).parts.database.engine
     event.listen(engine, "before_cursor_execute", record)
     try:
         plain = client.get("/jobs?limit=200", headers=tenant.headers).json["items"]

@@ -51,7 +51,7 @@ def test_round_trip_outputs_equal_direct_onnx_runtime(
     done = wait_for_job(client, auth, job["id"])
 
     assert done["status"] == "succeeded", done
-    expected = direct_run(container_of(app).models, rows)
+    expected = direct_run(container_of(app).parts.repository, rows)
     assert np.array_equal(np.array(done["outputs"]["label"]), expected["label"])
     got = np.array(done["outputs"]["probabilities"], dtype=np.float32)
     assert np.array_equal(got, expected["probabilities"])  # bit for bit, not approximately
@@ -79,7 +79,7 @@ def test_kserve_v2_tensor_form(client: FlaskClient, auth: dict[str, str], app: A
     job = submit(client, auth, {"model": "digits", "version": "1", "inputs": [tensor]})
     done = wait_for_job(client, auth, job["id"])
 
-    expected = direct_run(container_of(app).models, rows)
+    expected = direct_run(container_of(app).parts.repository, rows)
     assert done["status"] == "succeeded"
     assert done["outputs"]["label"] == expected["label"].tolist()
     assert np.array_equal(

@@ -20,12 +20,11 @@ from click.testing import CliRunner
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.jobs import runner
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.tenancy.keys import create_operator_key
 from app.tenancy.tables import Tenant
-from app.web.context import container_of, services
+from app.web.context import container_of
 from manage import cli
 from tests.conftest import (
     TenantAuth,
@@ -35,7 +34,7 @@ from tests.conftest import (
     service_env,
     wait_for_job,
 )
-from tests.support import FakeClock, wait_until
+from tests.support import FakeClock, execute, wait_until
 
 ROWS = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
 
@@ -57,7 +56,7 @@ def iris_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def operator(database: Database) -> dict[str, str]:
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         return {"Authorization": f"Bearer {create_operator_key(session)}"}
 
 
@@ -245,8 +244,7 @@ def test_unload_stops_submits_and_queued_jobs_and_load_brings_it_back(
     assert "not serving" in refused.json["detail"]
     assert not listed(client, name, tenant.headers)
     # A job queued before the unload fails with a clear code when a worker reaches it.
-    with app.app_context(), database.sessionmaker() as session:
-        [outcome] = runner.execute(session, services().runtime, [queued])
+    [outcome] = execute(container_of(app), [queued])
     assert outcome.status == "failed" and outcome.error_code == "model_unavailable"
 
     loaded = client.post(f"/v2/repository/models/{name}/load", headers=operator)
@@ -375,7 +373,7 @@ def test_a_model_over_max_model_bytes_is_refused(
     make_app: Callable[..., Flask],
 ) -> None:
     small = make_app(settings.with_overrides(max_model_bytes=100)).test_client()
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         headers = {"Authorization": f"Bearer {create_operator_key(session)}"}
     response = put(small, headers, fresh_name(), "1", iris_onnx.read_bytes())
     assert response.status_code == 413 and "MAX_MODEL_BYTES" in response.json["detail"]
@@ -392,7 +390,7 @@ def test_an_inline_model_with_a_broken_file_answers_model_invalid(
     card = json.loads((version_dir / "card.json").read_text())
     (version_dir / "model.onnx").write_bytes(b"\x00corrupt")
     (version_dir / "card.json").write_text(json.dumps({**card, "execution": "inline"}))
-    app_repository = container_of(client.application).models
+    app_repository = container_of(client.application).parts.repository
     clock.advance(settings.model_state_cache_seconds)
     assert app_repository.resolve(name).extra.get("execution") == "inline", "not seen"
     body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": ROWS[0]}]}

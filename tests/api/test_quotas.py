@@ -40,7 +40,7 @@ def limited(
     """A client of a fresh app (no cached limits) after setting the tenant's quotas."""
 
     def limit(**quotas: float) -> FlaskClient:
-        with database.sessionmaker() as session:
+        with database.sessionmaker.begin() as session:
             set_quotas(session, name_of(database, tenant), dict(quotas))
         return make_app().test_client()
 

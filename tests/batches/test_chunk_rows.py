@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.batches.service import chunk_rows
+from app.batches.creation import Chunking, chunk_rows
 from app.cards import Batching, ModelCard, TensorSpec
 from app.platform.settings import Settings
 
@@ -15,7 +15,7 @@ def card(*inputs: TensorSpec, **extra: object) -> ModelCard:
                      batching=Batching(max_batch_size=64), extra=dict(extra))  # fmt: skip
 
 
-SETTINGS = Settings(batch_chunk_rows=16384, batch_chunk_bytes=16 * 1024 * 1024)
+SETTINGS = Chunking.of(Settings(batch_chunk_rows=16384, batch_chunk_bytes=16 * 1024 * 1024))
 
 
 def test_small_rows_take_the_rows_setting() -> None:

@@ -21,7 +21,6 @@ import sqlalchemy as sa
 from flask import Flask
 from fsspec.implementations.local import LocalFileOpener
 
-from app.jobs import runner
 from app.jobs.chunks import result_key
 from app.jobs.tables import Job
 from app.platform.database import Database
@@ -29,6 +28,7 @@ from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.web.context import container_of
 from tests.conftest import TenantAuth, free_port, load_job
+from tests.support import execute
 
 ROWS = (np.random.default_rng(3).random((6, 64)) * 16).astype(np.float32)
 
@@ -68,9 +68,8 @@ def test_a_chunk_whose_part_cannot_be_written_is_retried_then_succeeds(
         [chunk] = session.scalars(sa.select(Job.id).where(Job.batch_id == batch_id)).all()
 
     broken = broken_store(where, tmp_path, request)
-    good = container_of(app).runtime
-    with app.app_context(), database.sessionmaker() as session:
-        [failed] = runner.execute(session, replace(good, store=broken), [chunk])
+    good = container_of(app).parts.runner
+    [failed] = execute(container_of(app), [chunk], replace(good, store=broken))
     assert failed.status == "retry" and failed.error_code == "store_unavailable"
     job = load_job(database, chunk)
     assert job.status == "queued" and job.attempts == 1 and job.output_bytes is None
@@ -78,8 +77,7 @@ def test_a_chunk_whose_part_cannot_be_written_is_retried_then_succeeds(
 
     with database.engine.begin() as conn:  # its backoff over
         conn.execute(sa.text("UPDATE jobs SET run_after = now() WHERE id = :id"), {"id": chunk})
-    with app.app_context(), database.sessionmaker() as session:
-        [done] = runner.execute(session, good, [chunk])
+    [done] = execute(container_of(app), [chunk])
     assert done.status == "succeeded"
     finished = client.get(f"/batches/{batch_id}", headers=tenant.headers).json
     assert finished["status"] == "succeeded" and finished["rows_done"] == len(ROWS)

@@ -47,7 +47,7 @@ def served_app(settings: Settings) -> Iterator[Flask]:
         )
     )
     yield app
-    container_of(app).database.engine.dispose()
+    container_of(app).parts.database.engine.dispose()
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_the_status_page_in_a_browser(
     tmp_path: Path,
 ) -> None:
     tenant = make_tenant(database)
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         operator_key = create_operator_key(session)
     # Work for the page: jobs that succeed, one that fails (ORT cannot allocate 40 TB)
     # and so becomes a dead letter, and a few that wait in a queue nobody drains.
@@ -121,7 +121,7 @@ def test_the_status_page_in_a_browser(
 
     public = {m["name"] for m in requests.get(f"{base_url}/models", timeout=10).json()["models"]}
     cells = load_and_compare(browser, f"{base_url}/", database, public)
-    census = container_of(served_app).celery.control.inspect(timeout=2).active_queues() or {}
+    census = container_of(served_app).parts.celery.control.inspect(timeout=2).active_queues() or {}
     serving = sum(settings.jobs_queue in [q["name"] for q in qs] for qs in census.values())
     assert int(cells[(settings.jobs_queue, "workers")]) == serving >= 1
     assert int(cells[("", "workers-online")]) >= 1

@@ -47,7 +47,7 @@ def contract_app(settings: Settings) -> Iterator[Flask]:
     # Its own queue, which no worker reads: what generated requests submit stays queued.
     app = create_app(settings.with_overrides(jobs_queue=f"contract-{uuid.uuid4().hex}"))
     yield app
-    container_of(app).database.engine.dispose()
+    container_of(app).parts.database.engine.dispose()
 
 
 @pytest.fixture(scope="module")

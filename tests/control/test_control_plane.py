@@ -20,7 +20,7 @@ from app import create_app
 from app.jobs.dispatch import SWEEP_TASK
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.schedules.service import TICK_TASK
+from app.schedules.firing import TICK_TASK
 from app.web.context import container_of
 from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 from tests.conftest import (
@@ -106,7 +106,7 @@ def busy_plane(
     beat = BeatProcess(plane, tmp_path, **env)
     try:
         app = create_app(plane)
-        container_of(app).dispatcher.wake("slow")
+        container_of(app).parts.dispatcher.wake("slow")
 
         def started() -> bool:
             with database.engine.connect() as conn:

@@ -218,7 +218,7 @@ class FaultStack:
     def _api_key(self) -> str:
         from app.tenancy.keys import create_api_key
 
-        with sa.orm.Session(self.engine) as session:
+        with sa.orm.Session(self.engine) as session, session.begin():
             return create_api_key(session, "faults").api_key
 
     # Processes -----------------------------------------------------------------

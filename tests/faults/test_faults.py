@@ -26,7 +26,7 @@ import requests
 import sqlalchemy as sa
 import tritonclient.grpc as grpcclient
 
-from app.jobs import transitions
+from app.jobs import claims, transitions
 from app.tenancy.tables import Tenant
 from tests.faults.harness import FaultStack, Tally
 from tests.faults.report import record
@@ -199,14 +199,14 @@ def test_7_concurrent_races_have_one_winner(
     stack = make_stack("" if guarded else "finish")
     job_ids = [uuid.UUID(i) for i in stack.insert_queued([{}] * 1000)]
     with sa.orm.Session(stack.engine) as session:
-        claimed = transitions.claim(session, job_ids, lease_s=60)
+        claimed = claims.claim(session, job_ids, lease_s=60)
         session.commit()
         tenant_id = session.scalar(sa.select(Tenant.id).where(Tenant.name == "faults"))
     assert len(claimed) == 1000 and tenant_id is not None
     wins: dict[uuid.UUID, list[str]] = {c.id: [] for c in claimed}
     lock = threading.Lock()
 
-    def finisher(job: transitions.ClaimedJob, who: str) -> None:
+    def finisher(job: claims.ClaimedJob, who: str) -> None:
         with sa.orm.Session(stack.engine) as session:
             outcome = transitions.Outcome(
                 job.id, job.attempt, "succeeded", output_data=who.encode()
@@ -217,7 +217,7 @@ def test_7_concurrent_races_have_one_winner(
                 with lock:
                     wins[job.id].append(who)
 
-    def canceller(job: transitions.ClaimedJob) -> None:
+    def canceller(job: claims.ClaimedJob) -> None:
         with sa.orm.Session(stack.engine) as session:
             status = transitions.request_cancel(session, tenant_id, job.id)
             session.commit()

@@ -226,7 +226,7 @@ def test_inference_needs_a_valid_tenant_key(
 def test_an_operator_key_is_not_a_tenant(
     triton_client: triton.InferenceServerClient, database: Database
 ) -> None:
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         operator = create_operator_key(session)
     with pytest.raises(InferenceServerException) as refused:
         triton_client.infer(
@@ -413,10 +413,10 @@ def test_an_unexpected_error_is_internal_without_its_internals(
     serve_grpc: Any, tenant: TenantAuth, worker: Any, model_repository: Path,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    """The data plane fails unexpectedly inside a call: INTERNAL, with a reference
+    """The call operations fail unexpectedly inside a call: INTERNAL, with a reference
     to the logged error and nothing of it; the next call is answered."""
     running = serve_grpc()
-    plane = running.container.dataplane
+    plane = running.container.calls
     broken = FailsOnce(plane.infer)
     monkeypatch.setattr(plane, "infer", broken)
     with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:

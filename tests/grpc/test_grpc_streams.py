@@ -227,11 +227,11 @@ def test_an_unexpected_error_answers_its_request_internal_and_the_stream_goes_on
     serve_grpc: Callable[..., Running], tenant: TenantAuth, worker: Any,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    """The data plane fails unexpectedly while starting one request: that request
+    """The call operations fail unexpectedly while starting one request: that request
     is answered INTERNAL with a reference and nothing of the error, and the next
     request on the same stream is answered."""
     running = serve_grpc()
-    plane = running.container.dataplane
+    plane = running.container.calls
     broken = FailsOnce(plane.start_calls)
     monkeypatch.setattr(plane, "start_calls", broken)
     client, answers = client_of(running), Answers()
@@ -257,11 +257,11 @@ def test_a_stream_that_cannot_start_ends_internal_and_the_next_one_works(
     serve_grpc: Callable[..., Running], tenant: TenantAuth, worker: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """The data plane fails unexpectedly as a stream opens: the stream ends with
+    """The call operations fail unexpectedly as a stream opens: the stream ends with
     status INTERNAL and nothing of the error; a new stream on the same client is
     served, and the tenant's wait the failed one held was given back."""
     running = serve_grpc(grpc_max_streams_per_tenant=1)
-    plane = running.container.dataplane
+    plane = running.container.calls
     broken = FailsOnce(plane.follow_calls)
     monkeypatch.setattr(plane, "follow_calls", broken)
     client, failed = client_of(running), Answers()

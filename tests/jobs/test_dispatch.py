@@ -14,12 +14,13 @@ import sqlalchemy as sa
 from flask import Flask
 from sklearn.datasets import load_digits
 
-from app.jobs import sweeps, transitions
+from app.jobs import claims as claiming
+from app.jobs import transitions
 from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.runtime.sessions import SessionPool
-from app.web.context import container_of, current_session, services
+from app.web.context import container_of, services
 from tests.conftest import STAGED, TenantAuth, insert_queued_job, outputs_of, wait_for_job
 
 PIXELS = load_digits().data.astype(np.float32)
@@ -58,7 +59,7 @@ def test_jobs_submitted_while_a_wake_up_is_pending_share_it(
         submit(idle, auth, i)
     assert waiting_messages(idle) == 1
     with idle.app_context():
-        services().dispatcher.taken("digits")  # a worker took it and is about to claim
+        services().parts.dispatcher.taken("digits")  # a worker took it and is about to claim
     submit(idle, auth)
     assert waiting_messages(idle) == 2, "a job after the take needs a wake-up of its own"
 
@@ -71,7 +72,7 @@ def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
         insert_queued_job(database, tenant.id, {"pixels": [PIXELS[i].tolist()]}) for i in range(100)
     ]
     with app.app_context():
-        assert services().dispatcher.wake(STAGED)
+        assert services().parts.dispatcher.wake(STAGED)
     for job_id in ids[-3:]:
         assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
     with database.sessionmaker() as session:
@@ -85,7 +86,7 @@ def test_a_batch_of_queued_jobs_runs_in_few_claims_with_direct_ort_results(
     # Jobs claimed in one UPDATE share its transaction's now(): the batches.
     claims = {job.started_at for job in jobs.values()}
     assert 2 <= len(claims) <= 10, len(claims)
-    card = container_of(app).models.resolve(STAGED)
+    card = container_of(app).parts.repository.resolve(STAGED)
     direct = SessionPool("cpu", 1).run(card, {"pixels": PIXELS[:100]})
     for i, job_id in enumerate(ids):
         outputs = outputs_of(jobs[job_id])
@@ -104,7 +105,7 @@ def test_non_finite_outputs_fail_that_job_at_once_and_not_its_batch(
         insert_queued_job(database, tenant.id, {"pixels": [PIXELS[i].tolist()]}) for i in range(5)
     ]
     with app.app_context():
-        assert services().dispatcher.wake(STAGED)
+        assert services().parts.dispatcher.wake(STAGED)
     failed = wait_for_job(app.test_client(), tenant.headers, str(poison))
     assert failed["status"] == "failed" and failed["attempts"] == 1
     assert failed["error"]["code"] == "non_finite_output"
@@ -117,8 +118,8 @@ def test_a_job_whose_wake_up_was_lost_is_woken_by_the_sweep(
     app: Flask, database: Database, tenant: TenantAuth
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
-    with app.app_context():
-        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=60) >= 1
+    with container_of(app).scope():
+        assert container_of(app).maintenance.wake_waiting(older_than_s=60) >= 1
     assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
 
 
@@ -127,8 +128,8 @@ def test_the_sweep_wakes_a_backlog_with_one_message_per_model(
 ) -> None:
     for _ in range(30):
         insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
-    with idle.app_context():
-        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=60) >= 30
+    with container_of(idle).scope():
+        assert container_of(idle).maintenance.wake_waiting(older_than_s=60) >= 30
     assert waiting_messages(idle) <= 3  # digits, and any other model a test left waiting
 
 
@@ -147,7 +148,7 @@ def test_claims_fill_one_call_by_rows_and_say_when_more_wait(
     claims = []
     with database.sessionmaker() as session:
         while True:
-            claimed, more = transitions.claim_next(session, model, 64, lease_s=60)
+            claimed, more = claiming.claim_next(session, model, 64, lease_s=60)
             session.commit()
             if not claimed:
                 break
@@ -168,7 +169,7 @@ def test_jobs_back_from_a_worker_that_died_are_claimed_alone(
         conn.execute(sa.text("UPDATE jobs SET batch_rows = 16 WHERE id = ANY(:ids)"),
                      {"ids": ids})  # fmt: skip
     with database.sessionmaker() as session:
-        died, _ = transitions.claim_next(session, model, 64, lease_s=0.05)
+        died, _ = claiming.claim_next(session, model, 64, lease_s=0.05)
         session.commit()
         assert [ids.index(job.id) for job in died] == [0, 1, 2, 3]
         time.sleep(0.2)  # their worker was killed: the leases run out
@@ -177,7 +178,7 @@ def test_jobs_back_from_a_worker_that_died_are_claimed_alone(
         assert set(ids[:4]) <= set(back)
         claims = []
         while True:
-            claimed, _ = transitions.claim_next(session, model, 64, lease_s=60)
+            claimed, _ = claiming.claim_next(session, model, 64, lease_s=60)
             session.commit()
             if not claimed:
                 break
@@ -233,7 +234,7 @@ def test_outputs_are_stored_at_their_declared_precision(
         stored = conn.execute(
             sa.text("SELECT outputs, output_data FROM jobs WHERE id = :id"), {"id": job["id"]}
         ).one()
-    card = container_of(app).models.resolve(STAGED)
+    card = container_of(app).parts.repository.resolve(STAGED)
     direct = SessionPool("cpu", 1).run(card, {"pixels": rows.astype(np.float32)})
     raw = sum(array.nbytes for array in direct.values())
     assert stored.outputs is None

@@ -15,13 +15,14 @@ import pytest
 from flask import Flask
 from sqlalchemy import event
 
-from app.dataplane import JobRequest
-from app.jobs import runner, telemetry
-from app.jobs.transitions import Outcome, claim, finish
+from app.jobs import telemetry
+from app.jobs.claims import claim
+from app.jobs.transitions import Outcome, finish
+from app.operations import JobRequest
 from app.platform.database import Database
 from app.web.context import container_of, services
 from tests.conftest import TenantAuth, insert_queued_job, load_job, outputs_of, packed
-from tests.support import FakeClock
+from tests.support import FakeClock, execute
 
 PIXELS = {"pixels": [[0.0] * 64]}
 
@@ -40,9 +41,8 @@ def ctx(app: Flask) -> Iterator[None]:
 def test_a_second_delivery_neither_runs_nor_writes(
     ctx: None, database: Database, queued_job: uuid.UUID
 ) -> None:
-    with database.sessionmaker() as session:
-        first = runner.execute(session, services().runtime, [queued_job])
-        second = runner.execute(session, services().runtime, [queued_job])
+    first = execute(services(), [queued_job])
+    second = execute(services(), [queued_job])
     assert [o.status for o in first] == ["succeeded"]
     assert second == []
     job = load_job(database, queued_job)
@@ -104,20 +104,20 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     monkeypatch.setattr("app.jobs.dispatch.Dispatcher.wake", wake)
     # Its own app on a clock that stands still: no cached reading expires mid-test.
     container = container_of(make_app(clock=clock))
-    engine = container.database.engine  # the data plane's, and its job writer's
-    with container.database.scope() as session:  # the queue bound's reading, taken at most
-        container.admission.admit(session, "digits", 0)  # every 0.5 s per model
-        container.quotas.admit_jobs(session, tenant.id, 1)  # and the tenant's quotas
-        container.models.resolve("digits")  # and the shared model states, every 2 s
+    engine = container.parts.database.engine  # the operations', and their job writer's
+    with container.scope() as session:  # the queue bound's reading, taken at most
+        container.parts.admission.admit(session, "digits", 0)  # every 0.5 s per model
+        container.parts.quotas.admit_jobs(session, tenant.id, 1)  # and the tenant's quotas
+        container.parts.repository.resolve("digits")  # and the shared model states, every 2 s
         telemetry.tenant_name(session, tenant.id)  # and its name, once per worker process
     event.listen(engine, "before_cursor_execute", record)
     try:
-        with container.database.scope() as session:
-            job = container.dataplane.submit(tenant.ref, JobRequest("digits", PIXELS))
+        with container.scope() as session:
+            job = container.jobs.submit(tenant.ref, JobRequest("digits", PIXELS))
             assert [q.split()[0] for q in statements] == ["INSERT"]
             assert woken == ["digits"]
             statements.clear()
-            runner.execute(session, container.runtime, [job.id])
+            execute(container, [job.id])
     finally:
         event.remove(engine, "before_cursor_execute", record)
     # Two round trips: the claim, then the finish (one statement that also writes a
@@ -138,8 +138,7 @@ def test_a_bad_row_fails_only_its_own_job(
         insert_queued_job(database, tenant.id, inputs)
         for inputs in (PIXELS, slipped_through, PIXELS)
     ]
-    with database.sessionmaker() as session:
-        outcomes = runner.execute(session, services().runtime, ids)
+    outcomes = execute(services(), ids)
     assert [o.status for o in outcomes] == ["succeeded", "failed", "succeeded"]
     bad = load_job(database, ids[1])
     assert bad.status == "failed" and bad.error_code == "inference_error"
@@ -150,7 +149,6 @@ def test_a_job_for_a_removed_model_fails_clearly(
     ctx: None, database: Database, tenant: TenantAuth
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, model="retired")
-    with database.sessionmaker() as session:
-        [outcome] = runner.execute(session, services().runtime, [job_id])
+    [outcome] = execute(services(), [job_id])
     assert outcome.status == "failed" and outcome.error_code == "model_unavailable"
     assert load_job(database, job_id).error_message == outcome.error_message

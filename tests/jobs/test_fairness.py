@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from app.jobs import transitions
+from app.jobs import claims
 from app.jobs.inserts import INSERT_JOBS
 from app.platform.database import Database
 from app.runtime.tensors import pack
@@ -53,7 +53,7 @@ def test_claims_take_turns_between_tenants_within_a_priority(database: Database)
     few = stage(database, b.id, 3, model=model)
     urgent = stage(database, c.id, 2, model=model, priority=7)
     with database.sessionmaker() as session:
-        claimed, more = transitions.claim_next(session, model, 10, 60)
+        claimed, more = claims.claim_next(session, model, 10, 60)
         session.commit()
     order = [job.id for job in claimed]
     assert more and len(order) == 10
@@ -71,7 +71,7 @@ def test_a_claim_reads_the_index_not_the_whole_queue(database: Database) -> None
     prepared statement after a few calls."""
     for _ in range(3):
         stage(database, make_tenant(database).id, 3000)
-    statement = transitions.claim_next_statement()
+    statement = claims.claim_next_statement()
     params = {"model": STAGED, "max_rows": 64, "per_tenant": 128, "lease": 60}
     plans = []
     with database.engine.begin() as conn:

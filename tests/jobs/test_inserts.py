@@ -52,7 +52,7 @@ def test_concurrent_submits_share_transactions_and_all_commit(
         t.start()
     for t in threads:
         t.join()
-    container_of(app).database.engine.dispose()
+    container_of(app).parts.database.engine.dispose()
     with database.sessionmaker() as session:
         created = session.scalars(sa.select(Job.created_at).where(Job.id.in_(ids))).all()
     assert len(created) == 24
@@ -61,7 +61,7 @@ def test_concurrent_submits_share_transactions_and_all_commit(
 
 
 def test_a_failed_batch_fails_every_caller(tenant: TenantAuth) -> None:
-    unreachable = sa.create_engine("postgresql+psycopg2://nobody@127.0.0.1:1/none")
+    unreachable = Database("postgresql://nobody@127.0.0.1:1/none")
     inserter = JobInserter(unreachable, wake=lambda _model: True)
     errors: list[BaseException] = []
 
@@ -82,7 +82,7 @@ def test_a_failed_batch_fails_every_caller(tenant: TenantAuth) -> None:
 def test_a_failed_wake_up_leaves_the_rows_for_the_sweep(
     database: Database, tenant: TenantAuth
 ) -> None:
-    inserter = JobInserter(database.engine, wake=lambda _model: False)
+    inserter = JobInserter(database, wake=lambda _model: False)
     values = row(tenant.id)
     defaults = inserter.insert(values)
     assert defaults["created_at"] is not None
@@ -97,7 +97,7 @@ def test_many_rows_of_one_submit_commit_together_or_not_at_all(
     """A bulk's or a stream batch's rows are one unit, even above the writer's batch
     size: a bad row keeps every row of its submit out, and only those."""
     woken: list[str] = []
-    inserter = JobInserter(database.engine, wake=lambda model: woken.append(model) or True)
+    inserter = JobInserter(database, wake=lambda model: woken.append(model) or True)
     good = [row(tenant.id) for _ in range(300)]  # more than MAX_BATCH (256)
     written = inserter.insert_many(good)
     assert [d["created_at"] for d in written] == [written[0]["created_at"]] * 300

@@ -10,20 +10,23 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from flask import Flask
 from sqlalchemy import select, text
 
-from app.jobs import runner, sweeps, transitions
+from app.jobs import claims, transitions
 from app.jobs.guards import ALL_ON, Guards
-from app.jobs.runner import Runtime
+from app.jobs.runner import Runner
 from app.jobs.tables import DeadLetter
+from app.operations.maintenance import Maintenance, MaintenanceSettings
 from app.platform.database import Database
 from app.web.context import container_of, services
 from tests.conftest import STAGED, TenantAuth, insert_queued_job, load_job, outputs_of, packed
 from tests.models import HUGE
+from tests.support import execute
 
 SLOW = {"x": [[0.1] * 64]}
 
@@ -34,12 +37,10 @@ def ctx(app: Flask) -> Iterator[None]:
         yield
 
 
-def runtime_with(guards: Guards = ALL_ON, **overrides: Any) -> Runtime:
-    base = services().runtime
-    settings = base.settings.with_overrides(**overrides)
-    return Runtime(
-        base.repository, base.sessions, settings, base.new_session, base.store, guards=guards
-    )
+def runner_with(guards: Guards = ALL_ON, **settings: Any) -> Runner:
+    """The container's runner with other guards, or other `RunSettings`."""
+    base = services().parts.runner
+    return replace(base, guards=guards, settings=replace(base.settings, **settings))
 
 
 def letters_for(database: Database, job_id: uuid.UUID) -> list[DeadLetter]:
@@ -70,19 +71,16 @@ def test_out_of_memory_is_retried_with_backoff_then_dead_lettered(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, {"n": [HUGE]}, model="memhog")
     set_cap(database, job_id, 2)
-    with database.sessionmaker() as session:
-        [first] = runner.execute(session, services().runtime, [job_id])
+    [first] = execute(services(), [job_id])
     assert first.status == "retry" and first.error_code == "resource_exhausted"
     assert "Failed to allocate memory" in (first.error_message or "")
     job = load_job(database, job_id)
     assert job.status == "queued" and job.attempts == 1 and job.enqueued_at is None
     assert job.run_after > job.started_at  # waits out its backoff before being sent again
-    with database.sessionmaker() as session:
-        assert runner.execute(session, services().runtime, [job_id]) == [], "not due yet"
+    assert execute(services(), [job_id]) == [], "not due yet"
 
     make_due(database, job_id)
-    with database.sessionmaker() as session:
-        [second] = runner.execute(session, services().runtime, [job_id])
+    [second] = execute(services(), [job_id])
     assert second.status == "failed" and second.error_code == "retries_exhausted"
     job = load_job(database, job_id)
     assert job.status == "failed" and job.attempts == 2
@@ -96,8 +94,7 @@ def test_a_permanent_error_fails_at_once_with_a_dead_letter(
     ctx: None, database: Database, tenant: TenantAuth
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, {"pixels": [[0.0] * 63]})
-    with database.sessionmaker() as session:
-        [outcome] = runner.execute(session, services().runtime, [job_id])
+    [outcome] = execute(services(), [job_id])
     assert outcome.status == "failed" and outcome.error_code == "inference_error"
     assert load_job(database, job_id).attempts == 1
     [letter] = letters_for(database, job_id)
@@ -111,7 +108,7 @@ def test_a_dead_workers_job_is_queued_again_then_capped(
     set_cap(database, job_id, 2)
     for attempt in (1, 2):
         with database.sessionmaker() as session:
-            [claimed] = transitions.claim(session, [job_id], lease_s=60)  # then the worker dies
+            [claimed] = claims.claim(session, [job_id], lease_s=60)  # then the worker dies
             session.commit()
         assert claimed.attempt == attempt
         expire_lease(database, job_id)
@@ -137,10 +134,10 @@ def test_an_old_attempt_cannot_write_after_its_lease_was_taken_back(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id)
     with database.sessionmaker() as session:
-        [old] = transitions.claim(session, [job_id], lease_s=60)
+        [old] = claims.claim(session, [job_id], lease_s=60)
         session.commit()
         expire_lease(database, job_id)
-        [new] = transitions.claim(session, [job_id], lease_s=60)  # redelivery after the lease
+        [new] = claims.claim(session, [job_id], lease_s=60)  # redelivery after the lease
         session.commit()
         late = transitions.Outcome(job_id, old.attempt, "succeeded", output_data=packed(stale=1))
         assert transitions.finish(session, [late]) == set()
@@ -155,7 +152,7 @@ GUARD = pytest.mark.parametrize("guarded", [True, False], ids=["guard on", "guar
 
 def test_the_container_and_its_execute_path_keep_every_guard(ctx: None) -> None:
     assert services().guards == Guards() == ALL_ON
-    assert services().runtime.guards == ALL_ON
+    assert services().parts.runner.guards == ALL_ON
     assert all(getattr(ALL_ON, name) for name in Guards.names())
     off = Guards.off("lease", "cap")
     assert {name for name in Guards.names() if not getattr(off, name)} == {"lease", "cap"}
@@ -169,9 +166,8 @@ def test_the_attempt_cap_is_the_policys(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, {"n": [HUGE]}, model="memhog")
     set_cap(database, job_id, 1)
-    runtime = runtime_with(ALL_ON if guarded else Guards.off("cap"))
-    with database.sessionmaker() as session:
-        [outcome] = runner.execute(session, runtime, [job_id])
+    runner = runner_with(ALL_ON if guarded else Guards.off("cap"))
+    [outcome] = execute(services(), [job_id], runner)
     if guarded:
         assert outcome.status == "failed" and outcome.error_code == "retries_exhausted"
     else:
@@ -188,17 +184,20 @@ def test_taking_back_a_dead_workers_job_is_the_policys(
     redelivered = insert_queued_job(database, tenant.id)
     swept = insert_queued_job(database, tenant.id)
     with database.sessionmaker() as session:
-        transitions.claim(session, [redelivered, swept], lease_s=60)  # then the worker dies
+        claims.claim(session, [redelivered, swept], lease_s=60)  # then the worker dies
         session.commit()
     expire_lease(database, redelivered)
     expire_lease(database, swept)
     guards = Guards.off("republish") if guarded else Guards.off("lease", "republish")
-    with database.sessionmaker() as session:
-        outcomes = runner.execute(session, runtime_with(guards), [redelivered])
+    outcomes = execute(services(), [redelivered], runner_with(guards))
     assert [o.status for o in outcomes] == (["succeeded"] if guarded else [])
-    with database.sessionmaker() as session:
-        settings = services().settings.with_overrides(retry_backoff_seconds=0.01)
-        counts = sweeps.sweep(session, settings, services().dispatcher, guards)
+    container = services()
+    parts, settings = container.parts, container.settings.with_overrides(retry_backoff_seconds=0.01)
+    maintenance = Maintenance(
+        parts.database, parts.dispatcher, parts.store, MaintenanceSettings.of(settings), guards
+    )
+    with container.scope():
+        counts = maintenance.sweep()
     assert ("requeued_after_lost_worker" in counts) is guarded
     assert "woken_for" not in counts  # republish off: no wake-up sent
     statuses = (load_job(database, redelivered).status, load_job(database, swept).status)
@@ -216,15 +215,13 @@ def test_a_running_job_keeps_its_lease_while_it_runs(
     """A second delivery while a long job runs must not claim it (the lease is renewed);
     with the claim guard off, it does: the job would run twice."""
     job_id = insert_queued_job(database, tenant.id, slow_inputs(1.5), model="slow")
-    runtime = runtime_with(job_lease_seconds=0.5)
+    runner, container = runner_with(lease_s=0.5), services()
     outcome: list[Any] = []
-    worker = threading.Thread(
-        target=lambda: outcome.extend(runner.execute(runtime.new_session(), runtime, [job_id]))
-    )
+    worker = threading.Thread(target=lambda: outcome.extend(execute(container, [job_id], runner)))
     worker.start()
     time.sleep(1.0)  # two lease lengths into the run
     with database.sessionmaker() as session:
-        second = transitions.claim(session, [job_id], lease_s=0.5, guarded=guarded)
+        second = claims.claim(session, [job_id], lease_s=0.5, guarded=guarded)
         session.commit()
     worker.join()
     job = load_job(database, job_id)
@@ -240,7 +237,7 @@ def test_cancel_while_running_ends_cancelled_without_a_result(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id)
     with database.sessionmaker() as session:
-        [claimed] = transitions.claim(session, [job_id], lease_s=60)
+        [claimed] = claims.claim(session, [job_id], lease_s=60)
         assert transitions.request_cancel(session, tenant.id, job_id) == "running"
         done = transitions.Outcome(
             job_id, claimed.attempt, "succeeded", output_data=packed(label=1)
@@ -258,7 +255,7 @@ def test_overdue_jobs_expire_and_are_not_claimed(
     queued = insert_queued_job(database, tenant.id)
     running = insert_queued_job(database, tenant.id)
     with database.sessionmaker() as session:
-        [claimed] = transitions.claim(session, [running], lease_s=60)
+        [claimed] = claims.claim(session, [running], lease_s=60)
         session.commit()
     with database.engine.begin() as conn:
         conn.execute(
@@ -266,7 +263,7 @@ def test_overdue_jobs_expire_and_are_not_claimed(
             {"a": queued, "b": running},
         )
     with database.sessionmaker() as session:
-        assert transitions.claim(session, [queued], lease_s=60) == []
+        assert claims.claim(session, [queued], lease_s=60) == []
         assert transitions.expire_overdue(session, 500) >= 2
         late = transitions.Outcome(
             running, claimed.attempt, "succeeded", output_data=packed(late=1)
@@ -282,12 +279,10 @@ def test_retention_deletes_old_inputs_and_outputs_but_keeps_the_job(
     ctx: None, database: Database, tenant: TenantAuth
 ) -> None:
     job_id = insert_queued_job(database, tenant.id)
-    with database.sessionmaker() as session:
-        runner.execute(session, services().runtime, [job_id])
+    execute(services(), [job_id])
     update_job(database, job_id, "finished_at = now() - interval '8 days'")
-    with database.sessionmaker() as session:
-        runtime = services().runtime
-        assert sweeps.purge(session, runtime.settings, runtime.store)["purged"] >= 1
+    with services().scope():
+        assert services().maintenance.purge()["purged"] >= 1
     job = load_job(database, job_id)
     assert outputs_of(job) is None and job.purged_at is not None and job.status == "succeeded"
     with database.engine.connect() as conn:
@@ -306,11 +301,10 @@ def test_a_model_added_after_the_worker_started_is_found(
     target = model_repository / "digits-late"
     shutil.copytree(model_repository / "digits", target)
     try:
-        with database.sessionmaker() as session:
-            [outcome] = runner.execute(session, services().runtime, [job_id])
+        [outcome] = execute(services(), [job_id])
     finally:
         shutil.rmtree(target)
-        services().runtime.repository.refresh()
+        services().parts.runner.repository.refresh()
     assert outcome.status == "succeeded"
 
 
@@ -319,16 +313,16 @@ def test_a_card_sets_its_models_attempt_limit(
 ) -> None:
     import json
 
-    from app.dataplane import JobRequest
+    from app.operations import JobRequest
 
     card_path = model_repository / "slow" / "1" / "card.json"
     original = card_path.read_text()
     card_path.write_text(json.dumps({**json.loads(original), "max_attempts": 7}))
-    repository = services().runtime.repository
+    repository = services().parts.runner.repository
     repository.refresh()
     try:
-        with container_of(app).database.scope():
-            job = container_of(app).dataplane.submit(
+        with container_of(app).scope():
+            job = container_of(app).jobs.submit(
                 tenant.ref, JobRequest("slow", {"x": [[0.0] * 64], "steps": [1]})
             )
     finally:

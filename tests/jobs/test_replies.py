@@ -15,13 +15,14 @@ from flask import Flask
 from sqlalchemy import text
 
 from app.cards import ModelCard
-from app.jobs import replies, runner, sync
-from app.jobs.dispatch import redis_client
+from app.jobs import replies, sync
 from app.jobs.replies import Replies, Reply
+from app.platform.broker import redis_client
 from app.platform.database import Database
 from app.runtime.tensors import pack, unpack
 from app.web.context import services
 from tests.conftest import TenantAuth, insert_queued_job, load_job
+from tests.support import execute
 
 PIXELS = [[float(i % 16) / 16 for i in range(64)]]
 
@@ -50,12 +51,12 @@ def client(ctx: None) -> redis.Redis:
 
 
 def digits() -> ModelCard:
-    return services().models.resolve("digits")
+    return services().parts.repository.resolve("digits")
 
 
 def real_outputs(card: ModelCard) -> dict[str, np.ndarray]:
     arrays = {"pixels": np.asarray(PIXELS, dtype=np.float32)}
-    return sync.run_inline(services().runtime.sessions, card, arrays).outputs
+    return sync.run_inline(services().parts.runner.sessions, card, arrays).outputs
 
 
 def call(card: ModelCard, job_id: uuid.UUID, timeout_s: float = 30.0) -> sync.Call:
@@ -132,11 +133,9 @@ def test_a_lost_reply_is_read_from_postgresql(
 ) -> None:
     """A job that ended without a reply (sent nowhere) still answers its caller."""
     job_id = insert_queued_job(database, tenant.id, {"pixels": PIXELS}, model="digits")
-    runtime = services().runtime
     calls = sync.Calls(database.engine, hub.follow(), tenant.id)
     calls.add(call(digits(), job_id))
-    with database.sessionmaker() as session:
-        runner.execute(session, runtime, [job_id])  # no reply_to on this row: no reply
+    execute(services(), [job_id])  # no reply_to on this row: no reply
     started = time.monotonic()
     [(_, answer)] = finished_within(calls, 10)
     assert isinstance(answer, sync.Answer)
@@ -158,8 +157,7 @@ def test_the_worker_publishes_a_sync_job_s_answer_after_its_commit(
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel)
     pubsub.get_message(timeout=1)  # the subscription's confirmation
-    with database.sessionmaker() as session:
-        runner.execute(session, services().runtime, [answered, silent])
+    execute(services(), [answered, silent])
     messages = []
     give_up = time.monotonic() + 10
     while time.monotonic() < give_up and not messages:

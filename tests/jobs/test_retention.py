@@ -12,9 +12,11 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from app.jobs import retention, sweeps
+from app.container import Container
+from app.jobs import retention
 from app.platform.database import Database
 from app.platform.settings import Settings
+from app.tenancy import keys
 from app.web.context import container_of
 from tests.conftest import TenantAuth, insert_queued_job
 
@@ -92,8 +94,12 @@ def test_logs_are_pruned_each_after_its_retention(
             "(:t, 'test.retention', 'x', now() - make_interval(days => :age))",
             t=tenant.id, age=age)  # fmt: skip
 
-    container = container_of(app)
-    result = sweeps.purge(container.database.sessionmaker(), settings, container.store)
+    container = Container(settings)
+    try:
+        with container.scope():
+            result = container.maintenance.purge()
+    finally:
+        container.close()
 
     assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=old_job) == 0
     assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=new_job) >= 1
@@ -124,10 +130,12 @@ def test_pruning_goes_in_bounded_batches(
         run(database, "INSERT INTO audit_events (tenant_id, action, subject, at) VALUES "
             "(:t, 'test.batches', 'x', now() - interval '400 days')", t=tenant.id)  # fmt: skip
     rule = retention.Rule("audit_events", "audit_events", "at", f"tenant_id = {tenant.id}")
-    session = container_of(app).database.sessionmaker()
-    assert retention.prune(session, rule, 365 * DAY) == 6  # two batches of three, per run
-    assert retention.prune(session, rule, 365 * DAY) == 4
-    assert retention.prune(session, rule, 365 * DAY) == 0
+    container = container_of(app)
+    with container.scope():
+        maintenance = container.maintenance
+        assert maintenance.prune(rule, 365 * DAY) == 6  # two batches of three, per run
+        assert maintenance.prune(rule, 365 * DAY) == 4
+        assert maintenance.prune(rule, 365 * DAY) == 0
 
 
 def test_a_rotated_out_webhook_secret_is_erased_when_its_overlap_ends(
@@ -147,7 +155,7 @@ def test_a_rotated_out_webhook_secret_is_erased_when_its_overlap_ends(
             .values(previous_secret_expires_at=sa.func.now() - sa.text("interval '1 second'"))
         )  # fmt: skip
         session.commit()
-        assert sweeps.forget_previous_secrets(session) >= 1  # others of this run may expire too
+        assert keys.forget_previous_secrets(session) >= 1  # others of this run may expire too
         session.commit()
         mine = session.get(Tenant, tenant.id)
         assert mine is not None and mine.previous_webhook_secret is None

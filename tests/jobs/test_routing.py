@@ -15,11 +15,10 @@ from flask import Flask
 
 from app import create_app
 from app.cli.launcher import Launcher, inference_queues
-from app.jobs import sweeps
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.repository.registry import ModelRepository
-from app.web.context import container_of, current_session, services
+from app.web.context import container_of, services
 from tests.conftest import RUN_ID, TenantAuth, insert_queued_job
 
 GPU, CPU = f"routing-gpu-{RUN_ID}", f"routing-cpu-{RUN_ID}"
@@ -85,7 +84,7 @@ def test_submits_wake_each_models_own_queue(routed: Flask, auth: dict[str, str])
     flags = redis.Redis.from_url(container_of(routed).settings.redis_url)
     assert flags.exists(f"inference:wake:{GPU}:on-gpu")
     with routed.app_context():
-        services().dispatcher.taken("on-gpu")  # a GPU worker took it
+        services().parts.dispatcher.taken("on-gpu")  # a GPU worker took it
     assert not flags.exists(f"inference:wake:{GPU}:on-gpu")
 
 
@@ -112,8 +111,8 @@ def test_the_sweep_wakes_a_waiting_model_on_its_queue(
     """The sweep knows only the model's name: the repository gives its queue."""
     for model in ("on-gpu", "on-cpu"):
         insert_queued_job(database, tenant.id, ROW, model=model, enqueued_seconds_ago=600)
-    with routed.app_context():
-        assert sweeps.wake_waiting(current_session(), services().dispatcher, older_than_s=60) >= 2
+    with container_of(routed).scope():
+        assert container_of(routed).maintenance.wake_waiting(older_than_s=60) >= 2
     assert waiting(routed, GPU) == ["['on-gpu']"]
     assert waiting(routed, CPU) == ["['on-cpu']"]
 
@@ -121,8 +120,8 @@ def test_the_sweep_wakes_a_waiting_model_on_its_queue(
 def test_a_drain_hands_over_on_its_models_queue(routed: Flask) -> None:
     """A drain that stops with work left wakes through the same dispatcher."""
     with routed.app_context():
-        assert services().dispatcher.wake("on-cpu", force=True)
-        assert services().dispatcher.queue_for("on-cpu") == CPU
+        assert services().parts.dispatcher.wake("on-cpu", force=True)
+        assert services().parts.dispatcher.queue_for("on-cpu") == CPU
     assert waiting(routed, CPU) == ["['on-cpu']"]
 
 

@@ -1,5 +1,6 @@
-"""DataPlane.submit_many: many jobs in one transaction, each request's outcome in
-its place; a bad request is its own error and never the others'."""
+"""Submitting many jobs (`JobOperations.submit_many`): in one transaction, each
+request's outcome in its place; a bad request is its own error and never the
+others'."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
 
-from app.dataplane import InferRequest, JobRequest
 from app.errors import (
     DomainError,
     InputsDoNotFit,
@@ -21,6 +21,7 @@ from app.errors import (
     UnknownModel,
 )
 from app.jobs.tables import Job
+from app.operations import InferRequest, JobRequest
 from app.platform.database import Database
 from app.tenancy.tables import Tenant
 from app.web.context import container_of
@@ -39,7 +40,7 @@ def jobs_of(database: Database, tenant_id: int) -> list[Job]:
 def test_each_request_gets_its_job_or_its_own_error_in_order(
     app: Flask, database: Database, tenant: TenantAuth
 ) -> None:
-    plane = container_of(app).dataplane
+    plane = container_of(app)
     requests = [
         JobRequest(STAGED, ROW, priority=3),
         JobRequest("no-such-model", ROW),
@@ -47,8 +48,8 @@ def test_each_request_gets_its_job_or_its_own_error_in_order(
         JobRequest(STAGED, ROW, idempotency_key="k"),
         JobRequest(STAGED, {"pixels": [[2.0] * 64, [3.0] * 64]}),
     ]
-    with container_of(app).database.scope():
-        outcomes = plane.submit_many(tenant.ref, requests)
+    with container_of(app).scope():
+        outcomes = plane.jobs.submit_many(tenant.ref, requests)
     assert len(outcomes) == len(requests)
     first, unknown, misfit, keyed, second = outcomes
     assert isinstance(unknown, UnknownModel)
@@ -65,9 +66,9 @@ def test_a_group_refused_by_a_quota_leaves_the_others(app: Flask, database: Data
     with database.sessionmaker() as session:
         session.execute(sa.update(Tenant).where(Tenant.id == tenant.id).values(max_priority=2))
         session.commit()
-    plane = container_of(app).dataplane
-    with container_of(app).database.scope():
-        outcomes = plane.submit_many(
+    plane = container_of(app)
+    with container_of(app).scope():
+        outcomes = plane.jobs.submit_many(
             tenant.ref, [JobRequest(STAGED, ROW, priority=9), JobRequest(STAGED, ROW, priority=1)]
         )
     refused, kept = outcomes
@@ -79,9 +80,9 @@ def test_a_full_queue_refuses_its_models_requests_only(
     make_app: Callable[..., Flask], database: Database, tenant: TenantAuth
 ) -> None:
     app = make_app(max_queued_per_model=2)
-    plane = container_of(app).dataplane
-    with container_of(app).database.scope():
-        outcomes = plane.submit_many(
+    plane = container_of(app)
+    with container_of(app).scope():
+        outcomes = plane.jobs.submit_many(
             tenant.ref, [JobRequest("slow", {"x": [[0.1] * 64], "steps": [1]})] * 50
         )
     refused = [o for o in outcomes if isinstance(o, DomainError)]
@@ -92,7 +93,7 @@ def test_a_full_queue_refuses_its_models_requests_only(
 def test_staged_rows_commit_with_the_jobs_or_not_at_all(
     app: Flask, database: Database, tenant: TenantAuth
 ) -> None:
-    plane = container_of(app).dataplane
+    plane = container_of(app)
     seen: list[int] = []
 
     def beside(session: Session, jobs: list[Job]) -> None:
@@ -100,8 +101,8 @@ def test_staged_rows_commit_with_the_jobs_or_not_at_all(
             Job.tenant_id == tenant.id)) or 0)  # fmt: skip
         raise RuntimeError("the door's own rows could not be written")
 
-    with container_of(app).database.scope(), pytest.raises(RuntimeError):
-        plane.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 3, staged=beside)
+    with container_of(app).scope(), pytest.raises(RuntimeError):
+        plane.jobs.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 3, staged=beside)
     assert seen == [3]  # in the same transaction as the jobs...
     assert jobs_of(database, tenant.id) == []  # ...which was never committed
 
@@ -109,9 +110,9 @@ def test_staged_rows_commit_with_the_jobs_or_not_at_all(
 def test_start_calls_starts_each_call_or_says_why(
     app: Flask, database: Database, tenant: TenantAuth
 ) -> None:
-    plane = container_of(app).dataplane
-    with container_of(app).database.scope():
-        calls = plane.start_calls(
+    plane = container_of(app)
+    with container_of(app).scope():
+        calls = plane.calls.start_calls(
             tenant.ref,
             [
                 InferRequest(STAGED, ROW),
@@ -135,11 +136,11 @@ def test_each_request_counts_toward_the_submit_rate_and_refused_ones_take_none(
         limit = sa.update(Tenant).where(Tenant.id == tenant.id).values(max_submits_per_second=3)
         session.execute(limit)
         session.commit()
-    plane = container_of(app).dataplane
+    plane = container_of(app)
     # Early in a wall-clock second (the rate counts them in Redis), so all fit in one.
     wait_until(lambda: time.time() % 1 <= 0.3, "the start of a second", interval=0.02)
-    with container_of(app).database.scope():
-        five = plane.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 5)
-        three = plane.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 3)
+    with container_of(app).scope():
+        five = plane.jobs.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 5)
+        three = plane.jobs.submit_many(tenant.ref, [JobRequest(STAGED, ROW)] * 3)
     assert all(isinstance(o, QuotaExceeded) for o in five)  # five a second, where three may
     assert all(isinstance(o, Job) for o in three)  # the refused five took none of the three

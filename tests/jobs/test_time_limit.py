@@ -10,10 +10,9 @@ import pytest
 from flask import Flask
 from sqlalchemy import select
 
-from app.jobs import sweeps
 from app.jobs.tables import DeadLetter
 from app.platform.settings import Settings
-from app.web.context import current_session, services
+from app.web.context import container_of
 from tests.conftest import WorkerProcess, wait_for_job
 from tests.support import wait_until
 
@@ -43,8 +42,8 @@ def test_a_job_that_outlives_its_time_limit_every_time_is_capped(
                 "running",
             ):
                 return True
-            with app.app_context():  # what beat does every SWEEP_INTERVAL_SECONDS
-                sweeps.sweep(current_session(), fast, services().dispatcher)
+            with container_of(app).scope():  # what beat does every SWEEP_INTERVAL_SECONDS
+                container_of(app).maintenance.sweep()
             return False
 
         wait_until(capped, "the job to be capped", 60, interval=0.3)
@@ -55,10 +54,6 @@ def test_a_job_that_outlives_its_time_limit_every_time_is_capped(
     assert job["error"]["code"] == "attempts_exhausted"
     log = worker.log_path.read_text()
     assert "exceeded the time limit of 1s" in log and "WorkerLostError" in log
-    with app.app_context():
-        letters = (
-            current_session()
-            .scalars(select(DeadLetter).where(DeadLetter.job_id == job["id"]))
-            .all()
-        )
+    with container_of(app).scope() as session:
+        letters = session.scalars(select(DeadLetter).where(DeadLetter.job_id == job["id"])).all()
     assert [letter.error_class for letter in letters] == ["WorkerLost"]

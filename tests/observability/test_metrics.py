@@ -50,7 +50,7 @@ def hooks(isolated: Settings) -> Settings:
 def api(hooks: Settings) -> Iterator[Flask]:
     app = create_app(hooks)
     yield app
-    container_of(app).database.engine.dispose()
+    container_of(app).parts.database.engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -203,11 +203,13 @@ def test_a_webhook_failure_is_counted_by_the_webhook_worker(
 
     def failed() -> bool:
         # What beat's webhook sweep does: take due deliveries, send them to the senders.
-        with api.app_context(), db.sessionmaker() as session:
-            for delivery_id in delivery.take_due(session, hooks):
-                container_of(api).celery.send_task(
+        container = container_of(api)
+        with container.scope():
+            container.webhooks.send_due(
+                lambda delivery_id: container.parts.celery.send_task(
                     delivery.DELIVER_TASK, args=[delivery_id], queue=hooks.webhooks_queue
                 )
+            )
         with db.engine.connect() as conn:
             return conn.execute(
                 sa.text("SELECT count(*) FROM webhook_deliveries WHERE job_id = :j "

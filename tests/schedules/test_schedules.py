@@ -26,7 +26,7 @@ from app.cards import ModelCard
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.runtime.sessions import SessionPool
-from app.schedules import paths, service
+from app.schedules import definitions, firing, paths
 from app.schedules.tables import Schedule
 from app.tenancy.tables import Tenant
 from app.web.context import container_of
@@ -147,13 +147,11 @@ def test_a_tick_missed_while_down_fires_once_on_start(
                         .values(next_run_at=missed))  # fmt: skip
         session.commit()
     started: list[uuid.UUID] = []
-    with app.app_context(), database.sessionmaker() as session:
-        fired = service.fire_due(
-            session, container_of(app).store, container_of(app).models, settings, _record(started)
-        )
-        again = service.fire_due(
-            session, container_of(app).store, container_of(app).models, settings, _record(started)
-        )
+    container = container_of(app)
+    with container.scope():
+        fired = container.schedules.fire_due(_record(started))
+        again = container.schedules.fire_due(_record(started))
+    with database.sessionmaker() as session:
         schedule = session.get(Schedule, uuid.UUID(schedule_id))
         assert schedule is not None
         next_run = schedule.next_run_at
@@ -186,10 +184,8 @@ def test_a_run_whose_input_is_gone_or_leads_out_is_a_failed_run_saying_why(
                 .values(next_run_at=datetime.now(UTC) - timedelta(minutes=1))
             )
             session.commit()  # fmt: skip
-        with app.app_context(), database.sessionmaker() as session:
-            service.fire_due(
-                session, container_of(app).store, container_of(app).models, settings, _record([])
-            )
+        with container_of(app).scope():
+            container_of(app).schedules.fire_due(_record([]))
         (root / "in2").unlink(missing_ok=True)  # then: gone
     failed = runs(client, tenant, schedule_id)
     assert [r["status"] for r in failed] == ["failed", "failed"]
@@ -311,12 +307,12 @@ def test_a_process_whose_clock_is_an_hour_ahead_fires_no_tick_early(
         def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
             return datetime.now(tz) + timedelta(hours=1, minutes=1)
 
-    monkeypatch.setattr(service, "datetime", Ahead)
+    monkeypatch.setattr(definitions, "datetime", Ahead)
+    monkeypatch.setattr(firing, "datetime", Ahead)
     started: list[uuid.UUID] = []
-    with app.app_context(), database.sessionmaker() as session:
-        fired = service.fire_due(
-            session, container_of(app).store, container_of(app).models, settings, _record(started)
-        )
+    with container_of(app).scope():
+        fired = container_of(app).schedules.fire_due(_record(started))
+    with database.sessionmaker() as session:
         schedule = session.get(Schedule, schedule_id)
         assert schedule is not None
     assert fired == [] and started == [] and runs(client, tenant, str(schedule_id)) == []

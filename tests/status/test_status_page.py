@@ -48,7 +48,7 @@ def status_app(settings: Settings) -> Iterator[Flask]:
         )
     )
     yield app
-    container_of(app).database.engine.dispose()
+    container_of(app).parts.database.engine.dispose()
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def web(status_app: Flask) -> FlaskClient:
 
 @pytest.fixture
 def operator_key(database: Database) -> str:
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         return create_operator_key(session)
 
 
@@ -176,7 +176,7 @@ def test_a_revoked_key_signs_its_sessions_out(
 ) -> None:
     web.post("/status/sign-in", data={"key": operator_key}, headers=SAME_SITE)
     assert web.get("/status.json").json["operator"] is True
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         assert revoke_api_keys(session, prefix=operator_key[:10], tenant=None)
     assert web.get("/status.json").json["operator"] is False
     assert 'id="operator"' not in web.get("/").get_data(as_text=True)
@@ -216,7 +216,7 @@ def test_api_processes_without_secret_key_share_the_one_kept_in_var_dir(
         assert (tmp_path / "secret-key").stat().st_mode & 0o777 == 0o600
     finally:
         for app in (one, two, other):
-            container_of(app).database.engine.dispose()
+            container_of(app).parts.database.engine.dispose()
 
 
 def test_processes_starting_at_once_keep_one_secret(tmp_path: Path) -> None:
@@ -257,12 +257,12 @@ def test_the_census_counts_the_workers_of_each_queue(
             worker.stop()
         assert client.get("/status.json").json["workers"]["queues"][own.jobs_queue] == 0
     finally:
-        container_of(app).database.engine.dispose()
+        container_of(app).parts.database.engine.dispose()
 
 
 def test_a_broker_that_does_not_answer_is_said_so_quickly(status_app: Flask) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    census = WorkerCensus(container_of(status_app).celery, dead, ("inference",), ttl_s=0)
+    census = WorkerCensus(container_of(status_app).parts.celery, dead, ("inference",), ttl_s=0)
     started = time.monotonic()
     answer = census.current()
     assert answer.reachable is False and answer.workers == {}
@@ -278,7 +278,7 @@ def test_the_page_answers_with_the_broker_down(settings: Settings) -> None:
         assert shown(html)[("", "workers-online")] == "?"
         assert "The broker did not answer" in html
     finally:
-        container_of(app).database.engine.dispose()
+        container_of(app).parts.database.engine.dispose()
 
 
 def test_dead_letters_are_counted_up_to_a_cap(web: FlaskClient, database: Database) -> None:

@@ -52,7 +52,7 @@ def test_10000_entries_make_10000_jobs_and_results_equal_to_onnx_runtime(
     by_id = {r["id"]: r for r in results}
     assert len(by_id) == count, "an entry's result was appended twice"
     rows = np.stack([DIGITS[i % len(DIGITS)] for i in range(count)])
-    expected = direct_run(container_of(app).models, rows)
+    expected = direct_run(container_of(app).parts.repository, rows)
     labels = np.array([by_id[f"r{i}"]["outputs"]["label"][0] for i in range(count)])
     probabilities = np.array(
         [by_id[f"r{i}"]["outputs"]["probabilities"][0] for i in range(count)], dtype=np.float32

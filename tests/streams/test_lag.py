@@ -36,7 +36,7 @@ def test_lag_pending_and_unpublished_per_binding_in_metrics_and_on_the_status_pa
     public = client.get("/status.json").json
     assert "stream_bindings" not in public  # log names name tenants: totals only
     assert public["streams"]["bindings"] >= 1 and public["streams"]["lag"] >= 3
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         key = create_operator_key(session)
     operator = {"Authorization": f"Bearer {key}"}
     body = client.get("/status.json", headers=operator).json

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.webhooks import delivery
+from app.webhooks.delivery import DeliverySettings
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -31,7 +32,7 @@ def test_every_branch_of_take_due_is_an_index_range(database: Database, settings
                 captured.append((statement, params))
 
         with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
-            delivery.take_due(session, settings)
+            delivery.take_due(session, DeliverySettings.of(settings).lease_s)
         [(statement, params)] = captured
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         cursor.execute("SET LOCAL enable_seqscan = off")  # what it would take with many rows

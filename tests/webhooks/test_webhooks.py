@@ -21,13 +21,14 @@ from sqlalchemy import text
 from standardwebhooks import Webhook
 
 from app import create_app
-from app.dataplane import payloads
+from app.operations.webhooks import WebhookOperations
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.tenancy.keys import rotate_webhook_secret
 from app.tenancy.tables import Tenant
-from app.web.context import container_of, current_session
-from app.webhooks import delivery, retry_after, signing
+from app.web.context import container_of
+from app.webhooks import delivery, retry_after, signing, transport
+from app.webhooks.delivery import DeliverySettings
 from app.webhooks.receiver import DuplicateDelivery, Receiver, WebhookVerificationError
 from tests.conftest import TenantAuth, WorkerProcess, make_tenant, wait_for_job
 from tests.faults.clock import skewed_datetime
@@ -147,18 +148,35 @@ def app_(hooks: Settings, worker: Any, webhook_worker: WorkerProcess) -> Flask:
     return create_app(hooks)
 
 
+def sender(database: Database, settings: Settings) -> WebhookOperations:
+    """The webhook operations of a worker with these settings, over `database`."""
+    return WebhookOperations(database, DeliverySettings.of(settings))
+
+
+def deliver(database: Database, settings: Settings, delivery_id: int) -> str | None:
+    """One attempt of a delivery, as a webhook sender's task makes it (its own scope)."""
+    with database.scope():
+        return sender(database, settings).deliver(delivery_id)
+
+
+def take_due(app: Flask, settings: Settings) -> list[int]:
+    """What beat's webhook sweep marks `sending` (the test then sends them)."""
+    container = container_of(app)
+    with container.scope():
+        return sender(container.parts.database, settings).send_due(lambda _id: None)
+
+
 def pump(app: Flask, until: Callable[[], bool], timeout: float = 30) -> None:
     """Run the webhook sweep (what beat does every second) until `until()` holds."""
 
     def swept() -> bool:
         if until():
             return True
-        with app.app_context():
-            settings = container_of(app).settings
-            for delivery_id in delivery.take_due(current_session(), settings):
-                container_of(app).celery.send_task(
-                    delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
-                )
+        settings = container_of(app).settings
+        for delivery_id in take_due(app, settings):
+            container_of(app).parts.celery.send_task(
+                delivery.DELIVER_TASK, args=[delivery_id], queue=settings.webhooks_queue
+            )
         return False
 
     wait_until(swept, "the deliveries' condition, sweeping as beat does", timeout, interval=0.1)
@@ -319,7 +337,7 @@ def test_every_event_when_asked_and_secret_rotation(
     app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, database: Database
 ) -> None:
     old = secret_of(database, tenant)
-    with database.sessionmaker() as session:
+    with database.sessionmaker.begin() as session:
         new = rotate_webhook_secret(session, next(
             t.name for t in session.query(Tenant).filter(Tenant.id == tenant.id)), 1)  # fmt: skip
     job = submit(app_, tenant, f"{receiver.base}/all",
@@ -381,11 +399,9 @@ def test_the_url_is_checked_again_at_delivery(
     job = submit(app_, tenant, f"{receiver.base}/inside", events=["job.succeeded"])
     wait_for_job(app_.test_client(), tenant.headers, job["id"])
     strict = hooks.with_overrides(webhook_allow_private_networks=False)
-    with app_.app_context():
-        session = current_session()
-        due = delivery.take_due(session, strict)
-        [mine] = [d for d in deliveries(app_, tenant, job["id"]) if d["id"] in due]
-        assert delivery.deliver(session, strict, mine["id"], payloads.render) == "failed"
+    due = take_due(app_, strict)
+    [mine] = [d for d in deliveries(app_, tenant, job["id"]) if d["id"] in due]
+    assert deliver(container_of(app_).parts.database, strict, mine["id"]) == "failed"
     assert receiver.at("/inside") == []
     [logged] = deliveries(app_, tenant, job["id"])
     assert "not a public address" in logged["log"][0]["error"]
@@ -411,13 +427,12 @@ def done_job(app: Flask, tenant: TenantAuth, url: str) -> int:
 
 def take(app: Flask, settings: Settings, delivery_id: int) -> bool:
     """One sweep: whether it marked `delivery_id` sending. Others it took go to the worker."""
-    with app.app_context():
-        ids = delivery.take_due(current_session(), settings)
-        for other in ids:
-            if other != delivery_id:
-                container_of(app).celery.send_task(
-                    delivery.DELIVER_TASK, args=[other], queue=settings.webhooks_queue
-                )
+    ids = take_due(app, settings)
+    for other in ids:
+        if other != delivery_id:
+            container_of(app).parts.celery.send_task(
+                delivery.DELIVER_TASK, args=[other], queue=settings.webhooks_queue
+            )
     return delivery_id in ids
 
 
@@ -436,8 +451,7 @@ def in_thread(database: Database, settings: Settings, delivery_id: int) -> tuple
     result: dict[str, str | None] = {}
 
     def send() -> None:
-        with database.sessionmaker() as session:
-            result["status"] = delivery.deliver(session, settings, delivery_id, payloads.render)
+        result["status"] = deliver(database, settings, delivery_id)
 
     thread = threading.Thread(target=send)
     thread.start()
@@ -529,8 +543,7 @@ def test_dns_rebinding_reaches_only_the_checked_address(
     )
     try:
         assert take(app_, strict, delivery_id)
-        with database.sessionmaker() as session:
-            assert delivery.deliver(session, strict, delivery_id, payloads.render) == "delivered"
+        assert deliver(database, strict, delivery_id) == "delivered"
     finally:
         public.server.shutdown()
         internal.server.shutdown()
@@ -551,8 +564,7 @@ def test_an_egress_proxy_carries_every_delivery(
     )
     try:
         assert take(app_, proxied, delivery_id)
-        with database.sessionmaker() as session:
-            assert delivery.deliver(session, proxied, delivery_id, payloads.render) == "delivered"
+        assert deliver(database, proxied, delivery_id) == "delivered"
     finally:
         proxy.server.shutdown()
     [hit] = proxy.received
@@ -598,8 +610,7 @@ def test_the_lease_starts_when_a_sender_takes_the_delivery(
     receiver.scripts["/late-message"] = [Reply(500), Reply(200, delay=1.0)]
     delivery_id = done_job(app_, tenant, f"{receiver.base}/late-message")
     assert take(app_, slow, delivery_id)
-    with database.sessionmaker() as session:
-        assert delivery.deliver(session, slow, delivery_id, payloads.render) == "pending"
+    assert deliver(database, slow, delivery_id) == "pending"
     wait_until(lambda: take(app_, slow, delivery_id), "the retry to be due and taken", 10)
     expire_lease(database, delivery_id)  # the message sat in the queue
     thread, result = in_thread(database, slow, delivery_id)
@@ -624,8 +635,7 @@ def test_a_sender_that_lost_its_lease_writes_nothing(
     wait_until(lambda: len(receiver.at("/stalled")) == 1, "A's POST", 10)
     expire_lease(database, delivery_id)  # A stalls
     assert take(app_, slow, delivery_id)
-    with database.sessionmaker() as session:
-        assert delivery.deliver(session, slow, delivery_id, payloads.render) == "delivered"
+    assert deliver(database, slow, delivery_id) == "delivered"
     thread.join()
     assert late["status"] is None
     with database.sessionmaker() as session:
@@ -669,16 +679,19 @@ def test_retry_after_is_parsed_and_clamped(header: str, expected: float | None) 
 
 def test_no_transaction_is_open_while_the_receiver_answers(
     app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, hooks: Settings,
-    database: Database,
+    database: Database, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     observed: list[bool] = []
-    with database.sessionmaker() as session:
-        receiver.scripts["/no-transaction"] = [
-            Reply(200, on_request=lambda: observed.append(session.in_transaction()))
-        ]
-        delivery_id = done_job(app_, tenant, f"{receiver.base}/no-transaction")
-        assert take(app_, hooks, delivery_id)
-        assert delivery.deliver(session, hooks, delivery_id, payloads.render) == "delivered"
+    post = transport.post
+
+    def posting(*args: Any, **kwargs: Any) -> transport.Answer:
+        observed.append(database.session().in_transaction())  # the sender's, in its thread
+        return post(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "post", posting)
+    delivery_id = done_job(app_, tenant, f"{receiver.base}/no-transaction")
+    assert take(app_, hooks, delivery_id)
+    assert deliver(database, hooks, delivery_id) == "delivered"
     assert observed == [False]
 
 
@@ -710,16 +723,15 @@ def test_a_sender_an_hour_ahead_retries_and_signs_by_the_databases_clock(
     receiver.scripts["/skewed"] = [Reply(503), Reply(200)]
     delivery_id = done_job(app_, tenant, f"{receiver.base}/skewed")
     assert take(app_, hooks, delivery_id)
+    assert deliver(database, hooks, delivery_id) == "pending"
     with database.sessionmaker() as session:
-        assert delivery.deliver(session, hooks, delivery_id, payloads.render) == "pending"
         due_in = session.scalar(
             text("SELECT extract(epoch FROM next_attempt_at - now()) FROM webhook_deliveries "
                  "WHERE id = :id"), {"id": delivery_id},
         )  # fmt: skip
     assert due_in is not None and float(due_in) <= hooks.webhook_retry_schedule[1] * 1.1
     wait_until(lambda: take(app_, hooks, delivery_id), "the retry to be due and taken", 10)
-    with database.sessionmaker() as session:
-        assert delivery.deliver(session, hooks, delivery_id, payloads.render) == "delivered"
+    assert deliver(database, hooks, delivery_id) == "delivered"
     secret = secret_of(database, tenant)
     for received in receiver.at("/skewed"):
         assert verified(secret, received)["type"] == "job.succeeded"
@@ -750,8 +762,7 @@ def attempt(app: Flask, settings: Settings, database: Database, delivery_id: int
     stage(database, "UPDATE webhook_deliveries SET next_attempt_at = now() WHERE id = :id",
           id=delivery_id)  # fmt: skip
     assert take(app, settings, delivery_id)
-    with database.sessionmaker() as session:
-        status = delivery.deliver(session, settings, delivery_id, payloads.render)
+    status = deliver(database, settings, delivery_id)
     parked(database, delivery_id)
     return status
 

@@ -1,8 +1,8 @@
-"""The typed requests the data plane takes: what a door decoded from its protocol.
+"""The typed requests the operations take: what a door decoded from its protocol.
 
-Each door (HTTP, KServe v2 over HTTP, and the gRPC and stream doors to come)
-fills these and hands them over with the caller's tenant (`TenantRef`); nothing
-here knows a header, a status code or a protobuf.
+Each door (HTTP, KServe v2 over HTTP and gRPC, the stream door, the CLI) fills
+these and hands them over with the caller's tenant (`TenantRef`); nothing here
+knows a header, a status code or a protobuf.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypedDict
 
-from app.jobs.service import Webhook
+from app.jobs.staging import Webhook
 
 __all__ = [
     "BatchRequest",
@@ -43,7 +43,7 @@ class JobRequest:
     idempotency_key: str | None = None
     webhook: Webhook | None = None
     # A sync call's job: the channel its worker sends the answer to (set by the
-    # data plane, never by a client).
+    # call operations, never by a client).
     reply_to: str | None = None
 
 

@@ -1,9 +1,10 @@
-"""RFC 9457 problem types: each domain error's code, status and title, as data.
+"""RFC 9457 problem types: each domain error's code, HTTP status and title, as data.
 
-Every door that answers with problem objects reads them here: the HTTP door's
-problem+json (`app.web.problems`, which adds headers and its own HTTP-only types)
-and the stream door's output and dead-letter entries (`app.streams`), so an
-error reads the same at every door. Served as documentation at /problems/<code>.
+The HTTP door's problem+json is made from them (`app.web.problems`, which adds
+headers and its own HTTP-only types); the stream door writes the same problem
+objects into its output and dead-letter entries (`app.streams.codec`), so an
+error reads the same at both. Served as documentation at /problems/<code>.
+Flask-free, like the package it is in, so the stream door loads no Flask.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Stream bindings of a tenant: checks and rows. Nothing here commits; the data
-plane's operation owns the transaction (helpers flush, to surface a unique
-input at once)."""
+"""Stream bindings of a tenant: checks and rows. Nothing here commits; the binding
+operations own the transaction (helpers flush, to surface a unique input at once)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from app.jobs import dispatch
+from app.platform.broker import redis_client
 from app.platform.settings import Settings
 
 PENDING_TTL_MIN_S = 30.0
@@ -43,7 +43,7 @@ def _flag(queue: str, task: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _client(redis_url: str) -> redis.Redis:
-    return dispatch.redis_client(redis_url)
+    return redis_client(redis_url)
 
 
 def mark_pending(redis_url: str, queue: str, task: str, ttl_s: int) -> bool:

@@ -1,6 +1,5 @@
 """What a webhook says: the job as GET /jobs/<id> shows it, or the batch as
-GET /batches/<id> does. Given to the webhook sender (`app.webhooks.delivery`)
-by the container, so the webhooks package needs neither representation."""
+GET /batches/<id> does."""
 
 from __future__ import annotations
 
@@ -14,13 +13,13 @@ from app.batches.representation import BatchSchema, describe
 from app.batches.tables import Batch
 from app.jobs.representation import JobSchema
 from app.jobs.tables import Job
-from app.platform.settings import Settings
 from app.webhooks.tables import WebhookDelivery
 
 
-def render(session: Session, settings: Settings, delivery: WebhookDelivery, now: datetime) -> str:
+def render(session: Session, delivery: WebhookDelivery, now: datetime, max_bytes: int) -> str:
     """The event as sent on every attempt: the job as GET /jobs/<id> shows it. Outputs
-    that would make it larger than WEBHOOK_MAX_PAYLOAD_BYTES are replaced by a link."""
+    that would make it larger than `max_bytes` (WEBHOOK_MAX_PAYLOAD_BYTES) are
+    replaced by a link."""
     if delivery.batch_id is not None:  # a batch's event: the batch as GET /batches/<id> shows it
         batch = session.get(Batch, delivery.batch_id)
         assert batch is not None
@@ -31,7 +30,7 @@ def render(session: Session, settings: Settings, delivery: WebhookDelivery, now:
     data: dict[str, Any] = JobSchema().dump(job)
     body = {"type": delivery.event_type, "timestamp": now.isoformat(), "data": data}
     encoded = json.dumps(body)
-    if len(encoded) > settings.webhook_max_payload_bytes:
+    if len(encoded) > max_bytes:
         data["outputs"] = None
         data["outputs_url"] = f"/jobs/{delivery.job_id}"
         encoded = json.dumps(body)

