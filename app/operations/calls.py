@@ -98,7 +98,7 @@ class CallOperations:
         """Check a sync call and submit its job, ahead of every async job of its
         model, without waiting for it (an inline model runs now: the call comes
         back done). For a door that follows many calls at once (`follow_calls`)."""
-        card = self._submitter.repository.resolve(request.model, request.version, tenant.name)
+        card = self._submitter.card(tenant, request.model, request.version)
         timeout_s = self._timeout(request)
         give_up_at = time.monotonic() + timeout_s
         if sync.runs_inline(card):

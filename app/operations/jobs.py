@@ -49,7 +49,7 @@ class JobOperations:
         wakes them. With an idempotency key, a repeat of the same request returns
         the first job. The tenant sees only the models its card grants.
         """
-        card = self._submitter.repository.resolve(request.model, request.version, tenant.name)
+        card = self._submitter.card(tenant, request.model, request.version)
         return self._submitter.submit(tenant, card, request)
 
     def submit_many(

@@ -1,8 +1,18 @@
-"""Beat's periodic sweeps over the jobs and what they leave: take back dead
-workers' jobs, expire deadlines, wake models whose jobs wait unseen, and purge
-what retention says is old. Every step is a unit of work of its own (a purge, a
-piece of rows a unit), so one that fails leaves the others done and none holds a
-lock for long."""
+"""Beat's periodic sweeps over the jobs and what they leave: PostgreSQL is the
+truth, the broker only a hint. Each step is a guarded UPDATE on one slice of the
+jobs table (app.jobs.transitions), safe to run concurrently or twice, and a unit
+of work of its own (a purge, a piece of rows a unit), so one that fails leaves
+the others done and none holds a lock for long.
+
+- leases: jobs whose worker died go back to the queue (or fail at their cap);
+- waiting: models with jobs back from a retry's backoff, jobs whose wake-up
+  failed to publish, or jobs queued too long (a wake-up lost with the broker)
+  get a wake-up; wake-ups are per model, so a backlog costs one message;
+- deadlines: jobs past their deadline expire;
+- retention: old inputs and outputs are deleted a piece at a time, idempotency
+  keys after 24 h, and each log jobs leave after its own setting
+  (app.jobs.retention).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +24,11 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy.orm import Session
 
 from app.batches import retention as batch_retention
-from app.jobs import idempotency, retention, sweeps, transitions
+from app.jobs import idempotency, retention, transitions
 from app.jobs.dispatch import Dispatcher
 from app.jobs.guards import ALL_ON, Guards
 from app.jobs.retention import Rule
-from app.platform.database import Database, transactional
+from app.platform.database import Database
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.tenancy import keys
@@ -26,6 +36,9 @@ from app.tenancy import keys
 __all__ = ["Maintenance", "MaintenanceSettings"]
 
 logger = logging.getLogger(__name__)
+
+# Rows a step touches at most: a sweep's UPDATE, a purge's piece.
+BATCH = 500
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,35 +83,25 @@ class Maintenance:
     def sweep(self) -> dict[str, int]:
         """Take back dead workers' jobs, expire overdue ones, wake what waits unseen."""
         counts: dict[str, int] = {}
+        settings = self.settings
         if self.guards.lease:
-            counts["requeued_after_lost_worker"] = self._take_back()
-        counts["expired"] = self._expire()
+            taken = self._step(transitions.take_back_expired_leases,
+                               settings.backoff_s, settings.backoff_max_s, BATCH)  # fmt: skip
+            counts["requeued_after_lost_worker"] = len(taken)
+        counts["expired"] = self._step(transitions.expire_overdue, BATCH)
         if self.guards.republish:
-            counts["woken_for"] = self.wake_waiting(self.settings.republish_after_s)
+            counts["woken_for"] = self.wake_waiting(settings.republish_after_s)
         if any(counts.values()):
             logger.info("sweep: %s", counts)
         return counts
 
-    @transactional
-    def _take_back(self) -> int:
-        settings = self.settings
-        return sweeps.take_back(self.database.session(), settings.backoff_s, settings.backoff_max_s)
-
-    @transactional
-    def _expire(self) -> int:
-        return sweeps.expire(self.database.session())
-
     def wake_waiting(self, older_than_s: float) -> int:
         """Wake every model whose due jobs no wake-up may be on its way for (marked
         sent first, in a unit of its own); how many jobs that concerned."""
-        waiting = self._waiting(older_than_s)
+        waiting = self._step(transitions.models_waiting, older_than_s)
         for model in waiting:
             self._dispatcher.wake(model, force=True)
         return sum(waiting.values())
-
-    @transactional
-    def _waiting(self, older_than_s: float) -> dict[str, int]:
-        return transitions.models_waiting(self.database.session(), older_than_s)
 
     def purge(self) -> dict[str, Any]:
         """Delete what retention says is old: idempotency keys after 24 h; jobs' inputs
@@ -107,7 +110,7 @@ class Maintenance:
         keys_forgotten = self._step(idempotency.forget_expired)
         purged = objects = 0
         if (age := self.settings.retention_s) > 0:
-            while count := self._step(sweeps.purge_piece, age):
+            while count := self._step(transitions.purge_old_data, age, BATCH):
                 purged += count
             objects = self.purge_batch_objects(age)
         secrets = self._step(keys.forget_previous_secrets)
@@ -124,12 +127,12 @@ class Maintenance:
         done = 0
         while True:
             session = self.database.session()
-            ids = batch_retention.old_batches(session, older_than_s, sweeps.BATCH)
+            ids = batch_retention.old_batches(session, older_than_s, BATCH)
             self.database.end_reads()
             for batch_id in ids:
                 self._step(batch_retention.purge_objects, self._store, batch_id)
             done += len(ids)
-            if len(ids) < sweeps.BATCH:
+            if len(ids) < BATCH:
                 return done
 
     def prune(self, rule: Rule, older_than_s: float) -> int:

@@ -60,7 +60,7 @@ class ScheduleOperations:
 
     def named(self, tenant: TenantRef, name: str) -> Schedule | None:
         """The tenant's schedule called `name` (the CLI names schedules)."""
-        return next((s for s in self.list_schedules(tenant) if s.name == name), None)
+        return definitions.named(self.database.session(), tenant.id, name)
 
     def runs(self, tenant: TenantRef, schedule_id: uuid.UUID, limit: int) -> list[Batch]:
         """Its runs, newest tick first: each a batch."""

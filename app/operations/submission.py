@@ -64,6 +64,10 @@ class Submitter:
         self._inserter, self._dispatcher = inserter, dispatcher
         self._admission, self._quotas = admission, quotas
 
+    def card(self, tenant: TenantRef, model: str, version: str | None) -> ModelCard:
+        """The card of the model the tenant names (UnknownModel, or not theirs)."""
+        return self.repository.resolve(model, version, tenant.name)
+
     def cards(self, tenant: TenantRef) -> CardCache:
         """The cards the tenant may use, each looked up once for a batch of requests."""
         return CardCache(self.repository, tenant.name)

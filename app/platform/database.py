@@ -21,7 +21,7 @@ import functools
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -104,21 +104,17 @@ class Database:
         Functions given to `once_committed` run once the outermost unit committed."""
         return UnitOfWork(self)
 
-    @contextmanager
-    def separate_unit_of_work(self) -> Iterator[Session]:
+    def separate_unit_of_work(self) -> AbstractContextManager[Session]:
         """A unit of work on a session of its own, beside the scope's: for a thread
         that writes for many scopes (the job writer's group commit, the lease
         keeper). Committed when it ends, rolled back when it raises; closed either way."""
-        with self.sessionmaker() as session, _committed(session):
-            yield session
+        return self.sessionmaker.begin()
 
-    @contextmanager
-    def separate_core_unit_of_work(self) -> Iterator[Connection]:
+    def separate_core_unit_of_work(self) -> AbstractContextManager[Connection]:
         """`separate_unit_of_work` on a bare connection, for a writer that needs no ORM
         and runs once per request (the job writer's group commit): a session's
         bookkeeping cost it a tenth of a millisecond a batch."""
-        with self.engine.begin() as connection:
-            yield connection
+        return self.engine.begin()
 
     def once_committed(self, action: Callable[[], object]) -> None:
         """Run `action` once the current unit of work has committed (a wake-up for
@@ -147,17 +143,6 @@ class Database:
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
-
-
-@contextmanager
-def _committed(session: Session) -> Iterator[None]:
-    """Commit `session` when the block ends, roll it back (and raise on) when it raises."""
-    try:
-        yield
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
 
 
 @dataclass

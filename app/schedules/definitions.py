@@ -168,6 +168,11 @@ def list_schedules(session: Session, tenant_id: int) -> list[Schedule]:
     return list(session.scalars(query))
 
 
+def named(session: Session, tenant_id: int, name: str) -> Schedule | None:
+    query = select(Schedule).where(Schedule.tenant_id == tenant_id, Schedule.name == name)
+    return session.scalar(query)
+
+
 def delete(session: Session, tenant_id: int, schedule_id: uuid.UUID) -> None:
     """Its runs stay, as batches, without their link to it."""
     session.delete(get(session, tenant_id, schedule_id))
