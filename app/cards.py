@@ -134,6 +134,47 @@ class PipelineSpec:
 
 
 @dataclass(frozen=True)
+class GenerationSpec:
+    """A generative model's contract (the card's `generation`): its context, the
+    ceiling and default of `max_tokens`, the chat roles it knows, and the ids of
+    its control tokens (app.generation)."""
+
+    context_length: int
+    max_tokens: int
+    default_max_tokens: int
+    roles: tuple[str, ...]
+    default_system: str | None
+    special: dict[str, int]
+    stop_tokens: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "context_length": self.context_length,
+            "max_tokens": self.max_tokens,
+            "default_max_tokens": self.default_max_tokens,
+            "roles": list(self.roles),
+            "parameters": ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop"],
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> GenerationSpec:
+        spec = cls(
+            context_length=int(raw["context_length"]),
+            max_tokens=int(raw["max_tokens"]),
+            default_max_tokens=int(raw.get("default_max_tokens", raw["max_tokens"])),
+            roles=tuple(raw.get("roles", ("system", "user", "assistant"))),
+            default_system=raw.get("default_system"),
+            special={str(k): int(v) for k, v in raw["special"].items()},
+            stop_tokens=tuple(int(t) for t in raw["stop_tokens"]),
+        )
+        if not 0 < spec.default_max_tokens <= spec.max_tokens < spec.context_length:
+            raise ValueError("generation: 0 < default_max_tokens <= max_tokens < context_length")
+        if not {"im_start", "im_end"} <= spec.special.keys():
+            raise ValueError("generation.special: the ids of im_start and im_end")
+        return spec
+
+
+@dataclass(frozen=True)
 class ModelCard:
     name: str
     version: str
@@ -151,6 +192,8 @@ class ModelCard:
     # serve it run the model. None: DEFAULT_MODEL_QUEUE. The newest card speaks for
     # the model (jobs are claimed by model, whatever their version).
     queue: str | None = None
+    # A generative model's (app.generation); None for one-shot models.
+    generation: GenerationSpec | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -183,6 +226,7 @@ class ModelCard:
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline else {}),
             "version_policy": self.version_policy.to_dict(),
             **({"queue": self.queue} if self.queue else {}),
+            **({"generation": self.generation.to_dict()} if self.generation else {}),
             **self.extra,
         }
 
@@ -190,7 +234,8 @@ class ModelCard:
     def load(cls, version_dir: Path) -> ModelCard:
         raw = json.loads((version_dir / "card.json").read_text())
         known = {"name", "version", "platform", "description", "inputs", "outputs", "labels",
-                 "batching", "pipeline", "version_policy", "tenants", "queue"}  # fmt: skip
+                 "batching", "pipeline", "version_policy", "tenants", "queue",
+                 "generation"}  # fmt: skip
         tenants = raw.get("tenants")
         if tenants is not None and not (
             isinstance(tenants, list) and all(isinstance(t, str) for t in tenants)
@@ -213,6 +258,7 @@ class ModelCard:
             version_policy=VersionPolicy.from_dict(raw.get("version_policy")),
             tenants=tuple(tenants) if tenants is not None else None,
             queue=queue,
+            generation=GenerationSpec.from_dict(raw["generation"]) if "generation" in raw else None,
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

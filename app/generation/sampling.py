@@ -1,0 +1,34 @@
+"""Picking the next token from a row of logits (numpy only).
+
+Greedy is the arg max. Otherwise the logits are divided by the temperature,
+cut to the top_k most likely (0: no cut), then to the smallest set whose
+probability reaches top_p, and one token is drawn with the sequence's own
+generator: a seed gives the same draws, so the same tokens, every run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.generation.requests import Sampling
+
+
+def generator(sampling: Sampling) -> np.random.Generator:
+    return np.random.default_rng(sampling.seed)
+
+
+def pick(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
+    if sampling.greedy:
+        return int(np.argmax(logits))
+    scaled = logits.astype(np.float64) / sampling.temperature
+    if 0 < sampling.top_k < scaled.size:
+        candidates = np.argpartition(scaled, -sampling.top_k)[-sampling.top_k :]
+    else:
+        candidates = np.arange(scaled.size)
+    order = candidates[np.argsort(scaled[candidates], kind="stable")[::-1]]
+    weights = np.exp(scaled[order] - scaled[order[0]])
+    probabilities = weights / weights.sum()
+    if sampling.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probabilities), sampling.top_p)) + 1
+        order, probabilities = order[:keep], probabilities[:keep] / probabilities[:keep].sum()
+    return int(order[rng.choice(order.size, p=probabilities)])

@@ -1,0 +1,222 @@
+"""The decode loop of a generative model: continuous batching over a fixed set of slots.
+
+One `DecodeEngine` per worker process and model. Each sequence holds a slot,
+and each slot its own rows of the key/value cache: one preallocated buffer per
+layer and kind, [slots, kv_heads, context, head_size], bound as both the past
+input and the present output of the graph, so ONNX Runtime's
+GroupQueryAttention appends in place and no step copies the cache (the buffer
+is allocated, never written whole: only the positions a sequence reaches take
+memory).
+
+A `step()` first prefills waiting prompts, up to `prefill_tokens` tokens of them
+(a long prompt goes in chunks over several steps, so the others' decoding waits
+at most one chunk), then runs one decode call for every sequence that is
+generating: new sequences join the batch at the next step, finished or
+cancelled ones leave it. The decoding sequences are kept in slots 0..n-1 (a
+leaver's slot is filled by moving the last one's cache rows), so the call binds
+one contiguous view of each buffer. Everything here is synchronous and owned by
+one thread; the caller (app.operations.generation) adds, cancels and steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from app.generation.requests import Sampling
+from app.generation.sampling import generator, pick
+
+
+@dataclass(eq=False)
+class Sequence:
+    key: Any  # the caller's name for it (a job id)
+    prompt: list[int]
+    sampling: Sampling
+    rng: np.random.Generator = field(init=False)
+    generated: list[int] = field(default_factory=list)
+    slot: int = -1
+    filled: int = 0  # positions of its cache rows written
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.rng = generator(self.sampling)
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """What a step made of one sequence: a token (None when it ended on a stop
+    token, which is not part of the text) and, if it ended, why."""
+
+    sequence: Sequence
+    token: int | None
+    finished: str | None  # "stop", "length" or None
+
+
+class DecodeEngine:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        *,
+        slots: int,
+        context: int,
+        stop_tokens: tuple[int, ...],
+        prefill_tokens: int = 256,
+    ) -> None:
+        self.session = session
+        self.slots, self.context = slots, context
+        self.stop_tokens = frozenset(stop_tokens)
+        self.prefill_tokens = prefill_tokens
+        caches = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        kv_heads, head = int(caches[0].shape[1]), int(caches[0].shape[3])
+        self._names = [i.name for i in caches]
+        self._present = [n.replace("past_key_values.", "present.") for n in self._names]
+        self._buffers = [
+            np.zeros((slots, kv_heads, context, head), np.float32) for _ in self._names
+        ]
+        self._views: dict[tuple[int, int], list[ort.OrtValue]] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.decoding: list[Sequence] = []
+        self._free = set(range(slots))
+        self.steps = 0  # decode calls made
+        self.prefill_calls = 0
+
+    @property
+    def busy(self) -> int:
+        """Slots taken or promised: sequences decoding, prefilling or waiting."""
+        return len(self.decoding) + len(self.waiting)
+
+    def room(self) -> int:
+        return self.slots - self.busy
+
+    def add(self, sequence: Sequence) -> None:
+        if self.room() <= 0:
+            raise RuntimeError("no free decode slot")
+        if not sequence.prompt or len(sequence.prompt) >= self.context:
+            raise ValueError(f"a prompt of 1 to {self.context - 1} tokens")
+        self.waiting.append(sequence)
+
+    def cancel(self, key: Any) -> Sequence | None:
+        """Take a sequence out wherever it is; its slot is free for the next step."""
+        for sequence in [*self.waiting, *self.decoding]:
+            if sequence.key == key:
+                self._leave(sequence, "cancelled")
+                return sequence
+        return None
+
+    def step(self) -> list[Emitted]:
+        emitted = self._prefill()
+        if self.decoding:
+            emitted += self._decode()
+        return emitted
+
+    def _prefill(self) -> list[Emitted]:
+        emitted: list[Emitted] = []
+        budget = self.prefill_tokens
+        while self.waiting and budget > 0:
+            sequence = self.waiting[0]
+            if sequence.slot < 0:
+                sequence.slot = max(self._free)
+                self._free.discard(sequence.slot)
+            chunk = sequence.prompt[sequence.filled : sequence.filled + budget]
+            logits = self._run(sequence.slot, sequence.slot + 1, np.array([chunk], np.int64),
+                               np.array([sequence.filled], np.int32))  # fmt: skip
+            self.prefill_calls += 1
+            sequence.filled += len(chunk)
+            budget -= len(chunk)
+            if sequence.filled < len(sequence.prompt):
+                break  # the rest in the next step's budget
+            self.waiting.popleft()
+            self.decoding.append(sequence)
+            emitted.append(self._next(sequence, logits[0]))
+        return emitted
+
+    def _decode(self) -> list[Emitted]:
+        self._compact()
+        batch = sorted(self.decoding, key=lambda s: s.slot)  # row i is slot i's
+        ids = np.array([[s.generated[-1]] for s in batch], np.int64)
+        lengths = np.array([s.filled for s in batch], np.int32)
+        logits = self._run(0, len(batch), ids, lengths)
+        self.steps += 1
+        emitted = []
+        for sequence, row in zip(batch, logits, strict=True):
+            sequence.filled += 1
+            emitted.append(self._next(sequence, row))
+        return emitted
+
+    def _next(self, sequence: Sequence, logits: np.ndarray) -> Emitted:
+        token = pick(logits, sequence.sampling, sequence.rng)
+        if token in self.stop_tokens:
+            self._leave(sequence, "stop")
+            return Emitted(sequence, None, "stop")
+        sequence.generated.append(token)
+        full = sequence.filled + 1 >= self.context
+        if len(sequence.generated) >= sequence.sampling.max_tokens or full:
+            self._leave(sequence, "length")
+            return Emitted(sequence, token, "length")
+        return Emitted(sequence, token, None)
+
+    def _leave(self, sequence: Sequence, reason: str) -> None:
+        sequence.finish_reason = reason
+        if sequence in self.decoding:
+            self.decoding.remove(sequence)
+        elif sequence in self.waiting:
+            self.waiting.remove(sequence)
+        if sequence.slot >= 0:
+            self._free.add(sequence.slot)
+            sequence.slot = -1
+
+    def _compact(self) -> None:
+        """Decoding sequences into slots 0..n-1 (a prefilling one moved out of the way)."""
+        n = len(self.decoding)
+        for sequence in [s for s in self.decoding if s.slot >= n]:
+            hole = min(i for i in range(n) if i not in {s.slot for s in self.decoding})
+            holder = next((s for s in self.waiting if s.slot == hole), None)
+            if holder is None:
+                self._move(sequence, hole)
+            else:  # a prefilling prompt holds the hole: the two change places
+                self._swap(sequence, holder)
+
+    def _move(self, sequence: Sequence, slot: int) -> None:
+        self._free.discard(slot)
+        for buffer in self._buffers:
+            buffer[slot, :, : sequence.filled] = buffer[sequence.slot, :, : sequence.filled]
+        self._free.add(sequence.slot)
+        sequence.slot = slot
+
+    def _swap(self, a: Sequence, b: Sequence) -> None:
+        for buffer in self._buffers:
+            kept = buffer[b.slot, :, : b.filled].copy()
+            buffer[b.slot, :, : a.filled] = buffer[a.slot, :, : a.filled]
+            buffer[a.slot, :, : b.filled] = kept
+        a.slot, b.slot = b.slot, a.slot
+
+    def _run(self, first: int, end: int, ids: np.ndarray, past: np.ndarray) -> np.ndarray:
+        """One graph call for slots first..end-1, each row `past` positions in."""
+        binding = self.session.io_binding()
+        binding.bind_output("logits")
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("seqlens_k", (past + ids.shape[1] - 1).astype(np.int32))
+        binding.bind_cpu_input(
+            "total_sequence_length", np.array(int(past.max()) + ids.shape[1], np.int32)
+        )
+        for name, present, value in zip(self._names, self._present, self._view(first, end),
+                                        strict=True):  # fmt: skip
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(present, value)
+        self.session.run_with_iobinding(binding)
+        logits: np.ndarray = binding.get_outputs()[0].numpy()
+        return logits
+
+    def _view(self, first: int, end: int) -> list[ort.OrtValue]:
+        """The cache rows of slots first..end-1 as ONNX Runtime values over the same
+        memory (made once per range)."""
+        key = (first, end)
+        if key not in self._views:
+            self._views[key] = [
+                ort.OrtValue.ortvalue_from_numpy(buffer[first:end]) for buffer in self._buffers
+            ]
+        return self._views[key]
