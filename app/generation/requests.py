@@ -17,30 +17,13 @@ import numpy as np
 import orjson
 
 from app.cards import GenerationSpec
+from app.runtime.sampling import Sampling
 from app.runtime.tensors import InvalidInputs, unpack
 
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 MAX_STOP_CHARS = 64
 REQUEST_INPUT = "generation_request"  # the stored request: one BYTES value of JSON
 PARAMETERS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How tokens are picked: greedy at temperature 0 (or top_k 1), otherwise
-    sampled from the top_k most likely, then the top_p of probability mass; a
-    seed makes a sampled run repeatable."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
 
 
 @dataclass(frozen=True)

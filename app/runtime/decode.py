@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from app.generation.requests import Sampling
-from app.generation.sampling import generator, pick
+from app.runtime.sampling import Sampling, generator, pick
 
 
 @dataclass(eq=False)

@@ -14,11 +14,12 @@ import pytest
 
 from app.cards import ModelCard
 from app.generation.chat import ChatFormat
-from app.generation.requests import GenerationRequest, Sampling, parse
+from app.generation.requests import GenerationRequest, parse
 from app.platform.settings import ROOT
 from app.repository.bundled import ensure_models
 from app.repository.gguf_llama import gguf_path, llama_graph, read_gguf
 from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.sampling import Sampling
 from tests.generation.reference import Reference
 
 PROMPTS = [

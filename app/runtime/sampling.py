@@ -8,9 +8,27 @@ generator: a seed gives the same draws, so the same tokens, every run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from app.generation.requests import Sampling
+
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are picked: greedy at temperature 0 (or top_k 1), otherwise
+    sampled from the top_k most likely, then the top_p of probability mass; a
+    seed makes a sampled run repeatable."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
 
 
 def generator(sampling: Sampling) -> np.random.Generator:

@@ -1,0 +1,132 @@
+"""A generation's text as it is made, from the worker to whoever follows the job, over
+Redis pub/sub (channel `inference:tokens:<job id>`).
+
+A message is one JSON object: `{"index": n, "text": "...", "tokens": k}` for a
+piece (a few tokens, coalesced: the worker flushes a job's text at most every
+FLUSH_S or every FLUSH_TOKENS tokens, all due jobs in one pipeline per decode
+step), and a last one, sent after the job's record is committed, with
+`"final": true`, `"status"`, `"finish_reason"`, `"usage"` and the whole `"output"`
+text. Joined, the pieces' texts are the job's `outputs.text`. Pub/sub keeps
+nothing: a follower that missed a piece (it subscribed late, or reconnected)
+sends the rest of the whole text from the last message, or from the record if
+that was lost too (the job row is the truth: `follow`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+CHANNEL_PREFIX = "inference:tokens:"
+FLUSH_S = 0.02
+FLUSH_TOKENS = 8
+
+
+def channel(job_id: uuid.UUID | str) -> str:
+    return f"{CHANNEL_PREFIX}{job_id}"
+
+
+@dataclass
+class _Pending:
+    text: str = ""
+    tokens: int = 0
+    index: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+
+class PiecePublisher:
+    """Coalesces each job's new text and publishes what is due in one round trip."""
+
+    def __init__(self, redis: Callable[[], Any]) -> None:
+        self._redis = redis
+        self._pending: dict[uuid.UUID, _Pending] = {}
+
+    def add(self, job_id: uuid.UUID, text: str) -> None:
+        pending = self._pending.setdefault(job_id, _Pending())
+        if not pending.text:
+            pending.since = time.monotonic()
+        pending.text += text
+        pending.tokens += 1
+
+    def flush(self, finals: dict[uuid.UUID, dict[str, Any]] | None = None) -> None:
+        """Publish the pieces due (all of a finishing job's), then the finals."""
+        finals = finals or {}
+        now = time.monotonic()
+        messages: list[tuple[str, bytes]] = []
+        for job_id, pending in self._pending.items():
+            due = now - pending.since >= FLUSH_S or pending.tokens >= FLUSH_TOKENS
+            if pending.text and (due or job_id in finals):
+                piece = {"index": pending.index, "text": pending.text, "tokens": pending.tokens}
+                messages.append((channel(job_id), orjson.dumps(piece)))
+                pending.index += 1
+                pending.text, pending.tokens = "", 0
+        for job_id, final in finals.items():
+            index = self._pending.pop(job_id, _Pending()).index
+            messages.append((channel(job_id), orjson.dumps({"index": index, **final})))
+        if not messages:
+            return
+        pipe = self._redis().pipeline(transaction=False)
+        for name, message in messages:
+            pipe.publish(name, message)
+        pipe.execute()
+
+    def forget(self, job_id: uuid.UUID) -> None:
+        self._pending.pop(job_id, None)
+
+
+@dataclass(frozen=True)
+class Followed:
+    """What a follower passes on: new text, and at the end the job's status,
+    finish reason and usage (`final`)."""
+
+    text: str
+    final: dict[str, Any] | None = None
+
+
+def follow(
+    redis: Any,
+    job_id: uuid.UUID,
+    ended: Callable[[], dict[str, Any] | None],
+    timeout_s: float,
+    check_s: float = 1.0,
+) -> Iterator[Followed]:
+    """The job's text as it comes, then its end. `ended()` reads the record: None
+    while the job runs, else the final message's fields (its status, finish
+    reason, usage and output). A gap in the pieces' indexes (a lost message) holds
+    the text back until the end, whose whole output fills it: what is yielded,
+    joined, is the output exactly. Gives up after `timeout_s` (TimeoutError)."""
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel(job_id))
+    sent, expected, gap = "", 0, False
+    deadline = time.monotonic() + timeout_s
+    next_check = time.monotonic() + check_s
+    try:
+        while True:
+            message = pubsub.get_message(timeout=min(check_s, 0.5))
+            final: dict[str, Any] | None = None
+            if message is not None and message.get("type") == "message":
+                data = orjson.loads(message["data"])
+                gap = gap or data["index"] != expected
+                expected = data["index"] + 1
+                if data.get("final"):
+                    final = data
+                elif not gap:
+                    sent += data["text"]
+                    yield Followed(data["text"])
+            now = time.monotonic()
+            if final is None and now >= next_check:
+                final, next_check = ended(), now + check_s
+            if final is not None:
+                output = final.get("output") or ""
+                rest = output[len(sent) :] if output.startswith(sent) else ""
+                yield Followed(rest, final)
+                return
+            if now >= deadline:
+                raise TimeoutError(f"job {job_id} did not finish within {timeout_s:g} s")
+    finally:
+        pubsub.close()
