@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from app.operations.dead_letters import DeadLetterOperations
     from app.operations.execution import Execution
     from app.operations.files import FileOperations
+    from app.operations.generation import Generation
     from app.operations.jobs import JobOperations
     from app.operations.maintenance import Maintenance
     from app.operations.models import ModelOperations
@@ -209,6 +210,17 @@ class Container(Lazy):
         return Execution(
             parts.database, parts.runner, parts.dispatcher, DrainSettings.of(self.settings)
         )
+
+    @made
+    def generation(self) -> Generation:
+        """The decode loop of generative models (the workers)."""
+        from app.operations.generation import Generation, GenerationSettings
+
+        parts = self.parts
+        return Generation(
+            parts.database, parts.runner, parts.dispatcher, lambda: parts._reply_redis,
+            GenerationSettings.of(self.settings), self.settings.ort_provider,
+        )  # fmt: skip
 
     @made
     def maintenance(self) -> Maintenance:

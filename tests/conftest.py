@@ -120,6 +120,8 @@ def model_repository() -> Iterator[Path]:
     root = TEST_VAR / f"models-{RUN_ID}"
     shutil.copytree(ROOT / "models" / "digits", root / "digits")
     shutil.copytree(ROOT / "models" / "minilm", root / "minilm")
+    # The chat model's 219 MB graph is linked, not copied.
+    shutil.copytree(ROOT / "models" / "smollm2", root / "smollm2", copy_function=os.link)
     # The same model under the name of the jobs tests stage by hand: no worker is
     # woken for it unless a test does so, so a background worker never takes them.
     shutil.copytree(ROOT / "models" / "digits", root / STAGED)

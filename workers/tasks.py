@@ -65,6 +65,8 @@ def drain(self: Task, model: str) -> int:
             execution.taken(model, came_on)
             raise self.retry(queue=queue, countdown=0)
         execution.taken(model, came_on)
+        if execution.generates(model):
+            return container.generation.drain(model)
         return execution.drain(model)
     except (DBAPIError, RedisError) as exc:
         # The database or Redis went away: take the wake-up again later, with backoff

@@ -114,9 +114,15 @@ def record_values(
     }
 
 
-def check_inputs(card: ModelCard, inputs: Any) -> dict[str, np.ndarray]:
-    """The inputs as arrays of the card's datatypes; InputsDoNotFit names each misfit."""
+def check_inputs(card: ModelCard, inputs: Any, parameters: Any = None) -> dict[str, np.ndarray]:
+    """The inputs as arrays of the card's datatypes (a generative model's: its request,
+    checked and its prompt's length measured); InputsDoNotFit names each misfit."""
     try:
+        if card.generation is not None:
+            return generation_arrays(card, inputs, parameters)
+        if parameters is not None:
+            raise InvalidInputs({"parameters": f"model {card.ref} takes no parameters; only "
+                                 "generative models do"})  # fmt: skip
         return parse_inputs(card, inputs)
     except InvalidInputs as exc:
         raise InputsDoNotFit(
@@ -124,6 +130,16 @@ def check_inputs(card: ModelCard, inputs: Any) -> dict[str, np.ndarray]:
             errors=exc.errors,
             expected=[spec.to_dict() for spec in card.inputs],
         ) from None
+
+
+def generation_arrays(card: ModelCard, inputs: Any, parameters: Any) -> dict[str, np.ndarray]:
+    from app.generation.formats import chat_format
+    from app.generation.requests import parse, request_arrays
+
+    assert card.generation is not None
+    request = parse(card.generation, inputs, parameters)
+    chat_format(card).encode(request)  # the prompt fits the context
+    return request_arrays(request)
 
 
 def batch_rows(card: ModelCard, arrays: dict[str, Any]) -> int:

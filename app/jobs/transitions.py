@@ -75,7 +75,8 @@ def finish_rows(session: Session, outcomes: list[Outcome], *, guarded: bool = Tr
 
     Only the attempt that claimed a job, while the job is still running, can
     write it, so a late or duplicate writer changes nothing. A job whose
-    cancellation was requested while it ran ends `cancelled` and keeps no result.
+    cancellation was requested while it ran ends `cancelled` and keeps no result,
+    unless the attempt stopped for the cancel with what it had (a generation's text).
     """
     if not outcomes:
         return []
@@ -115,7 +116,8 @@ def _finish_statement(guarded: bool) -> Prepared:
             UPDATE jobs AS j SET
                 status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                               WHEN v.status = 'retry' THEN 'queued' ELSE v.status END,
-                output_data = CASE WHEN j.cancel_requested_at IS NULL THEN v.output_data END,
+                output_data = CASE WHEN j.cancel_requested_at IS NULL OR v.status = 'cancelled'
+                                   THEN v.output_data END,
                 output_bytes = CASE WHEN j.cancel_requested_at IS NULL THEN v.output_bytes END,
                 batch_share = coalesce(v.share, j.batch_share),
                 compute_seconds = CASE WHEN v.compute IS NULL THEN j.compute_seconds

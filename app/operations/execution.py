@@ -70,6 +70,12 @@ class Execution:
         """Whether this worker's repository has the model (its card, to route by)."""
         return bool(self.runner.repository.on_disk(model))
 
+    def generates(self, model: str) -> bool:
+        """Whether `model` is generative: its jobs run in the decode loop
+        (app.operations.generation), not here."""
+        card = self.runner.card(model)
+        return card is not None and card.generation is not None
+
     def taken(self, model: str, queue: str | None) -> None:
         """A wake-up for `model` was taken (from `queue`): jobs committed from now on
         need a new one (app.jobs.dispatch)."""

@@ -39,6 +39,8 @@ class JobRequest:
     inputs: Any
     version: str | None = None
     priority: int = 0
+    # A generative model's sampling parameters (app.generation.requests); None elsewhere.
+    parameters: Any = None
     deadline: datetime | None = None
     idempotency_key: str | None = None
     webhook: Webhook | None = None

@@ -79,7 +79,7 @@ class Submitter:
     def check(self, card: ModelCard, request: JobRequest) -> dict[str, Any]:
         """The request's inputs as the card's arrays (InputsDoNotFit), its webhook's
         URL one the service may call (InvalidRequest)."""
-        arrays = staging.check_inputs(card, request.inputs)
+        arrays = staging.check_inputs(card, request.inputs, request.parameters)
         if request.webhook is not None:
             self.settings.webhooks.check(request.webhook.url)
         return arrays

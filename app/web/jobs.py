@@ -81,7 +81,7 @@ def job_request(
     webhook = body["webhook"]
     return JobRequest(
         body["model"], body["inputs"], version=body["version"], priority=body["priority"],
-        deadline=deadline(body["deadline"], cancel_after),
+        parameters=body.get("parameters"), deadline=deadline(body["deadline"], cancel_after),
         idempotency_key=idempotency_key,
         webhook=Webhook(webhook["url"], tuple(webhook["events"])) if webhook else None,
     )  # fmt: skip

@@ -75,6 +75,15 @@ class SubmitJobSchema(Schema):
             "example": {"pixels": [[0.0] * 64]},
         },
     )
+    parameters = fields.Dict(
+        load_default=None,
+        metadata={
+            "description": "A generative model's sampling parameters: max_tokens, "
+            "temperature, top_p, top_k, seed, stop (its card lists them and their limits); "
+            "other models take none.",
+            "example": {"max_tokens": 64, "temperature": 0},
+        },
+    )
     webhook = fields.Nested(
         WebhookSchema,
         load_default=None,
@@ -101,7 +110,7 @@ class SubmitJobSchema(Schema):
     # What fast_load passes on: strings of these lengths (or null) for the first,
     # only null (their load_default) for the second; any other key is left to load().
     _FAST_STRINGS: ClassVar[dict[str, tuple[int, float]]] = {"version": (0, math.inf)}
-    _FAST_NULLS: ClassVar[tuple[str, ...]] = ("webhook", "deadline")
+    _FAST_NULLS: ClassVar[tuple[str, ...]] = ("webhook", "deadline", "parameters")
 
     def fast_load(self, data: Any) -> dict[str, Any] | None:
         """The usual body (a model, inputs, perhaps a version and a priority) loaded

@@ -76,6 +76,22 @@ class DoorSettings(JobSettings):
     ort_intra_op_threads: int = Field(
         default=1, description="Threads per ONNX Runtime session (0 = ORT's default)."
     )
+    generation_slots: int = Field(
+        default=16,
+        description="Sequences a worker process decodes together for a generative model (its "
+        "continuous batch); more wait in the queue. Each slot's key/value cache grows with its "
+        "tokens (46 KB a token for smollm2).",
+    )
+    generation_threads: int = Field(
+        default=0,
+        description="Threads of a generative model's ONNX Runtime session (0 = ORT's default, "
+        "every core): one decode loop per worker machine and model uses them all.",
+    )
+    generation_prefill_tokens: int = Field(
+        default=256,
+        description="Prompt tokens a decode step prefills at most; a longer prompt goes in "
+        "pieces over several steps, so the others' next tokens wait at most one piece.",
+    )
     cuda_devices: Annotated[tuple[int, ...], Words] = Field(
         default=(),
         description="Comma list of GPU ids; worker process i runs its CUDA sessions on device "

@@ -1,0 +1,291 @@
+"""Generation jobs on the workers: claimed, leased, decoded together, finished.
+
+A wake-up for a generative model runs `Generation.drain`, the one decode loop of
+its worker machine for that model (a Redis lock keeps a second worker process
+from starting another: they would split the same cores). The loop claims queued
+jobs of the model while it has free slots, as `Execution` does (one UPDATE ...
+SKIP LOCKED, fair between tenants, a lease each), adds them to the decode batch
+at the next step, publishes their text as it comes (app.generation.pieces), and
+writes each finished job in a unit of work with its text, finish reason and
+token counts, its cost its share of the steps it was in. A job whose
+cancellation is requested (DELETE, or a streaming client that went away) leaves
+the batch within a step and ends `cancelled` with the text made so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from sqlalchemy import text
+
+from app.cards import ModelCard
+from app.generation.chat import TextStream
+from app.generation.formats import chat_format
+from app.generation.pieces import PiecePublisher
+from app.generation.requests import stored_request
+from app.jobs import claims, telemetry
+from app.jobs.claims import ClaimedJob
+from app.jobs.dispatch import Dispatcher
+from app.jobs.runner import Runner
+from app.jobs.transitions import Outcome, finish_rows
+from app.platform.database import Database, transactional
+from app.platform.settings import Settings
+from app.runtime.decode import DecodeEngine, Emitted, Sequence
+from app.runtime.sessions import SessionPool
+from app.runtime.tensors import InvalidInputs, pack
+
+logger = logging.getLogger(__name__)
+
+CLAIM_EVERY_S = 0.02  # how often a loop with free slots looks for new jobs
+CANCELS_EVERY_S = 0.25  # how often it looks for cancellations of its running jobs
+LOCK_S = 10.0
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    slots: int
+    threads: int
+    prefill_tokens: int
+    drain_s: float
+    linger_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> GenerationSettings:
+        return cls(settings.generation_slots, settings.generation_threads,
+                   settings.generation_prefill_tokens, settings.drain_seconds,
+                   settings.drain_linger_ms / 1000)  # fmt: skip
+
+
+@dataclass(eq=False)
+class _Running:
+    job: ClaimedJob
+    sequence: Sequence
+    text: TextStream
+    leases: ExitStack
+    compute_s: float = 0.0
+    stopped: str | None = None  # a stop sequence ended it
+
+
+@dataclass
+class _Loop:
+    card: ModelCard
+    engine: DecodeEngine
+    running: dict[uuid.UUID, _Running] = field(default_factory=dict)
+    overtime: set[uuid.UUID] = field(default_factory=set)
+
+
+class Generation:
+    def __init__(
+        self,
+        database: Database,
+        runner: Runner,
+        dispatcher: Dispatcher,
+        redis: Any,
+        settings: GenerationSettings,
+        provider: str = "auto",
+    ) -> None:
+        self.database, self.runner, self.settings = database, runner, settings
+        self._dispatcher, self._redis = dispatcher, redis
+        self._sessions = SessionPool(provider, settings.threads)
+        self._engines: dict[str, DecodeEngine] = {}
+        self.publisher = PiecePublisher(lambda: self._redis())
+
+    def engine(self, card: ModelCard) -> DecodeEngine:
+        """The process's decode engine for this model version (its cache made once)."""
+        if card.ref not in self._engines:
+            assert card.generation is not None
+            self._engines[card.ref] = DecodeEngine(
+                self._sessions.get(card), slots=self.settings.slots,
+                context=card.generation.context_length, stop_tokens=card.generation.stop_tokens,
+                prefill_tokens=self.settings.prefill_tokens,
+            )  # fmt: skip
+        return self._engines[card.ref]
+
+    def drain(self, model: str) -> int:
+        """Decode `model`'s queued jobs until none is left for DRAIN_LINGER_MS (new
+        ones are claimed as slots free up) or DRAIN_SECONDS passed (then the
+        running ones finish and a wake-up takes over). Returns the jobs finished."""
+        card = self.runner.card(model)
+        if card is None or card.generation is None:
+            return 0
+        lock = f"inference:generating:{model}:{socket.gethostname()}"
+        token = uuid.uuid4().hex
+        if not self._redis().set(lock, token, nx=True, px=int(LOCK_S * 1000)):
+            return 0  # this machine's loop for the model is running: it claims the jobs
+        try:
+            return self._loop(model, _Loop(card, self.engine(card)), lock, token)
+        finally:
+            if self._redis().get(lock) == token.encode():
+                self._redis().delete(lock)
+            if self._claimable(model):
+                self._dispatcher.wake(model)
+
+    def _loop(self, model: str, loop: _Loop, lock: str, token: str) -> int:
+        started = time.monotonic()
+        stop_at = started + self.settings.drain_s
+        idle_until = started + self.settings.linger_s
+        next_claim = next_cancels = next_lock = 0.0
+        done = 0
+        while True:
+            now = time.monotonic()
+            if now >= next_lock:
+                self._redis().set(lock, token, px=int(LOCK_S * 1000))
+                next_lock = now + LOCK_S / 5
+            room = loop.engine.room()
+            if room > 0 and now < stop_at and now >= next_claim:
+                claimed, _ = self._claim_next(model, room)
+                for job in claimed:
+                    done += self._start(loop, job)
+                next_claim = now + (0 if claimed else CLAIM_EVERY_S)
+            if not loop.running:
+                if now >= stop_at or now >= idle_until:
+                    return done
+                time.sleep(CLAIM_EVERY_S)
+                continue
+            idle_until = now + self.settings.linger_s
+            if now >= next_cancels:
+                done += self._cancels(loop)
+                next_cancels = now + CANCELS_EVERY_S
+            done += self._step(loop)
+
+    def _start(self, loop: _Loop, job: ClaimedJob) -> int:
+        """Add a claimed job to the batch; a request that cannot run fails at once."""
+        fmt = chat_format(loop.card)
+        try:
+            request = stored_request(bytes(job.input_data or b""))
+            prompt = fmt.encode(request)
+        except (KeyError, TypeError, ValueError, InvalidInputs) as exc:
+            failed = Outcome(job.id, job.attempt, "failed", error_code="invalid_input",
+                             error_message=f"{type(exc).__name__}: {exc}",
+                             error_class=type(exc).__name__)  # fmt: skip
+            self._finish([failed], [job])
+            return 1
+        leases = ExitStack()
+        run = self.runner.settings
+        leases.enter_context(self.runner.leases.holding(
+            [job], run.lease_s / 3, run.time_limit_s,
+            lambda jobs: loop.overtime.update(j.id for j in jobs)))  # fmt: skip
+        sequence = Sequence(job.id, prompt, request.sampling)
+        loop.running[job.id] = _Running(
+            job, sequence, fmt.text_stream(request.sampling.stop), leases
+        )
+        loop.engine.add(sequence)
+        return 0
+
+    def _step(self, loop: _Loop) -> int:
+        began = time.perf_counter()
+        emitted = loop.engine.step()
+        elapsed = time.perf_counter() - began
+        if emitted:
+            share = elapsed / len(emitted)
+            for item in emitted:
+                if (running := loop.running.get(item.sequence.key)) is not None:
+                    running.compute_s += share
+        ended = [r for item in emitted if (r := self._emit(loop, item)) is not None]
+        for job_id in list(loop.overtime):
+            loop.overtime.discard(job_id)
+            if (running := loop.running.get(job_id)) is not None:
+                loop.engine.cancel(job_id)
+                running.sequence.finish_reason = "time_limit"
+                ended.append(running)
+        if not ended:
+            self.publisher.flush()
+            return 0
+        return self._end(loop, ended)
+
+    def _emit(self, loop: _Loop, item: Emitted) -> _Running | None:
+        running = loop.running.get(item.sequence.key)
+        if running is None:
+            return None
+        if item.token is not None:
+            piece = running.text.add(item.token)
+            if piece.text:
+                self.publisher.add(running.job.id, piece.text)
+            if piece.stopped:
+                loop.engine.cancel(running.job.id)
+                running.stopped = "stop"
+                return running
+        if item.finished:
+            if tail := running.text.finish().text:
+                self.publisher.add(running.job.id, tail)
+            return running
+        return None
+
+    def _cancels(self, loop: _Loop) -> int:
+        ids = [str(job_id) for job_id in loop.running]
+        with self.database.separate_core_unit_of_work() as connection:
+            cancelled = connection.execute(
+                text("SELECT id FROM jobs WHERE id = ANY(CAST(:ids AS uuid[])) "
+                     "AND cancel_requested_at IS NOT NULL"), {"ids": ids},
+            ).scalars().all()  # fmt: skip
+        ended = []
+        for job_id in cancelled:
+            running = loop.running[uuid.UUID(str(job_id))]
+            loop.engine.cancel(running.job.id)
+            ended.append(running)
+        return self._end(loop, ended) if ended else 0
+
+    def _end(self, loop: _Loop, ended: list[_Running]) -> int:
+        outcomes, finals = [], {}
+        for running in ended:
+            loop.running.pop(running.job.id, None)
+            running.leases.close()
+            sequence = running.sequence
+            reason = running.stopped or sequence.finish_reason or "cancelled"
+            usage = {"prompt_tokens": len(sequence.prompt),
+                     "completion_tokens": len(sequence.generated)}  # fmt: skip
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            outputs = pack({
+                "text": np.array(running.text.text, dtype=object),
+                "finish_reason": np.array(reason, dtype=object),
+                **{k: np.array(v, np.int64) for k, v in usage.items()},
+            })  # fmt: skip
+            if reason == "time_limit":
+                outcome = Outcome(running.job.id, running.job.attempt, "failed",
+                                  error_code="time_limit", error_message="the job ran past "
+                                  "JOB_TIME_LIMIT_SECONDS", output_data=outputs)  # fmt: skip
+            else:
+                status = "cancelled" if reason == "cancelled" else "succeeded"
+                outcome = Outcome(running.job.id, running.job.attempt, status, output_data=outputs)
+            outcomes.append(replace(outcome, compute_seconds=running.compute_s))
+            finals[running.job.id] = {"final": True, "finish_reason": reason, "usage": usage,
+                                      "output": running.text.text}  # fmt: skip
+        rows = self._finish(outcomes, [r.job for r in ended])
+        statuses = {row.id: row.status for row in rows}
+        for job_id, final in finals.items():
+            final["status"] = statuses.get(job_id, "lost")
+        self.publisher.flush(finals)
+        return len(rows)
+
+    def _finish(self, outcomes: list[Outcome], jobs: list[ClaimedJob]) -> list[Any]:
+        rows = self._write(outcomes, jobs)
+        self.runner.answer(jobs, outcomes, rows)
+        return rows
+
+    @transactional
+    def _write(self, outcomes: list[Outcome], jobs: list[ClaimedJob]) -> list[Any]:
+        session = self.database.session()
+        rows = finish_rows(session, outcomes, guarded=self.runner.guards.finish)
+        telemetry.finished(session, jobs, rows)
+        return rows
+
+    @transactional
+    def _claim_next(self, model: str, room: int) -> tuple[list[ClaimedJob], bool]:
+        return claims.claim_next(
+            self.database.session(), model, room, self.runner.settings.lease_s,
+            guarded=self.runner.guards.claim,
+        )  # fmt: skip
+
+    def _claimable(self, model: str) -> bool:
+        with self.database.separate_core_unit_of_work() as connection:
+            return bool(connection.execute(
+                text("SELECT EXISTS (SELECT 1 FROM jobs WHERE model = :model "
+                     "AND status = 'queued')"), {"model": model},
+            ).scalar())  # fmt: skip
