@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from app.operations.batches import BatchOperations
     from app.operations.bindings import BindingOperations
     from app.operations.calls import CallOperations
+    from app.operations.completions import Completions
     from app.operations.dead_letters import DeadLetterOperations
     from app.operations.execution import Execution
     from app.operations.files import FileOperations
@@ -102,6 +103,17 @@ class Container(Lazy):
 
         parts = self.parts
         return JobOperations(parts.database, self._submitter, parts.holds, parts.events)
+
+    @made
+    def completions(self) -> Completions:
+        """Generation calls that follow their job (the OpenAI-compatible door)."""
+        from app.operations.completions import Completions
+
+        parts, settings = self.parts, self.settings
+        return Completions(
+            parts.database, self.jobs, self._submitter, parts.repository,
+            lambda: parts._reply_redis, settings.job_time_limit_seconds + 60,
+        )  # fmt: skip
 
     @made
     def calls(self) -> CallOperations:

@@ -42,6 +42,7 @@ def register_api(app: Flask) -> None:
         infer,
         jobs,
         model_repository,
+        openai,
         schedules,
         streams,
         usage,
@@ -80,6 +81,8 @@ def register_api(app: Flask) -> None:
     # OpenAPI document (its JSON twin, /status.json, is in it).
     status.init_sessions(app, container_of(app).settings)
     app.register_blueprint(status.pages)
+    # The OpenAI-compatible door (/v1), described by OpenAI's reference, not ours.
+    app.register_blueprint(openai.blp)
     # Swagger UI's JavaScript and CSS from the installed package, not a CDN.
     app.register_blueprint(
         Blueprint(

@@ -66,10 +66,33 @@ class Problem(Exception):
 
 
 def problem_response(problem: Problem) -> Response:
-    response = Response(json.dumps(problem.to_dict()), status=problem.status, mimetype=PROBLEM_JSON)
+    if request and request.path.startswith("/v1/"):
+        body, mimetype = openai_error(problem), "application/json"
+    else:
+        body, mimetype = problem.to_dict(), PROBLEM_JSON
+    response = Response(json.dumps(body), status=problem.status, mimetype=mimetype)
     for name, value in problem.headers.items():
         response.headers[name] = value
     return response
+
+
+def openai_error(problem: Problem) -> dict[str, Any]:
+    """The problem as OpenAI's error object, which the OpenAI-compatible door's
+    clients read: the same status, the message, the field at fault (`param`)."""
+    errors = problem.extra.get("errors")
+    param = problem.extra.get("param")
+    if param is None and isinstance(errors, dict) and errors:
+        param = next(iter(errors))
+    kind = (
+        "authentication_error" if problem.status == 401
+        else "permission_error" if problem.status == 403
+        else "not_found_error" if problem.status == 404
+        else "rate_limit_error" if problem.status == 429
+        else "server_error" if problem.status >= 500
+        else "invalid_request_error"
+    )  # fmt: skip
+    code = problem.code.replace("-", "_")
+    return {"error": {"message": problem.detail, "type": kind, "param": param, "code": code}}
 
 
 def problem_from_http_exception(exc: HTTPException) -> Problem:

@@ -1,0 +1,75 @@
+"""Generation calls that follow their job: the OpenAI-compatible door's operations.
+
+A call is a job like any other (submitted through the one submit path, run by
+the workers' decode loop, recorded and billed); what this adds is following it:
+its text as the worker makes it (app.generation.pieces), then its end. A call
+whose client went away is cancelled, which frees its decode slot within a step.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy.orm import undefer
+
+from app.cards import ModelCard
+from app.generation.pieces import Followed, follow
+from app.jobs.representation import stored_outputs
+from app.jobs.tables import TERMINAL_STATUSES, Job
+from app.operations.jobs import JobOperations
+from app.operations.requests import JobRequest
+from app.operations.submission import Submitter
+from app.platform.database import Database
+from app.repository.registry import ModelRepository
+from app.tenancy.keys import TenantRef
+
+
+class Completions:
+    def __init__(
+        self,
+        database: Database,
+        jobs: JobOperations,
+        submitter: Submitter,
+        repository: ModelRepository,
+        redis: Callable[[], Any],
+        timeout_s: float,
+    ) -> None:
+        self.database, self._jobs, self._submitter = database, jobs, submitter
+        self._repository, self._redis, self.timeout_s = repository, redis, timeout_s
+
+    def models(self, tenant: TenantRef) -> list[ModelCard]:
+        """The generative models the tenant may use (newest version of each)."""
+        cards = [self._repository.resolve(name, None, tenant.name)
+                 for name in self._repository.names(tenant.name)]  # fmt: skip
+        return [card for card in cards if card.generation is not None]
+
+    def card(self, tenant: TenantRef, model: str) -> ModelCard:
+        return self._submitter.card(tenant, model, None)
+
+    def start(self, tenant: TenantRef, request: JobRequest) -> Job:
+        job = self._jobs.submit(tenant, request)
+        self.database.end_reads()  # a follower holds no connection while it waits
+        return job
+
+    def follow(self, tenant: TenantRef, job_id: uuid.UUID) -> Iterator[Followed]:
+        """The job's text as it comes, then its end (`Followed.final`)."""
+        return follow(self._redis(), job_id, lambda: self._ended(tenant, job_id), self.timeout_s)
+
+    def cancel(self, tenant: TenantRef, job_id: uuid.UUID) -> None:
+        """The caller went away: stop the generation (its slot is free within a step)."""
+        self._jobs.cancel_many(tenant, [job_id])
+
+    def _ended(self, tenant: TenantRef, job_id: uuid.UUID) -> dict[str, Any] | None:
+        """The final message's fields from the record, once the job has ended."""
+        with self.database.sessionmaker() as session:
+            job = session.get(Job, job_id, options=[undefer(Job.output_data)])
+            if job is None or job.tenant_id != tenant.id or job.status not in TERMINAL_STATUSES:
+                return None
+            outputs = stored_outputs(job) or {}
+        usage = {k: outputs[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+                 if k in outputs}  # fmt: skip
+        return {"final": True, "status": job.status, "output": outputs.get("text", ""),
+                "finish_reason": outputs.get("finish_reason"), "usage": usage,
+                "error": job.error_message}  # fmt: skip
