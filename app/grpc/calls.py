@@ -29,8 +29,9 @@ def infer_request(call: codec.Call, context: grpc.ServicerContext) -> InferReque
         answer_by = max(0.001, remaining - min(0.25, remaining * 0.1))
         timeout_s = min(timeout_s or answer_by, answer_by)
     return InferRequest(
-        call.model, call.tensors, version=call.version, timeout_s=timeout_s, deadline=deadline
-    )
+        call.model, call.tensors, version=call.version, timeout_s=timeout_s, deadline=deadline,
+        parameters=call.parameters,
+    )  # fmt: skip
 
 
 def check_outputs(card: ModelCard, call: codec.Call) -> None:

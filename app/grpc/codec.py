@@ -70,6 +70,8 @@ class Call:
     tensors: list[dict[str, Any]]
     outputs: list[str] | None
     timeout_s: float | None
+    # The request's other parameters: a generative model's sampling parameters.
+    parameters: dict[str, Any] | None = None
 
     def reply(self) -> Reply:
         return Reply(self.id, self.model, self.outputs)
@@ -103,6 +105,7 @@ def decode(request: pb.ModelInferRequest) -> Call:
         tensors=tensors,
         outputs=outputs,
         timeout_s=_timeout(request.parameters),
+        parameters=_sampling(request.parameters),
     )
 
 
@@ -187,6 +190,17 @@ def _check_parameters(parameters: Any, where: str) -> None:
     for key in parameters:
         if key in _REFUSED_PARAMETERS:
             raise _invalid(f"{where}.{key}", _REFUSED_PARAMETERS[key])
+
+
+def _sampling(parameters: Any) -> dict[str, Any] | None:
+    """The parameters beside the protocol's own, as plain values (Triton's vLLM
+    backend takes max_tokens, temperature, ... so)."""
+    found = {
+        key: getattr(value, value.WhichOneof("parameter_choice"))
+        for key, value in parameters.items()
+        if key not in ("timeout", "binary_data_output") and value.WhichOneof("parameter_choice")
+    }
+    return found or None
 
 
 def _timeout(parameters: Any) -> float | None:

@@ -137,9 +137,26 @@ def generation_arrays(card: ModelCard, inputs: Any, parameters: Any) -> dict[str
     from app.generation.requests import parse, request_arrays
 
     assert card.generation is not None
-    request = parse(card.generation, inputs, parameters)
+    request = parse(card.generation, _text_input(inputs), parameters)
     chat_format(card).encode(request)  # the prompt fits the context
     return request_arrays(request)
+
+
+def _text_input(inputs: Any) -> Any:
+    """KServe v2's form of a prompt (Triton's vLLM backend): one BYTES `text_input`,
+    as a tensor list or `{"text_input": [...]}`; other forms are left to `parse`."""
+    if isinstance(inputs, list) and len(inputs) == 1 and isinstance(inputs[0], dict):
+        inputs = {inputs[0].get("name"): inputs[0].get("data")}
+    if isinstance(inputs, dict) and set(inputs) == {"text_input"}:
+        data = inputs["text_input"]
+        if isinstance(data, np.ndarray):  # the gRPC door's tensors
+            data = data.reshape(-1).tolist()
+        while isinstance(data, list) and len(data) == 1:
+            data = data[0]
+        if isinstance(data, bytes):
+            data = data.decode("utf-8", "replace")
+        return {"prompt": data}
+    return inputs
 
 
 def batch_rows(card: ModelCard, arrays: dict[str, Any]) -> int:

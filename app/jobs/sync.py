@@ -220,6 +220,8 @@ def _outputs(card: ModelCard, job: Outcome) -> dict[str, np.ndarray]:
     rows written before outputs were packed."""
     if job.output_data is not None:
         arrays = unpack(job.output_data)
+        if card.generation is not None:  # KServe's name for the text (Triton's vLLM backend)
+            return {"text_output": np.array([arrays["text"][()]], dtype=object)}
         return {spec.name: arrays[spec.name] for spec in card.outputs}
     return from_json(card.outputs, job.outputs or {})
 

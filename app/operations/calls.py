@@ -169,6 +169,7 @@ class CallOperations:
         return JobRequest(
             card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY,
             deadline=request.deadline, reply_to=self._replies.channel,
+            parameters=request.parameters if card.generation is not None else None,
         )  # fmt: skip
 
 

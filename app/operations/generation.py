@@ -115,7 +115,8 @@ class Generation:
         card = self.runner.card(model)
         if card is None or card.generation is None:
             return 0
-        lock = f"inference:generating:{model}:{socket.gethostname()}"
+        queue = self._dispatcher.queue_for(model)
+        lock = f"inference:generating:{queue}:{model}:{socket.gethostname()}"
         token = uuid.uuid4().hex
         if not self._redis().set(lock, token, nx=True, px=int(LOCK_S * 1000)):
             return 0  # this machine's loop for the model is running: it claims the jobs

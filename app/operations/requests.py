@@ -60,6 +60,9 @@ class InferRequest:
     version: str | None = None
     timeout_s: float | None = None
     deadline: datetime | None = None
+    # A generative model's sampling parameters (the request's own, as Triton's vLLM
+    # backend takes them); None elsewhere.
+    parameters: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,13 @@ def infer(name: str, version: str | None = None) -> Response:
     )  # after authentication: an anonymous body is never parsed
     answer = services().calls.infer(
         current_tenant(),
-        InferRequest(name, call.tensors, version=version, timeout_s=call.timeout_s),
+        InferRequest(
+            name,
+            call.tensors,
+            version=version,
+            timeout_s=call.timeout_s,
+            parameters=kserve.sampling_parameters(call.parameters),
+        ),
     )
     parameters: dict[str, Any] = {"job_id": str(answer.job_id)} if answer.job_id else {}
     body, headers = kserve.encode_response(answer.card, call, answer.outputs, parameters)

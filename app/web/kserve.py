@@ -79,6 +79,16 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     )
 
 
+# Request parameters of the protocol itself; the others are a generative model's
+# sampling parameters (max_tokens, temperature, ...), as Triton's vLLM backend names them.
+PROTOCOL_PARAMETERS = ("binary_data_output", "timeout")
+
+
+def sampling_parameters(parameters: dict[str, Any]) -> dict[str, Any] | None:
+    found = {k: v for k, v in parameters.items() if k not in PROTOCOL_PARAMETERS}
+    return found or None
+
+
 def encode_response(
     card: ModelCard,
     request: InferRequest,

@@ -1,0 +1,136 @@
+"""The chat model through the other doors (KServe v2 over HTTP and gRPC), and
+cancelling a running generation: by DELETE, and by a streaming client leaving."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from flask import Flask
+from flask.testing import FlaskClient
+
+from app.grpc.server import Running
+from app.platform.settings import Settings
+from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
+from tests.grpc.conftest import grpc_server  # noqa: F401  (the fixture)
+from tests.support import LiveServer, wait_until
+
+pytestmark = pytest.mark.processes
+
+PROMPT = "The capital of France is"
+LONG = {"messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}
+
+
+def test_kserve_http_takes_text_input_and_answers_text_output(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    body = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [PROMPT]}],
+        "parameters": {"max_tokens": 2, "temperature": 0},
+    }
+    response = client.post("/v2/models/smollm2/infer", json=body, headers=auth)
+    assert response.status_code == 200, response.json
+    answer = response.json
+    assert answer["outputs"] == [
+        {"name": "text_output", "datatype": "BYTES", "shape": [1], "data": [" Paris."]}
+    ]
+    job = wait_for_job(client, auth, answer["parameters"]["job_id"])
+    assert job["outputs"]["completion_tokens"] == 2
+
+
+def test_kserve_grpc_model_infer_answers_the_whole_text(
+    grpc_server: Running,  # noqa: F811
+    tenant: TenantAuth,
+    worker: WorkerProcess,
+) -> None:
+    client = triton.InferenceServerClient(f"127.0.0.1:{grpc_server.port}")
+    try:
+        text = triton.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([PROMPT.encode()], dtype=object))
+        headers = {"authorization": tenant.headers["Authorization"]}
+        result = client.infer("smollm2", [text], headers=headers,
+                              parameters={"max_tokens": 2, "temperature": 0})  # fmt: skip
+        assert result.as_numpy("text_output").tolist() == [b" Paris."]
+    finally:
+        client.close()
+
+
+def _running_with_text(client: FlaskClient, auth: dict[str, str], job_id: str) -> None:
+    def started() -> bool:
+        job = client.get(f"/jobs/{job_id}", headers=auth).json
+        return job is not None and job["status"] == "running"
+
+    wait_until(started, f"job {job_id} to run", 60)
+
+
+@pytest.fixture
+def one_slot(settings: Settings, make_app: Callable[..., Flask], tmp_path: Path) -> Iterator[Flask]:
+    """An API and a worker of their own queue, the worker's decode loop one slot wide."""
+    queue = f"one-slot-{uuid.uuid4().hex[:8]}"
+    app = make_app(jobs_queue=queue)
+    process = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
+                            concurrency=1, GENERATION_SLOTS="1", DRAIN_LINGER_MS="0")  # fmt: skip
+    yield app
+    process.stop()
+
+
+def test_cancel_stops_a_running_generation_and_frees_its_slot(
+    one_slot: Flask, auth: dict[str, str]
+) -> None:
+    """With one slot, a second job runs only once the first has left it: cancelled
+    after a few tokens, the first keeps them; the second is answered long before
+    the first's 2000 tokens (a minute and more) could have been made."""
+    client = one_slot.test_client()
+    first = client.post("/jobs", headers=auth, json={"model": "smollm2", "inputs": LONG,
+                        "parameters": {"max_tokens": 2000, "temperature": 0}}).json  # fmt: skip
+    second = client.post("/jobs", headers=auth, json={"model": "smollm2",
+                         "inputs": {"prompt": PROMPT},
+                         "parameters": {"max_tokens": 2, "temperature": 0}}).json  # fmt: skip
+    assert first is not None and second is not None
+    _running_with_text(client, auth, first["id"])
+    time.sleep(1.0)  # a few tokens
+    assert client.post(f"/jobs/{first['id']}/cancel", headers=auth).status_code in (200, 202)
+    cancelled = wait_for_job(client, auth, first["id"], timeout=30)
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["outputs"]["finish_reason"] == "cancelled"
+    assert 0 < cancelled["outputs"]["completion_tokens"] < 2000
+    assert cancelled["outputs"]["text"]
+    done = wait_for_job(client, auth, second["id"], timeout=30)
+    assert done["status"] == "succeeded" and done["outputs"]["text"] == " Paris."
+
+
+def test_a_streaming_client_that_leaves_cancels_its_generation(
+    one_slot: Flask, auth: dict[str, str], serve: Callable[[Flask], LiveServer]
+) -> None:
+    server = serve(one_slot)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    body = {"model": "smollm2", "messages": LONG["messages"], "max_tokens": 2000,
+            "temperature": 0, "stream": True}  # fmt: skip
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Content-Type": "application/json", **auth})  # fmt: skip
+    response = conn.getresponse()
+    assert response.status == 200
+    job_id = response.getheader("X-Job-Id")
+    assert job_id
+    texts: list[str] = []
+    while len(texts) < 3:
+        line = response.readline()
+        if line.startswith(b"data: {"):
+            delta: dict[str, Any] = json.loads(line[6:])["choices"][0]["delta"]
+            if delta.get("content"):
+                texts.append(delta["content"])
+    response.close()
+    conn.close()  # the client goes away mid-answer
+    client = one_slot.test_client()
+    job = wait_for_job(client, auth, job_id, timeout=30)
+    assert job["status"] == "cancelled"
+    assert job["outputs"]["text"].startswith("".join(texts))
+    assert job["outputs"]["completion_tokens"] < 2000
