@@ -41,6 +41,13 @@ INSTALL = "make bench (or: .venv/bin/pip install -r bench/requirements.txt)"
 )
 @click.option("--no-plot", is_flag=True, help="Skip the PNG (no matplotlib needed)")
 @click.option(
+    "--generation",
+    is_flag=True,
+    help="Run the generation benchmark instead: streaming chat calls against a raw ONNX "
+    "Runtime loop and llama.cpp's llama-server (bench/generation.py)",
+)
+@click.option("--no-llama", is_flag=True, help="--generation without llama-server")
+@click.option(
     "--batch-rows", type=click.IntRange(0), help="Rows in (g) [1000000; quick 200000; 0 skips]"
 )
 @click.option(
@@ -85,11 +92,22 @@ def bench(
     soak_minutes: float,
     soak_kill_minutes: float,
     soak_rate: float | None,
+    generation: bool,
+    no_llama: bool,
 ) -> None:
     """Benchmark this service against raw ONNX Runtime, a bare Celery round trip,
     the textbook Flask + Celery design, BentoML tasks and a bare Flask + ONNX
     Runtime sync endpoint, each in turn on this machine; writes a JSON, a markdown
     table and a plot, and prints each target met or not (see bench/README.md)."""
+    if generation:
+        from bench.generation import run as run_generation
+
+        found = run_generation(out, quick, with_llama=not no_llama)
+        for target in found["targets"]:
+            met = {True: "met", False: "NOT met", None: "n/a"}[target["met"]]
+            click.echo(f"{met:8} {target['target']}: {target['value']} (goal {target['goal']})")
+        click.echo(f"report: {out / 'generation-latest.md'}")
+        return
     if not no_plot:
         try:
             import matplotlib  # noqa: F401

