@@ -55,8 +55,10 @@ models: $(VENV)/.runtime
 	$(PY) manage.py models build
 
 ## bench: the benchmark against its peers (bench/README.md); options in ARGS, e.g. ARGS="--quick"
+# (then the generation benchmark: streaming chat against raw ONNX Runtime and llama-server)
 bench: $(VENV)/.bench
 	$(PY) manage.py bench $(ARGS)
+	$(PY) manage.py bench --generation $(filter --quick,$(ARGS))
 
 ## clean-var: forget the embedded database and Redis data (every job!)
 clean-var:

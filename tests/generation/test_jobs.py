@@ -29,3 +29,24 @@ def test_a_prompt_is_continued_greedily(
     assert outputs["text"] == " Paris.\n"
     assert outputs["finish_reason"] == "length"
     assert (outputs["prompt_tokens"], outputs["completion_tokens"]) == (5, 3)
+
+
+def test_bulk_submits_take_the_same_request(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    jobs = [
+        {"model": "smollm2", "inputs": {"prompt": "The capital of France is"},
+         "parameters": {"max_tokens": 2, "temperature": 0}},
+        {"model": "smollm2", "inputs": {"messages": [{"role": "user", "content": "What is 2+2?"}]},
+         "parameters": {"max_tokens": 30, "temperature": 0, "stop": [" is"]}},
+        {"model": "smollm2", "inputs": {"prompt": "x"}, "parameters": {"max_tokens": 99999}},
+    ]  # fmt: skip
+    response = client.post("/jobs/bulk", json={"jobs": jobs}, headers=auth)
+    assert response.status_code == 202, response.json
+    items = response.json["jobs"]  # type: ignore[index]
+    assert items[2]["status"] == 422 and "max_tokens" in items[2]["detail"]
+    first = wait_for_job(client, auth, items[0]["id"], timeout=120)
+    second = wait_for_job(client, auth, items[1]["id"], timeout=120)
+    assert first["outputs"]["text"] == " Paris."
+    assert second["outputs"]["text"] == "The answer to this classic math problem"
+    assert second["outputs"]["finish_reason"] == "stop"
