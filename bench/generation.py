@@ -330,8 +330,17 @@ def _worker_rss(launcher: int) -> float:
     try:
         for child in psutil.Process(launcher).children(recursive=True):
             try:
-                if "worker" in " ".join(child.cmdline()):
+                command = " ".join(child.cmdline())
+                if "celery" in command and "worker" in command:
                     largest = max(largest, child.memory_info().rss / 2**20)
+                    if os.environ.get("BENCH_RSS_DEBUG"):
+                        print(
+                            child.pid,
+                            child.ppid(),
+                            round(child.memory_info().rss / 2**20),
+                            round(child.memory_full_info().uss / 2**20),
+                            command[-60:],
+                        )
             except psutil.Error:
                 continue
     except psutil.Error:

@@ -91,8 +91,12 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
         runner.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)
         # Only the models whose queue this worker serves (-Q): a CPU worker never
         # holds a GPU model's session, a GPU worker no CPU model's.
+        # A generative model's session is the decode loop's own, made when a loop
+        # first runs in this child (app.operations.generation), not a second copy here.
         served = celery.amqp.queues.consume_from
         for card in runner.repository.all():
+            if card.generation is not None:
+                continue
             if not served or (card.queue or settings.model_queue) in served:
                 runner.sessions.get(card)
                 pipeline.load(card)

@@ -59,7 +59,9 @@ class PiecePublisher:
         now = time.monotonic()
         messages: list[tuple[str, bytes]] = []
         for job_id, pending in self._pending.items():
-            due = now - pending.since >= FLUSH_S or pending.tokens >= FLUSH_TOKENS
+            # A job's first text goes at once (the time to first token), the rest coalesced.
+            first = pending.index == 0
+            due = first or now - pending.since >= FLUSH_S or pending.tokens >= FLUSH_TOKENS
             if pending.text and (due or job_id in finals):
                 piece = {"index": pending.index, "text": pending.text, "tokens": pending.tokens}
                 messages.append((channel(job_id), orjson.dumps(piece)))

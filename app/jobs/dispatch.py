@@ -85,6 +85,11 @@ class Dispatcher:
             return False
         return True
 
+    def pending(self, model: str) -> bool:
+        """Whether a wake-up for `model` is pending: jobs were committed since one was
+        last taken (a running loop's cheap look for new work, app.operations.generation)."""
+        return bool(self._redis.exists(self._flag(self.queue_for(model), model)))
+
     def taken(self, model: str, queue: str | None = None) -> None:
         """A worker took the wake-up (from `queue`, default: the model's): jobs
         committed from now on need a new one."""

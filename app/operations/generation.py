@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -43,9 +44,18 @@ from app.runtime.tensors import InvalidInputs, pack
 
 logger = logging.getLogger(__name__)
 
-CLAIM_EVERY_S = 0.02  # how often a loop with free slots looks for new jobs
+# A loop with free slots claims when a wake-up is pending for its model (a Redis
+# flag, looked at every step, or every WATCH_S while idle), and at least every
+# CLAIM_EVERY_S (jobs back from a retry or the sweep come without one): no SQL a step.
+WATCH_S = 0.005
+CLAIM_EVERY_S = 0.5
 CANCELS_EVERY_S = 0.25  # how often it looks for cancellations of its running jobs
 LOCK_S = 10.0
+# An idle loop keeps watching this long at least (DRAIN_LINGER_MS if longer; none
+# with 0): the
+# next call finds it running, with its model loaded, instead of waiting for a
+# wake-up that may reach a worker process that has yet to load the model.
+LINGER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,9 @@ class Generation:
     def _loop(self, model: str, loop: _Loop, lock: str, token: str) -> int:
         started = time.monotonic()
         stop_at = started + self.settings.drain_s
-        idle_until = started + self.settings.linger_s
+        # DRAIN_LINGER_MS=0 (the tests' workers) ends a loop at its first empty claim.
+        linger_s = max(self.settings.linger_s, LINGER_S) if self.settings.linger_s else 0.0
+        idle_until = started + linger_s
         next_claim = next_cancels = next_lock = 0.0
         done = 0
         while True:
@@ -140,17 +152,22 @@ class Generation:
                 self._redis().set(lock, token, px=int(LOCK_S * 1000))
                 next_lock = now + LOCK_S / 5
             room = loop.engine.room()
-            if room > 0 and now < stop_at and now >= next_claim:
-                claimed, _ = self._claim_next(model, room)
+            if (
+                room > 0
+                and now < stop_at
+                and (now >= next_claim or self._dispatcher.pending(model))
+            ):
+                self._dispatcher.taken(model)
+                claimed, more = self._claim_next(model, room)
                 for job in claimed:
                     done += self._start(loop, job)
-                next_claim = now + (0 if claimed else CLAIM_EVERY_S)
+                next_claim = now + (0 if more else CLAIM_EVERY_S)
             if not loop.running:
                 if now >= stop_at or now >= idle_until:
                     return done
-                time.sleep(CLAIM_EVERY_S)
+                time.sleep(WATCH_S)
                 continue
-            idle_until = now + self.settings.linger_s
+            idle_until = now + linger_s
             if now >= next_cancels:
                 done += self._cancels(loop)
                 next_cancels = now + CANCELS_EVERY_S
@@ -181,15 +198,11 @@ class Generation:
         return 0
 
     def _step(self, loop: _Loop) -> int:
-        began = time.perf_counter()
-        emitted = loop.engine.step()
-        elapsed = time.perf_counter() - began
-        if emitted:
-            share = elapsed / len(emitted)
-            for item in emitted:
-                if (running := loop.running.get(item.sequence.key)) is not None:
-                    running.compute_s += share
-        ended = [r for item in emitted if (r := self._emit(loop, item)) is not None]
+        """A step: prefill, then decode; a prompt's first token is published between
+        the two, so its time to first token does not wait for the others' step."""
+        ended = self._run(loop, loop.engine.prefill)
+        self.publisher.flush()  # (nothing to send costs nothing)
+        ended += self._run(loop, loop.engine.decode)
         for job_id in list(loop.overtime):
             loop.overtime.discard(job_id)
             if (running := loop.running.get(job_id)) is not None:
@@ -200,6 +213,17 @@ class Generation:
             self.publisher.flush()
             return 0
         return self._end(loop, ended)
+
+    def _run(self, loop: _Loop, call: Callable[[], list[Emitted]]) -> list[_Running]:
+        """One engine call; its time shared among the sequences it served (their cost)."""
+        began = time.perf_counter()
+        emitted = call()
+        if emitted:
+            share = (time.perf_counter() - began) / len(emitted)
+            for item in emitted:
+                if (running := loop.running.get(item.sequence.key)) is not None:
+                    running.compute_s += share
+        return [r for item in emitted if (r := self._emit(loop, item)) is not None]
 
     def _emit(self, loop: _Loop, item: Emitted) -> _Running | None:
         running = loop.running.get(item.sequence.key)

@@ -1,12 +1,14 @@
 """The decode loop of a generative model: continuous batching over a fixed set of slots.
 
 One `DecodeEngine` per worker process and model. Each sequence holds a slot,
-and each slot its own rows of the key/value cache: one preallocated buffer per
-layer and kind, [slots, kv_heads, context, head_size], bound as both the past
-input and the present output of the graph, so ONNX Runtime's
-GroupQueryAttention appends in place and no step copies the cache (the buffer
-is allocated, never written whole: only the positions a sequence reaches take
-memory).
+and each slot its own rows of the key/value cache: one buffer per layer and
+kind, [slots, kv_heads, positions, head_size], bound as both the past input and
+the present output of the graph, so ONNX Runtime's GroupQueryAttention appends
+in place and no step copies the cache. GroupQueryAttention's time and memory
+follow the buffer's positions, not the tokens in it (16 sequences of 80 tokens
+decoded 5x slower, and took 6.5 GB, in a buffer of 8192 positions than in one of
+512), so the buffer holds what the longest sequence needs, grown and shrunk in
+steps of GROW positions (a copy of the cache, once per GROW tokens at most).
 
 A `step()` first prefills waiting prompts, up to `prefill_tokens` tokens of them
 (a long prompt goes in chunks over several steps, so the others' decoding waits
@@ -55,6 +57,9 @@ class Emitted:
     finished: str | None  # "stop", "length" or None
 
 
+GROW = 256  # positions the cache buffer grows or shrinks by
+
+
 class DecodeEngine:
     def __init__(
         self,
@@ -70,15 +75,14 @@ class DecodeEngine:
         self.stop_tokens = frozenset(stop_tokens)
         self.prefill_tokens = prefill_tokens
         caches = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-        kv_heads, head = int(caches[0].shape[1]), int(caches[0].shape[3])
+        self._kv_heads, self._head = int(caches[0].shape[1]), int(caches[0].shape[3])
         self._names = [i.name for i in caches]
         self._present = [n.replace("past_key_values.", "present.") for n in self._names]
-        self._buffers = [
-            np.zeros((slots, kv_heads, context, head), np.float32) for _ in self._names
-        ]
+        self._buffers: list[np.ndarray] = []
         self._views: dict[tuple[int, int], list[ort.OrtValue]] = {}
         self.waiting: deque[Sequence] = deque()
         self.decoding: list[Sequence] = []
+        self._fit(GROW)
         self._free = set(range(slots))
         self.steps = 0  # decode calls made
         self.prefill_calls = 0
@@ -106,13 +110,18 @@ class DecodeEngine:
                 return sequence
         return None
 
-    def step(self) -> list[Emitted]:
-        emitted = self._prefill()
-        if self.decoding:
-            emitted += self._decode()
-        return emitted
+    @property
+    def positions(self) -> int:
+        """The cache buffer's positions per slot now."""
+        return int(self._buffers[0].shape[2])
 
-    def _prefill(self) -> list[Emitted]:
+    def step(self) -> list[Emitted]:
+        """Prefill what waits (within the budget), then one decode call for all."""
+        return self.prefill() + self.decode()
+
+    def prefill(self) -> list[Emitted]:
+        """Prompts into the cache, up to `prefill_tokens` of them; a prompt that is
+        whole gives its first token and joins the decoding sequences."""
         emitted: list[Emitted] = []
         budget = self.prefill_tokens
         while self.waiting and budget > 0:
@@ -121,6 +130,7 @@ class DecodeEngine:
                 sequence.slot = max(self._free)
                 self._free.discard(sequence.slot)
             chunk = sequence.prompt[sequence.filled : sequence.filled + budget]
+            self._fit(sequence.filled + len(chunk))
             logits = self._run(sequence.slot, sequence.slot + 1, np.array([chunk], np.int64),
                                np.array([sequence.filled], np.int32))  # fmt: skip
             self.prefill_calls += 1
@@ -133,9 +143,13 @@ class DecodeEngine:
             emitted.append(self._next(sequence, logits[0]))
         return emitted
 
-    def _decode(self) -> list[Emitted]:
+    def decode(self) -> list[Emitted]:
+        """One decode call for every decoding sequence: a token each."""
+        if not self.decoding:
+            return []
         self._compact()
         batch = sorted(self.decoding, key=lambda s: s.slot)  # row i is slot i's
+        self._fit(max(s.filled for s in batch) + 1)
         ids = np.array([[s.generated[-1]] for s in batch], np.int64)
         lengths = np.array([s.filled for s in batch], np.int32)
         logits = self._run(0, len(batch), ids, lengths)
@@ -167,6 +181,22 @@ class DecodeEngine:
         if sequence.slot >= 0:
             self._free.add(sequence.slot)
             sequence.slot = -1
+
+    def _fit(self, needed: int) -> None:
+        """A buffer of `needed` positions or more, rounded up to GROW: grown when a
+        sequence needs more, shrunk when half of it would do (cache rows kept)."""
+        target = min(self.context, -(-needed // GROW) * GROW)
+        held = max([s.filled for s in (*self.decoding, *self.waiting)], default=0)
+        target = max(target, min(self.context, -(-held // GROW) * GROW))
+        if self._buffers and (self.positions >= target and self.positions <= 2 * target):
+            return
+        shape = (self.slots, self._kv_heads, target, self._head)
+        old = self._buffers
+        self._buffers = [np.zeros(shape, np.float32) for _ in self._names]
+        for buffer, previous in zip(self._buffers, old, strict=False):
+            keep = min(previous.shape[2], target)
+            buffer[:, :, :keep] = previous[:, :, :keep]
+        self._views.clear()
 
     def _compact(self) -> None:
         """Decoding sequences into slots 0..n-1 (a prefilling one moved out of the way)."""
