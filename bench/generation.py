@@ -267,8 +267,11 @@ def llama_server_binary() -> Path:
 
 
 def llama_cpp_commit(binary: Path) -> str:
+    """What the binary says of itself (an sdist carries no git metadata: the
+    package's version is what names the source)."""
     out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
-    return (out.stdout + out.stderr).strip().splitlines()[-1] if out.returncode == 0 else "?"
+    said = [line for line in (out.stdout + out.stderr).splitlines() if "version" in line]
+    return f"{LLAMA_CPP} ({said[0].strip() if said else '?'})"
 
 
 def run_llama_server(gguf: Path, out_dir: Path, quick: bool) -> dict[str, Any]:
@@ -333,14 +336,6 @@ def _worker_rss(launcher: int) -> float:
                 command = " ".join(child.cmdline())
                 if "celery" in command and "worker" in command:
                     largest = max(largest, child.memory_info().rss / 2**20)
-                    if os.environ.get("BENCH_RSS_DEBUG"):
-                        print(
-                            child.pid,
-                            child.ppid(),
-                            round(child.memory_info().rss / 2**20),
-                            round(child.memory_full_info().uss / 2**20),
-                            command[-60:],
-                        )
             except psutil.Error:
                 continue
     except psutil.Error:
@@ -368,7 +363,7 @@ def run(out: Path, quick: bool, with_llama: bool = True) -> dict[str, Any]:
     ensure_models(ROOT / "models")
     card_dir = ROOT / "models" / "smollm2" / "1"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out_dir = out / f"generation-{stamp}"
+    out_dir = ROOT / "var" / "bench" / f"generation-{stamp}"  # the contenders' logs
     out_dir.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"stamp": stamp, "max_tokens": MAX_TOKENS, "slots": SLOTS,
                             "threads": THREADS}  # fmt: skip
@@ -381,8 +376,8 @@ def run(out: Path, quick: bool, with_llama: bool = True) -> dict[str, Any]:
         card = json.loads((card_dir / "card.json").read_text())
         data["llama_server"] = run_llama_server(gguf_path(card), out_dir, quick)
     data["targets"] = targets(data)
-    (out_dir / "generation.json").write_text(json.dumps(data, indent=2))
-    (out_dir / "generation.md").write_text(markdown(data))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"generation-{stamp}.json").write_text(json.dumps(data, indent=2))
     (out / "generation-latest.md").write_text(markdown(data))
     return data
 
