@@ -115,6 +115,8 @@ class Keyed(Protocol):
     @property
     def inputs(self) -> Any: ...
     @property
+    def parameters(self) -> Any: ...
+    @property
     def idempotency_key(self) -> str | None: ...
 
 
@@ -141,7 +143,8 @@ class BulkKeys:
             if key is None:
                 self._unkeyed.append(item)
                 continue
-            print_ = fingerprint(request.model, request.version, request.inputs)
+            print_ = fingerprint(request.model, request.version, request.inputs,
+                                 request.parameters)  # fmt: skip
             if key in self._first:
                 same = self._prints[key] == print_
                 self._repeats.append((item[0], self._first[key] if same else None))

@@ -166,10 +166,12 @@ def batch_rows(card: ModelCard, arrays: dict[str, Any]) -> int:
     return max(1, int(next(iter(arrays.values())).shape[0]))
 
 
-def fingerprint(model: str, version: str | None, inputs: Any) -> str:
-    """What makes two requests the same: the model as asked for, and the inputs.
-    (Not the deadline: Cancel-After gives every retry a new one.)"""
-    canonical = json.dumps([model, version, inputs], sort_keys=True)
+def fingerprint(model: str, version: str | None, inputs: Any, parameters: Any = None) -> str:
+    """What makes two requests the same: the model as asked for, the inputs, and a
+    generative model's parameters (absent, the hash is what it always was). (Not
+    the deadline: Cancel-After gives every retry a new one.)"""
+    parts = [model, version, inputs] + ([parameters] if parameters is not None else [])
+    canonical = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

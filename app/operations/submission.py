@@ -114,7 +114,9 @@ class Submitter:
         this transaction (True), its wake-up after the commit."""
         session, key = self.database.session(), request.idempotency_key
         assert key is not None
-        request_hash = staging.fingerprint(request.model, request.version, request.inputs)
+        request_hash = staging.fingerprint(
+            request.model, request.version, request.inputs, request.parameters
+        )
         earlier = idempotency.claim(session, tenant.id, key, request_hash)
         if earlier is not None:
             return reads.get(session, tenant.id, earlier), False

@@ -50,3 +50,19 @@ def test_bulk_submits_take_the_same_request(
     assert first["outputs"]["text"] == " Paris."
     assert second["outputs"]["text"] == "The answer to this classic math problem"
     assert second["outputs"]["finish_reason"] == "stop"
+
+
+def test_an_idempotency_key_tells_parameters_apart(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    """The same key with the same inputs but other parameters is another request: 422."""
+    body = {"model": "smollm2", "inputs": {"prompt": "The capital of France is"},
+            "parameters": {"max_tokens": 2, "temperature": 0}}  # fmt: skip
+    headers = {**auth, "Idempotency-Key": "same-key"}
+    first = client.post("/jobs", json=body, headers=headers)
+    again = client.post("/jobs", json=body, headers=headers)
+    assert first.status_code == again.status_code == 202
+    assert first.json["id"] == again.json["id"]  # type: ignore[index]
+    other = {**body, "parameters": {"max_tokens": 3, "temperature": 0}}
+    assert client.post("/jobs", json=other, headers=headers).status_code == 422
+    wait_for_job(client, auth, first.json["id"], timeout=120)  # type: ignore[index]
