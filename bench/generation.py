@@ -312,12 +312,7 @@ def run_service(out_dir: Path, quick: bool) -> dict[str, Any]:
             proc = procs.spawn(command, env=env, cwd=ROOT, log_path=log)
             try:
                 procs.wait_http(port, "/v2/health/ready", proc, 300, log)
-                key = subprocess.run(
-                    [sys.executable, "manage.py", "create-api-key", "--tenant", "bench", "--json"],
-                    env=env, cwd=ROOT, capture_output=True, check=True, timeout=120,
-                )  # fmt: skip
-                api_key = json.loads(key.stdout.decode().strip().splitlines()[-1])["api_key"]
-                headers = {"Authorization": f"Bearer {api_key}"}
+                headers = {"Authorization": f"Bearer {procs.create_api_key(env, ROOT)}"}
                 levels = _levels(port, "/v1/chat/completions", headers, "smollm2", quick,
                                  rss=lambda: _worker_rss(proc.pid))  # fmt: skip
             finally:

@@ -113,3 +113,16 @@ def wait_log(log_path: Path, text: str, proc: subprocess.Popen[bytes], timeout: 
                 return
         time.sleep(0.2)
     raise RuntimeError(f"no {text!r} in {log_path} within {timeout:.0f}s: {tail(log_path)}")
+
+
+def create_api_key(env: dict[str, str], cwd: Path, tenant: str = "bench") -> str:
+    """A new API key of `tenant` on the service `env` names (manage.py create-api-key)."""
+    import json
+    import sys
+
+    made = subprocess.run(
+        [sys.executable, "manage.py", "create-api-key", "--tenant", tenant, "--json"],
+        env=env, cwd=cwd, capture_output=True, check=True, timeout=120,
+    )  # fmt: skip
+    key: str = json.loads(made.stdout.decode().strip().splitlines()[-1])["api_key"]
+    return key

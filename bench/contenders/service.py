@@ -78,11 +78,7 @@ class Service(HttpContender):
             env=env, cwd=ROOT, log_path=log,
         )  # fmt: skip
         procs.wait_http(port, "/v2/health/ready", self.proc, READY_TIMEOUT_S, log)
-        key = subprocess.run(
-            [sys.executable, "manage.py", "create-api-key", "--tenant", "bench", "--json"],
-            env=env, cwd=ROOT, capture_output=True, check=True, timeout=120,
-        )  # fmt: skip
-        api_key = json.loads(key.stdout.decode().strip().splitlines()[-1])["api_key"]
+        api_key = procs.create_api_key(env, ROOT)
         auth = {"Authorization": f"Bearer {api_key}"}
         self.endpoint = Endpoint(port, "/jobs", "id", auth)
         self.sync_endpoint = Endpoint(port, "/v2/models/digits/infer", "id", auth)
