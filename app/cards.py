@@ -201,6 +201,11 @@ class ModelCard:
         return self.path / "model.onnx"
 
     @property
+    def cuda_onnx_path(self) -> Path:
+        """The graph the CUDA provider loads where one was built (`models build --cuda`)."""
+        return self.path / "model.cuda.onnx"
+
+    @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
 

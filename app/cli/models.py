@@ -17,10 +17,13 @@ def models() -> None:
 
 @models.command("build")
 @click.option("--force", is_flag=True, help="Rebuild even if the files exist")
-def models_build(force: bool) -> None:
+@click.option("--cuda", is_flag=True,
+              help="Also the graphs the CUDA provider loads (model.cuda.onnx: smollm2 in "
+                   "float16); for images and machines with GPUs")  # fmt: skip
+def models_build(force: bool, cuda: bool) -> None:
     """Build the bundled models (offline, from packages) into MODEL_REPOSITORY."""
     root = container().settings.model_repository
-    built = container().models.build_bundled(force=force)
+    built = container().models.build_bundled(force=force, cuda=cuda)
     for path in built:
         click.echo(f"built {path}")
     if not built:

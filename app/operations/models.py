@@ -72,9 +72,10 @@ class ModelOperations:
         statuses = self.repository.index()
         return [s for s in statuses if s.state == READY] if ready_only else statuses
 
-    def build_bundled(self, *, force: bool = False) -> list[Path]:
-        """Build the bundled models (offline, from installed packages); the folders built."""
-        return ensure_models(self.repository.root, force=force)
+    def build_bundled(self, *, force: bool = False, cuda: bool = False) -> list[Path]:
+        """Build the bundled models (offline, from installed packages), with the CUDA
+        provider's variants where asked; the folders built."""
+        return ensure_models(self.repository.root, force=force, cuda=cuda)
 
     def add(
         self,

@@ -294,27 +294,36 @@ BUILDERS: dict[str, Builder] = {
 }
 
 
-def ensure_models(root: Path, *, force: bool = False) -> list[Path]:
+def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> list[Path]:
     """Build each bundled model whose `model.onnx` is missing from `root` (all of
-    them with force); a repository other than the bundled one gets the card too."""
+    them with force); a repository other than the bundled one gets the card too.
+    With `cuda`, also `model.cuda.onnx` where the card's build names other weights
+    for the CUDA provider (`cuda_weights`: the chat model in float16, since ONNX
+    Runtime's CUDA attention takes no float32); sessions on CUDA load that file."""
     built = []
     for card_path in sorted(BUNDLED.glob("*/*/card.json")):
         source = card_path.parent
         target = root / source.parent.name / source.name
-        if (target / "model.onnx").is_file() and (target / "card.json").is_file() and not force:
+        card = json.loads(card_path.read_text())
+        variants = {"model.onnx": card}
+        if cuda and "cuda_weights" in card["build"]:
+            weights = card["build"]["cuda_weights"]
+            variants["model.cuda.onnx"] = {**card, "build": {**card["build"], "weights": weights}}
+        missing = {name: variant for name, variant in variants.items()
+                   if force or not (target / name).is_file()}  # fmt: skip
+        if not missing and (target / "card.json").is_file():
             continue
         if target.resolve() != source.resolve():
             target.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(card_path, target / "card.json")
-        card = json.loads(card_path.read_text())
-        builder = card["build"]["builder"]
-        started = time.monotonic()
-        model_bytes, facts = BUILDERS[builder](card, target)
-        _write_atomically(target / "model.onnx", model_bytes)
-        logger.info(
-            "built %s/%s in %s in %.1f s (%s)",
-            source.parent.name, source.name, target, time.monotonic() - started, facts,
-        )  # fmt: skip
+        for name, variant in missing.items():
+            started = time.monotonic()
+            model_bytes, facts = BUILDERS[variant["build"]["builder"]](variant, target)
+            _write_atomically(target / name, model_bytes)
+            logger.info(
+                "built %s/%s %s in %s in %.1f s (%s)",
+                source.parent.name, source.name, name, target, time.monotonic() - started, facts,
+            )  # fmt: skip
         built.append(target)
     return built
 

@@ -147,9 +147,16 @@ def llama_graph(
     """The decoder step as an ONNX model (see the module's docstring). `accuracy` is
     MatMulNBits' accuracy_level: 4 quantises the activations to int8 per block (as
     llama.cpp does for its 4-bit dot products), 0 computes in float32 (exact, and
-    about ten times slower here)."""
+    about ten times slower here). `weights` "fp16" makes the whole graph float16,
+    cache included (ONNX Runtime's CUDA GroupQueryAttention takes float16 and
+    bfloat16 only), with the logits cast back to float32."""
     from onnx import TensorProto, numpy_helper
     from onnx import helper as h
+
+    if weights not in ("fp32", "fp16", "int4"):
+        raise ValueError(f"weights {weights!r}: fp32, fp16 or int4")
+    half = weights == "fp16"
+    float_type = TensorProto.FLOAT16 if half else TensorProto.FLOAT
 
     hidden, heads, kv_heads = hyper["hidden"], hyper["heads"], hyper["kv_heads"]
     head = hidden // heads
@@ -158,7 +165,10 @@ def llama_graph(
     init: list[Any] = []
 
     def const(name: str, value: np.ndarray) -> str:
-        init.append(numpy_helper.from_array(np.asarray(value), name))
+        value = np.asarray(value)
+        if half and value.dtype.kind == "f":
+            value = value.astype(np.float16)
+        init.append(numpy_helper.from_array(value, name))
         return name
 
     def node(op: str, inputs: list[str], outputs: list[str] | str, domain: str = "",
@@ -259,8 +269,11 @@ def llama_graph(
              domain="com.microsoft", K=blocks * BLOCK, N=rows, bits=8, block_size=BLOCK,
              accuracy_level=accuracy)  # fmt: skip
     else:  # tied: the embedding, transposed once at build time
+        head_out = "logits.half" if half else "logits"
         node("MatMul", [normed, const("lm_head.weight", np.ascontiguousarray(embedding.T))],
-             "logits")  # fmt: skip
+             head_out)  # fmt: skip
+        if half:
+            node("Cast", [head_out], "logits", to=TensorProto.FLOAT)
 
     cache = ["batch", kv_heads, "positions", head]
     graph_inputs = [
@@ -274,11 +287,9 @@ def llama_graph(
     for i in range(hyper["layers"]):
         for kind in ("key", "value"):
             graph_inputs.append(
-                h.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache)
+                h.make_tensor_value_info(f"past_key_values.{i}.{kind}", float_type, cache)
             )
-            graph_outputs.append(
-                h.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, cache)
-            )
+            graph_outputs.append(h.make_tensor_value_info(f"present.{i}.{kind}", float_type, cache))
     graph = h.make_graph(nodes, "llama", graph_inputs, graph_outputs, init)
     model = h.make_model(
         graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]

@@ -133,10 +133,15 @@ class SessionPool:
             # Without a usable GPU, ORT prints an error and falls back to CPU. In auto
             # mode that is expected, so silence it; the provider used is logged below.
             ort.set_default_logger_severity(4)
+        # A graph built for the CUDA provider (float16 where its kernels want it) is
+        # loaded where CUDA is asked for; if CUDA then does not start, the CPU graph.
+        cuda_graph = wanted[0] != "CPUExecutionProvider" and card.cuda_onnx_path.is_file()
+        path = card.cuda_onnx_path if cuda_graph else card.onnx_path
         try:
-            session = ort.InferenceSession(
-                str(card.onnx_path), sess_options=options, providers=wanted
-            )
+            session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
+            if cuda_graph and session.get_providers()[0] == "CPUExecutionProvider":
+                path = card.onnx_path
+                session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
         finally:
             ort.set_default_logger_severity(2)
         used = session.get_providers()
@@ -147,8 +152,8 @@ class SessionPool:
             f" on GPU {self.device_id}" if used[0].startswith("CUDA") and self.device_id else ""
         )
         logger.info(
-            "loaded model %s with %s%s (threads=%s)",
-            card.ref, used[0], device, self.intra_op_threads,
+            "loaded model %s (%s) with %s%s (threads=%s)",
+            card.ref, path.name, used[0], device, self.intra_op_threads,
         )  # fmt: skip
         return session
 

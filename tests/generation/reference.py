@@ -11,6 +11,15 @@ import numpy as np
 
 from app.repository.gguf_llama import dequantized, read_gguf
 
+# The fixed prompts the graph is checked on against this reference (and on a GPU).
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, there was a",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+]
+
 
 class Reference:
     def __init__(self, path: Any) -> None:

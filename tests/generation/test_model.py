@@ -19,16 +19,10 @@ from app.platform.settings import ROOT
 from app.repository.bundled import ensure_models
 from app.repository.gguf_llama import gguf_path, llama_graph, read_gguf
 from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.kvcache import HostCache
 from app.runtime.sampling import Sampling
-from tests.generation.reference import Reference
-
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, there was a",
-    "The three primary colors are",
-    "Water boils at a temperature of",
-]
+from app.runtime.sessions import SessionPool
+from tests.generation.reference import PROMPTS, Reference
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +287,68 @@ def test_a_prompt_over_the_context_is_refused(card: ModelCard, chat: ChatFormat)
     request = GenerationRequest(None, "word " * 7000, Sampling(max_tokens=2048))
     with pytest.raises(InvalidInputs, match="together at most 8192"):
         chat.encode(request)
+
+
+def test_the_host_cache_moves_swaps_and_grows_rows_in_place() -> None:
+    cache = HostCache(["past_key_values.0.key"], 3, 2, 4, np.float32, 8)
+    buffer = cache.buffers[0]
+    buffer[:] = np.arange(buffer.size, dtype=np.float32).reshape(buffer.shape)
+    slot2 = buffer[2, :, :5].copy()
+    cache.move(2, 0, 5)
+    assert np.array_equal(cache.buffers[0][0, :, :5], slot2)
+    a, b = cache.buffers[0][0, :, :5].copy(), cache.buffers[0][1, :, :3].copy()
+    cache.swap(0, 5, 1, 3)
+    assert np.array_equal(cache.buffers[0][1, :, :5], a)
+    assert np.array_equal(cache.buffers[0][0, :, :3], b)
+    before, epoch = cache.buffers[0].copy(), cache.epoch
+    cache.fit(16)
+    assert cache.positions == 16 and cache.epoch == epoch + 1
+    assert np.array_equal(cache.buffers[0][:, :, :8], before)
+    cache.fit(4)
+    assert np.array_equal(cache.buffers[0], before[:, :, :4])
+
+
+def test_the_float16_graph_answers_as_the_float32_one(
+    card: ModelCard, chat: ChatFormat, session: ort.InferenceSession, tmp_path: Path
+) -> None:
+    """The graph the CUDA provider loads (`models build --cuda`): float16 weights,
+    activations and cache, float32 logits; on the CPU here, close to float32."""
+    hyper, tensors, _ = read_gguf(gguf_path(json.loads((card.path / "card.json").read_text())))
+    path = tmp_path / "half.onnx"
+    path.write_bytes(llama_graph(hyper, tensors, "fp16", 512).SerializeToString())
+    half = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert {i.type for i in half.get_inputs() if i.name.startswith("past")} == {"tensor(float16)"}
+    assert half.get_outputs()[0].type == "tensor(float)"
+    for prompt in PROMPTS[:3]:
+        tokens = np.array([ids(chat, card, {"prompt": prompt})], np.int64)
+        rows = [engine(s, card, slots=1)._run(0, 1, tokens, np.array([0], np.int32))[0]
+                for s in (half, session)]  # fmt: skip
+        assert rows[0].argmax() == rows[1].argmax(), prompt
+        assert np.corrcoef(rows[0], rows[1])[0, 1] > 0.998, prompt
+    sequence = Sequence(0, ids(chat, card, {"prompt": PROMPTS[0]}), greedy(3))
+    for _ in run(engine(half, card, slots=1), [sequence]):
+        pass
+    assert chat.tokenizer.decode(sequence.generated).startswith(" Paris.")
+
+
+def test_models_build_cuda_adds_the_float16_graph_and_sessions_pick_by_provider(
+    card: ModelCard, tmp_path: Path
+) -> None:
+    """`models build --cuda` writes model.cuda.onnx where a card asks for it (the chat
+    model only); a CPU session loads model.onnx, and so does `auto` where CUDA is
+    listed but does not start (this machine), falling back from the CUDA graph."""
+    for built in (ROOT / "models").glob("*/*/model.onnx"):
+        target = tmp_path / built.parent.parent.name / built.parent.name
+        target.mkdir(parents=True)
+        (target / "model.onnx").symlink_to(built)
+        (target / "card.json").write_bytes((built.parent / "card.json").read_bytes())
+    made = ensure_models(tmp_path, cuda=True)
+    assert made == [tmp_path / "smollm2" / "1"]
+    copy = ModelCard.load(tmp_path / "smollm2" / "1")
+    half = ort.InferenceSession(str(copy.cuda_onnx_path), providers=["CPUExecutionProvider"])
+    assert half.get_inputs()[3].type == "tensor(float16)"
+    assert ensure_models(tmp_path, cuda=True) == []
+    for provider in ("cpu", "auto"):
+        loaded = SessionPool(provider, intra_op_threads=1).get(copy)
+        if loaded.get_providers()[0] == "CPUExecutionProvider":
+            assert loaded.get_inputs()[3].type == "tensor(float)", provider

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from flask import Flask
-from onnx import TensorProto, helper
 
 from app.cards import ModelCard
 from app.platform.settings import ROOT, Settings
@@ -27,31 +24,9 @@ from app.runtime.engine import infer
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import parse_inputs
 from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
+from tests.gpu.probe import cuda_missing
 from tests.inference.test_minilm import SENTENCES
 from tests.support import starts_processes
-
-
-@cache
-def cuda_missing() -> str | None:
-    """Why CUDA cannot be used here, None if it can: a one-node graph is asked for
-    the CUDA provider, which onnxruntime-gpu lists even where it cannot start."""
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return f"onnxruntime has no CUDA provider (it has {ort.get_available_providers()})"
-    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [value], [out])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    ort.set_default_logger_severity(4)  # its "could not start" error is this answer
-    try:
-        session = ort.InferenceSession(
-            model.SerializeToString(),
-            providers=["CUDAExecutionProvider"],
-        )
-    finally:
-        ort.set_default_logger_severity(2)
-    used = session.get_providers()[0]
-    return None if used == "CUDAExecutionProvider" else f"the CUDA provider did not start ({used})"
-
 
 pytestmark = [
     pytest.mark.gpu,
