@@ -177,6 +177,7 @@ def raw_ort(card_dir: Path, quick: bool) -> dict[str, Any]:
 
     from app.cards import ModelCard
     from app.generation.chat import ChatFormat
+    from bench.generation_engine import raw_loop
 
     card = ModelCard.load(card_dir)
     assert card.generation is not None
@@ -184,28 +185,11 @@ def raw_ort(card_dir: Path, quick: bool) -> dict[str, Any]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = THREADS
     session = ort.InferenceSession(str(card.onnx_path), options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-    shape = session.get_inputs()[3].shape
     prompts = [chat.chat_ids((("user", p),)) for p in PROMPTS]
-    context = max(len(p) for p in prompts) + MAX_TOKENS + 1
 
     def loop(batch: list[list[int]]) -> tuple[float, float, int]:
-        caches = [np.zeros((len(batch), int(shape[1]), context, int(shape[3])), np.float32)
-                  for _ in names]  # fmt: skip
-        started = time.perf_counter()
-        last = []
-        for row, ids in enumerate(batch):  # prefill each prompt into its row
-            values = [ort.OrtValue.ortvalue_from_numpy(c[row : row + 1]) for c in caches]
-            logits = _call(session, names, values, [ids], [0])
-            last.append(int(logits[0].argmax()))
-        prefill = time.perf_counter() - started
-        values = [ort.OrtValue.ortvalue_from_numpy(c) for c in caches]
-        lengths = [len(ids) for ids in batch]
-        for _ in range(MAX_TOKENS - 1):
-            logits = _call(session, names, values, [[t] for t in last], lengths)
-            last = [int(row.argmax()) for row in logits]
-            lengths = [n + 1 for n in lengths]
-        return prefill, time.perf_counter() - started, MAX_TOKENS * len(batch)
+        prefill, total, tokens, _ = raw_loop(session, batch, "cpu")
+        return prefill, total, tokens
 
     one = [loop([prompts[0]]) for _ in range(1 if quick else 3)]
     prefill, total, tokens = sorted(one, key=lambda r: r[1])[len(one) // 2]
@@ -217,22 +201,6 @@ def raw_ort(card_dir: Path, quick: bool) -> dict[str, Any]:
         "static16_tokens_per_s": round(static[2] / static[1], 1),
         "static16_prefill_ms": round(static[0] * 1000, 1),
     }
-
-
-def _call(session: Any, names: list[str], values: list[Any], ids: list[list[int]],
-          past: list[int]) -> np.ndarray:  # fmt: skip
-    binding = session.io_binding()
-    binding.bind_output("logits")
-    width = len(ids[0])
-    binding.bind_cpu_input("input_ids", np.array(ids, np.int64))
-    binding.bind_cpu_input("seqlens_k", np.array([p + width - 1 for p in past], np.int32))
-    binding.bind_cpu_input("total_sequence_length", np.array(max(past) + width, np.int32))
-    for name, value in zip(names, values, strict=True):
-        binding.bind_ortvalue_input(name, value)
-        binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
-    session.run_with_iobinding(binding)
-    logits: np.ndarray = binding.get_outputs()[0].numpy()
-    return logits
 
 
 # ----------------------------------------------------------------------------- llama-server
