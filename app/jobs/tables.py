@@ -122,6 +122,9 @@ class Job(Base):
     # that share of the ONNX Runtime call's wall time.
     batch_share: Mapped[float | None] = mapped_column(Float)
     compute_seconds: Mapped[float | None] = mapped_column(Float)
+    # A generation's tokens (NULL for one-shot models), for GET /usage.
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     # The cap on attempts, fixed at submit: a job that crashes its worker every time
     # stops here, whatever the workers' settings.

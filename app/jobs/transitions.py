@@ -39,6 +39,8 @@ class Outcome:
     output_bytes: int | None = None  # a chunk's: the size of its outputs in the file store
     batch_share: float | None = None  # its rows over its micro-batch's
     compute_seconds: float | None = None  # that share of the ONNX Runtime call
+    prompt_tokens: int | None = None  # a generation's
+    completion_tokens: int | None = None
     error_code: str | None = None
     error_message: str | None = None
     error_class: str | None = None
@@ -93,6 +95,8 @@ def finish_rows(session: Session, outcomes: list[Outcome], *, guarded: bool = Tr
         "delays": [o.delay_s for o in outcomes],
         "shares": [o.batch_share for o in outcomes],
         "computes": [o.compute_seconds for o in outcomes],
+        "prompts": [o.prompt_tokens for o in outcomes],
+        "completions": [o.completion_tokens for o in outcomes],
     }
     return list(_finish_statement(guarded).execute(session, params))
 
@@ -108,9 +112,10 @@ def _finish_statement(guarded: bool) -> Prepared:
         WITH v AS (
             SELECT * FROM unnest(
                 :ids, :attempts, :statuses, :output_data, :output_bytes, :codes, :messages,
-                :classes, :tracebacks, :delays, :shares, :computes
+                :classes, :tracebacks, :delays, :shares, :computes, :prompts, :completions
             ) AS v(id, attempt, status, output_data, output_bytes, error_code, error_message,
-                   error_class, traceback, delay, share, compute)
+                   error_class, traceback, delay, share, compute, prompt_tokens,
+                   completion_tokens)
         ),
         moved AS (
             UPDATE jobs AS j SET
@@ -122,6 +127,8 @@ def _finish_statement(guarded: bool) -> Prepared:
                 batch_share = coalesce(v.share, j.batch_share),
                 compute_seconds = CASE WHEN v.compute IS NULL THEN j.compute_seconds
                                        ELSE coalesce(j.compute_seconds, 0) + v.compute END,
+                prompt_tokens = coalesce(v.prompt_tokens, j.prompt_tokens),
+                completion_tokens = coalesce(v.completion_tokens, j.completion_tokens),
                 error_code = v.error_code, error_message = v.error_message,
                 finished_at = CASE WHEN v.status = 'retry' AND j.cancel_requested_at IS NULL
                                    THEN NULL ELSE now() END,
@@ -144,7 +151,8 @@ def _finish_statement(guarded: bool) -> Prepared:
         {"ids": "uuid[]", "attempts": "integer[]", "statuses": "text[]",
          "output_data": "bytea[]", "output_bytes": "bigint[]", "codes": "text[]",
          "messages": "text[]", "classes": "text[]", "tracebacks": "text[]",
-         "delays": "float8[]", "shares": "float8[]", "computes": "float8[]"},
+         "delays": "float8[]", "shares": "float8[]", "computes": "float8[]",
+         "prompts": "integer[]", "completions": "integer[]"},
     )  # fmt: skip
 
 

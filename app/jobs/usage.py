@@ -1,7 +1,8 @@
 """What a tenant's jobs cost over a period, per model: for GET /usage.
 
-Summed from the job rows themselves (time queued, time running, and each job's
-share of its micro-batch's ONNX Runtime time, written when it finished), so the
+Summed from the job rows themselves (time queued, time running, each job's
+share of its micro-batch's ONNX Runtime time, and a generation's tokens, written
+when it finished), so the
 report needs no bookkeeping of its own and agrees with GET /jobs/<id>.
 """
 
@@ -32,7 +33,9 @@ _REPORT = text(
            coalesce(sum(extract(epoch FROM coalesce(started_at, finished_at) - created_at)), 0)
                AS queued_seconds,
            coalesce(sum(extract(epoch FROM finished_at - started_at)), 0) AS running_seconds,
-           coalesce(sum(compute_seconds), 0) AS compute_seconds
+           coalesce(sum(compute_seconds), 0) AS compute_seconds,
+           coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
+           coalesce(sum(completion_tokens), 0) AS completion_tokens
     FROM jobs
     WHERE tenant_id = :tenant AND created_at >= :start AND created_at < :end
     GROUP BY model ORDER BY model
@@ -53,12 +56,19 @@ class ModelUsage:
     queued_seconds: float
     running_seconds: float
     compute_seconds: float
+    prompt_tokens: int  # a generative model's; 0 for the others
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 def _usage(r: Any) -> ModelUsage:
     return ModelUsage(
         r.model, r.jobs, r.batch_chunks, r.succeeded, r.failed, r.cancelled, r.unfinished,
         int(r.rows), float(r.queued_seconds), float(r.running_seconds), float(r.compute_seconds),
+        int(r.prompt_tokens), int(r.completion_tokens),
     )  # fmt: skip
 
 

@@ -279,7 +279,9 @@ class Generation:
             else:
                 status = "cancelled" if reason == "cancelled" else "succeeded"
                 outcome = Outcome(running.job.id, running.job.attempt, status, output_data=outputs)
-            outcomes.append(replace(outcome, compute_seconds=running.compute_s))
+            outcomes.append(replace(outcome, compute_seconds=running.compute_s,
+                                    prompt_tokens=usage["prompt_tokens"],
+                                    completion_tokens=usage["completion_tokens"]))  # fmt: skip
             finals[running.job.id] = {"final": True, "finish_reason": reason, "usage": usage,
                                       "output": running.text.text}  # fmt: skip
         rows = self._finish(outcomes, [r.job for r in ended])

@@ -156,6 +156,9 @@ class ModelUsageSchema(Schema):
     compute_seconds = fields.Float(
         metadata={"description": "Sum of each job's share of its micro-batch's ONNX Runtime time"}
     )
+    prompt_tokens = fields.Integer(metadata={"description": "A generative model's prompt tokens"})
+    completion_tokens = fields.Integer(metadata={"description": "Tokens it generated"})
+    total_tokens = fields.Integer()
 
 
 class UsageTotalSchema(Schema):
@@ -164,6 +167,9 @@ class UsageTotalSchema(Schema):
     queued_seconds = fields.Float()
     running_seconds = fields.Float()
     compute_seconds = fields.Float()
+    prompt_tokens = fields.Integer()
+    completion_tokens = fields.Integer()
+    total_tokens = fields.Integer()
 
 
 class UsageReportSchema(Schema):

@@ -18,15 +18,25 @@ blp = Blueprint("usage", __name__, url_prefix="/usage", description="What your j
 @blp.arguments(UsageArgsSchema(), location="query")
 @blp.response(200, UsageReportSchema)
 def get_usage(args: dict[str, Any]) -> dict[str, Any]:
-    """Per model: jobs, rows, time queued, time running and ONNX Runtime time (each
-    job's share of its micro-batch) of your jobs created in [from, to). Default:
+    """Per model: jobs, rows, time queued, time running, ONNX Runtime time (each
+    job's share of its micro-batch) and, for generative models, prompt and
+    completion tokens, of your jobs created in [from, to). Default:
     the last 24 hours; at most 31 days."""
     end = args.get("end") or datetime.now(UTC)
     start = args.get("start") or end - timedelta(days=1)
     models = services().webhooks.usage_report(current_tenant(), start, end)
     total = {
         name: sum(getattr(m, name) for m in models)
-        for name in ("jobs", "rows", "queued_seconds", "running_seconds", "compute_seconds")
+        for name in (
+            "jobs",
+            "rows",
+            "queued_seconds",
+            "running_seconds",
+            "compute_seconds",
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+        )
     }
     return {"tenant": current_tenant().name, "start": start, "end": end, "models": models,
             "total": total}  # fmt: skip

@@ -45,6 +45,11 @@ def test_a_chat_completion_is_a_job_with_its_usage(
     job = wait_for_job(client, auth, str(uuid.UUID(answer.id)))
     assert job["status"] == "succeeded" and job["outputs"]["text"] == text
     assert job["outputs"]["prompt_tokens"] == answer.usage.prompt_tokens
+    report = client.get("/usage", headers=auth).get_json()
+    (row,) = [m for m in report["models"] if m["model"] == "smollm2"]
+    assert row["prompt_tokens"] == answer.usage.prompt_tokens
+    assert row["completion_tokens"] == 11
+    assert row["total_tokens"] == answer.usage.total_tokens == report["total"]["total_tokens"]
 
 
 def test_a_streamed_chat_joins_to_the_whole_answer(client_of: openai.OpenAI) -> None:
