@@ -41,13 +41,21 @@ def post_job(client: FlaskClient, auth: dict[str, str], **extra: Any) -> dict[st
     return body
 
 
-def test_cancel_a_queued_job_then_again(idle: Flask, auth: dict[str, str]) -> None:
+@pytest.mark.parametrize("verb", ["POST /cancel", "DELETE"])
+def test_cancel_a_queued_job_then_again(idle: Flask, auth: dict[str, str], verb: str) -> None:
     client = idle.test_client()
     job = post_job(client, auth)
-    cancelled = client.post(f"/jobs/{job['id']}/cancel", headers=auth)
+
+    def cancel() -> Any:
+        if verb == "DELETE":
+            return client.delete(f"/jobs/{job['id']}", headers=auth)
+        return client.post(f"/jobs/{job['id']}/cancel", headers=auth)
+
+    cancelled = cancel()
     assert cancelled.status_code == 200 and cancelled.json["status"] == "cancelled"
     assert cancelled.json["cancel_requested_at"] and cancelled.json["finished_at"]
-    again = client.post(f"/jobs/{job['id']}/cancel", headers=auth)
+    assert client.get(f"/jobs/{job['id']}", headers=auth).json["status"] == "cancelled"
+    again = cancel()
     assert again.status_code == 409 and again.content_type == "application/problem+json"
     assert "already cancelled" in again.json["detail"] and again.json["job_status"] == "cancelled"
 
@@ -57,6 +65,7 @@ def test_cancel_is_tenant_scoped(idle: Flask, auth: dict[str, str], database: Da
     job = post_job(client, auth)
     other = make_tenant(database).headers
     assert client.post(f"/jobs/{job['id']}/cancel", headers=other).status_code == 404
+    assert client.delete(f"/jobs/{job['id']}", headers=other).status_code == 404
     assert client.get(f"/jobs/{job['id']}", headers=auth).json["status"] == "queued"
 
 

@@ -82,8 +82,9 @@ def one_slot(settings: Settings, make_app: Callable[..., Flask], tmp_path: Path)
     process.stop()
 
 
+@pytest.mark.parametrize("verb", ["POST /cancel", "DELETE"])
 def test_cancel_stops_a_running_generation_and_frees_its_slot(
-    one_slot: Flask, auth: dict[str, str]
+    one_slot: Flask, auth: dict[str, str], verb: str
 ) -> None:
     """With one slot, a second job runs only once the first has left it: cancelled
     after a few tokens, the first keeps them; the second is answered long before
@@ -97,7 +98,12 @@ def test_cancel_stops_a_running_generation_and_frees_its_slot(
     assert first is not None and second is not None
     _running_with_text(client, auth, first["id"])
     time.sleep(1.0)  # a few tokens
-    assert client.post(f"/jobs/{first['id']}/cancel", headers=auth).status_code in (200, 202)
+    if verb == "DELETE":
+        answer = client.delete(f"/jobs/{first['id']}", headers=auth)
+    else:
+        answer = client.post(f"/jobs/{first['id']}/cancel", headers=auth)
+    assert answer.status_code == 200 and answer.json is not None
+    assert answer.json["cancel_requested_at"] is not None
     cancelled = wait_for_job(client, auth, first["id"], timeout=30)
     assert cancelled["status"] == "cancelled"
     assert cancelled["outputs"]["finish_reason"] == "cancelled"
