@@ -2,7 +2,8 @@
 
 A chunk is an ordinary job (`jobs.batch_id`), so workers claim, lease, retry and
 dead-letter it like any other, through the one job-running path; a row is never
-a job of its own. Inline rows are cut when the batch is made; a file's start is
+a job of its own (but for a generative model's, whose chunks are a row each: see
+`chunk_rows`). Inline rows are cut when the batch is made; a file's start is
 checked then, and the file is cut by a worker (app.batches.splitting). Nothing
 here commits: the batch operations own the transaction.
 """
@@ -53,7 +54,7 @@ def new_batch(
     card: ModelCard, chunking: Chunking, tenant_id: int, webhook: dict[str, Any] | None = None
 ) -> Batch:
     """A queued batch of `card`'s model, not yet added to a session."""
-    if card.batching.max_batch_size <= 0:
+    if card.batching.max_batch_size <= 0 and card.generation is None:
         raise InvalidRequest(
             f"model {card.ref} has no batch dimension (max_batch_size 0): send its rows as jobs",
             errors={"model": ["a model whose inputs have a batch dimension"]},
@@ -90,6 +91,9 @@ def attach_file(
     """Make `file_id` the batch's input once its first rows fit the model (422 if not)."""
     file = files.get(session, batch.tenant_id, file_id)
     try:
+        if card.generation is not None and file.format != "jsonl":
+            raise readers.BadRows(0, f"model {card.ref} generates: its batch file is .jsonl, "
+                                     "a request a line, not ." + file.format)  # fmt: skip
         if file.format == "parquet":
             with opened(store, file) as source:
                 next(parquet.chunks(card, source, 16), None)
@@ -116,7 +120,12 @@ def opened(store: FileStore, file: File) -> IO[bytes]:
 def chunk_rows(card: ModelCard, chunking: Chunking) -> int:
     """Rows per chunk job: a card may set its own (`batch_chunk_rows`); else
     BATCH_CHUNK_ROWS, fewer where a row is large, so a chunk's inputs stay within
-    BATCH_CHUNK_BYTES (a worker holds a chunk's inputs and outputs at once)."""
+    BATCH_CHUNK_BYTES (a worker holds a chunk's inputs and outputs at once). A
+    generative model's chunk is one row: a generation runs for seconds to minutes,
+    worth a lease, a retry, a cancel and a token stream of its own, and the
+    decode loop batches the rows of every chunk as it batches jobs."""
+    if card.generation is not None:
+        return 1
     if "batch_chunk_rows" in card.extra:
         return max(1, int(card.extra["batch_chunk_rows"]))
     row = row_bytes(card)

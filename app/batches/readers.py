@@ -9,6 +9,8 @@ number of rows, never the whole file at once.
 - `.csv`: one row per line for a model with one input: its values (a vector
   input) or its one value (a text input). A first line that is not data is a
   header and skipped.
+- A generative model's rows are `.jsonl` only: a request per line, as a job's
+  body without the model.
 
 Every chunk is checked against the card like a job's inputs, so a bad row is
 reported with its row number.
@@ -47,6 +49,9 @@ def chunks(
 ) -> Iterator[Arrays]:
     """Checked arrays of `chunk_rows` rows (the last may be shorter), starting
     after `skip_rows` rows."""
+    if card.generation is not None:
+        yield from _generation_chunks(card, fmt, iter(parts), chunk_rows, skip_rows)
+        return
     readers = {"npy": _npy_rows, "jsonl": _jsonl_rows, "csv": _csv_rows}
     # Text is parsed TEXT_BLOCK_ROWS at a time (its Python objects take some 30
     # times the bytes of the arrays they become), then joined into chunks.
@@ -212,12 +217,7 @@ def _jsonl_rows(
         for row, line in _lines(parts):
             if row < skip_rows:
                 continue
-            try:
-                value = json.loads(line)
-            except ValueError as exc:
-                raise BadRows(row, f"is not JSON ({exc})") from None
-            except RecursionError:  # json's decoder recurses per level of nesting
-                raise BadRows(row, "is not JSON the service reads (nested too deeply)") from None
+            value = _json(row, line)
             if isinstance(value, dict):
                 if missing := [n for n in names if n not in value]:
                     raise BadRows(row, f"has no {', '.join(missing)}; expected keys {names}")
@@ -228,6 +228,45 @@ def _jsonl_rows(
                 raise BadRows(row, f"expected an object with keys {names}")
 
     return _gathered(rows(), names, chunk_rows)
+
+
+def _json(row: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise BadRows(row, f"is not JSON ({exc})") from None
+    except RecursionError:  # json's decoder recurses per level of nesting
+        raise BadRows(row, "is not JSON the service reads (nested too deeply)") from None
+
+
+def _generation_chunks(
+    card: ModelCard, fmt: str, parts: Iterator[bytes], chunk_rows: int, skip_rows: int
+) -> Iterator[Arrays]:
+    """A generative model's rows: a request a line, as a job's body without the
+    model (app.generation.requests.parse_row), each checked, its prompt measured."""
+    from app.generation.formats import chat_format
+    from app.generation.requests import parse_row, request_arrays
+
+    assert card.generation is not None
+    if fmt != "jsonl":
+        shape = '{"inputs": {"messages" or "prompt"}, "parameters": {...}}'
+        raise BadRows(0, f"model {card.ref} generates: its batch file is .jsonl, a request a "
+                         f"line ({shape})")  # fmt: skip
+    chat, block = chat_format(card), []
+    for row, line in _lines(parts):
+        if row < skip_rows:
+            continue
+        try:
+            request = parse_row(card.generation, _json(row, line))
+            chat.encode(request)
+        except InvalidInputs as exc:
+            raise BadRows(row, str(exc), exc.errors) from None
+        block.append(request)
+        if len(block) == chunk_rows:
+            yield request_arrays(*block)
+            block = []
+    if block:
+        yield request_arrays(*block)
 
 
 def _csv_rows(

@@ -99,7 +99,12 @@ def check_ready(batch: Batch, failed_rows: int, fmt: str) -> None:
 
 
 def jsonl(card: ModelCard, chunks: Iterator[Chunk]) -> Iterator[bytes]:
-    """`{"row": i, "outputs": {...}}` per row, or `{"row": i, "error": {...}}`."""
+    """`{"row": i, "outputs": {...}}` per row, or `{"row": i, "error": {...}}`; a
+    generative model's outputs are a job's (`text`, `finish_reason`, the tokens),
+    its one row's values."""
+    if card.generation is not None:
+        yield from _generation_jsonl(chunks)
+        return
     names = [spec.name for spec in card.outputs]
     for chunk in chunks:
         if chunk.status != "succeeded" or chunk.output_data is None:
@@ -119,9 +124,24 @@ def jsonl(card: ModelCard, chunks: Iterator[Chunk]) -> Iterator[bytes]:
         ).encode()
 
 
+def _generation_jsonl(chunks: Iterator[Chunk]) -> Iterator[bytes]:
+    for chunk in chunks:
+        if chunk.status != "succeeded" or chunk.output_data is None:
+            error = {"code": chunk.error_code or chunk.status, "message": chunk.error_message}
+            yield (json.dumps({"row": chunk.first_row, "error": error}) + "\n").encode()
+            continue
+        outputs = {name: array.tolist() for name, array in unpack(chunk.output_data).items()}
+        yield (json.dumps({"row": chunk.first_row, "outputs": outputs}) + "\n").encode()
+
+
 def numeric_outputs(card: ModelCard, output: str | None) -> list[str]:
     """The outputs an .npy or Parquet file holds: the one asked for, or all (in an
     .npy, then a structured array)."""
+    if card.generation is not None:
+        raise InvalidRequest(
+            f"model {card.ref} generates text; read its results as JSONL",
+            errors={"Accept": [JSONL]},
+        )
     specs = list(card.outputs)
     if output is not None:
         specs = [s for s in specs if s.name == output]

@@ -132,13 +132,20 @@ def fail(session: Session, batch_id: uuid.UUID, code: str, message: str) -> None
 
 def cut_chunk(
     session: Session, store: FileStore, batch: Batch, place: tuple[int, int],
-    arrays: dict[str, np.ndarray],
+    arrays: dict[str, np.ndarray], inline: bool = False,
 ) -> bool:  # fmt: skip
     """Chunk `index` of the batch, from row `row` (`place`), its rows written to the
-    store as its own inputs (the same key again if this split resumes); False
-    when the batch was cancelled or is being split elsewhere (nothing written)."""
+    store as its own inputs (the same key again if this split resumes), or kept
+    in the job row with `inline` (a generation's one request: an object in the
+    store for each would cost more than the row); False when the batch was
+    cancelled or is being split elsewhere (nothing written)."""
     index, row = place
     n = len(next(iter(arrays.values())))
+    if inline:
+        if not advance(session, batch.id, row, row + n):
+            return False
+        session.execute(insert(Job).values(chunk_values(batch, index, row, n, pack(arrays))))
+        return True
     key = inputs_key(batch.id, index)
     store.write(key, pack(arrays))
     if not advance(session, batch.id, row, row + n):

@@ -67,6 +67,21 @@ def parse(spec: GenerationSpec, inputs: Any, parameters: Any) -> GenerationReque
     return GenerationRequest(messages, prompt, sampling)
 
 
+def parse_row(spec: GenerationSpec, row: Any) -> GenerationRequest:
+    """A batch's row: a job's body without the model (`{"inputs": {...},
+    "parameters": {...}}`), or the inputs themselves with `parameters` beside them
+    (`{"prompt": "...", "parameters": {...}}`)."""
+    expected = 'an object {"inputs": {"messages" or "prompt"}, "parameters": {...}}'
+    if not isinstance(row, dict):
+        raise InvalidInputs({"row": f"expected {expected}"})
+    if "inputs" in row:
+        if extra := sorted(set(row) - {"inputs", "parameters"}):
+            raise InvalidInputs({"row": f"unknown field(s) {extra}; expected {expected}"})
+        return parse(spec, row["inputs"], row.get("parameters"))
+    inputs = {key: value for key, value in row.items() if key != "parameters"}
+    return parse(spec, inputs, row.get("parameters"))
+
+
 def _source(
     spec: GenerationSpec, inputs: Any, errors: dict[str, str]
 ) -> tuple[tuple[tuple[str, str], ...] | None, str | None]:
@@ -172,9 +187,11 @@ def _number(
     return float(value)
 
 
-def request_arrays(request: GenerationRequest) -> dict[str, np.ndarray]:
-    """How a generation request is stored with its job (packed like any inputs)."""
-    return {REQUEST_INPUT: np.array([orjson.dumps(request.to_json()).decode()], dtype=object)}
+def request_arrays(*requests: GenerationRequest) -> dict[str, np.ndarray]:
+    """How generation requests are stored (packed like any inputs): a row each, a
+    job's one, or a batch's rows until they are cut into chunk jobs."""
+    rows = [orjson.dumps(request.to_json()).decode() for request in requests]
+    return {REQUEST_INPUT: np.array(rows, dtype=object)}
 
 
 def stored_request(input_data: bytes) -> GenerationRequest:

@@ -142,6 +142,40 @@ def generation_arrays(card: ModelCard, inputs: Any, parameters: Any) -> dict[str
     return request_arrays(request)
 
 
+MAX_ROW_ERRORS = 20  # misfits a refused batch names
+
+
+def check_rows(card: ModelCard, inputs: Any) -> dict[str, np.ndarray]:
+    """A batch's inline rows as arrays: a one-shot model's as a job's inputs (rows
+    along the first axis); a generative model's as a list of requests, each as a
+    job's body without the model, every row checked (`inputs[i].<field>` names a
+    misfit)."""
+    if card.generation is None:
+        return check_inputs(card, inputs)
+    from app.generation.formats import chat_format
+    from app.generation.requests import parse_row, request_arrays
+
+    if not isinstance(inputs, list) or not inputs:
+        raise InputsDoNotFit(
+            f"model {card.ref} generates: a batch's inputs are a non-empty list of requests",
+            errors={"inputs": ['a list of {"inputs": {"messages" or "prompt"}, "parameters"}']},
+        )
+    fmt, requests = chat_format(card), []
+    errors: dict[str, str] = {}
+    for i, row in enumerate(inputs):
+        try:
+            request = parse_row(card.generation, row)
+            fmt.encode(request)  # the prompt fits the context
+            requests.append(request)
+        except InvalidInputs as exc:
+            errors |= {f"inputs[{i}].{field}": problem for field, problem in exc.errors.items()}
+            if len(errors) >= MAX_ROW_ERRORS:
+                break  # enough to fix the first rows by; the rest are not read
+    if errors:
+        raise InputsDoNotFit(f"rows do not fit model {card.ref}: {errors}", errors=errors)
+    return request_arrays(*requests)
+
+
 def _text_input(inputs: Any) -> Any:
     """KServe v2's form of a prompt (Triton's vLLM backend): one BYTES `text_input`,
     as a tensor list or `{"text_input": [...]}`; other forms are left to `parse`."""

@@ -102,7 +102,7 @@ class BatchOperations:
             session.flush()
             self.database.once_committed(lambda: self._send_split(batch.id))
             return batch
-        arrays = staging.check_inputs(card, request.inputs)
+        arrays = staging.check_rows(card, request.inputs)
         rows = len(next(iter(arrays.values())))
         chunks = creation.chunks_of(batch, rows)
         # Refusals keep nothing: QuotaExceeded names the limit, QueueFull the bound.
@@ -216,7 +216,7 @@ class BatchOperations:
             for arrays in parts:
                 step = partial(
                     splitting.cut_chunk, store=self._store, batch=batch, place=(index, row),
-                    arrays=arrays,
+                    arrays=arrays, inline=card.generation is not None,
                 )  # fmt: skip
                 if not self._step(batch, step):
                     return None

@@ -32,6 +32,7 @@ from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
 from app.generation.requests import stored_request
 from app.jobs import claims, telemetry
+from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
 from app.jobs.dispatch import Dispatcher
 from app.jobs.runner import Runner
@@ -292,9 +293,17 @@ class Generation:
         return len(rows)
 
     def _finish(self, outcomes: list[Outcome], jobs: list[ClaimedJob]) -> list[Any]:
+        """Write the outcomes, answer sync callers, then finish the batches whose last
+        chunk (a row of a batch of generations) this was."""
         rows = self._write(outcomes, jobs)
         self.runner.answer(jobs, outcomes, rows)
+        if batches := {job.batch_id for job in jobs if job.batch_id is not None}:
+            self._settle(list(batches))  # after the commit: the last chunk's writer sees all
         return rows
+
+    @transactional
+    def _settle(self, batch_ids: list[uuid.UUID]) -> None:
+        settle(self.database.session(), batch_ids)
 
     @transactional
     def _write(self, outcomes: list[Outcome], jobs: list[ClaimedJob]) -> list[Any]:

@@ -44,7 +44,11 @@ class SubmitBatchSchema(Schema):
     version = fields.String(load_default=None)
     inputs = fields.Raw(
         load_default=None,
-        metadata={"description": "Rows as in a job's inputs (along the first axis); or file_id"},
+        metadata={
+            "description": "Rows as in a job's inputs (along the first axis); for a "
+            "generative model a list of requests, each a job's body without the model "
+            '({"inputs": {...}, "parameters": {...}}); or file_id'
+        },
     )
     file_id = fields.UUID(
         load_default=None, metadata={"description": "An uploaded file (POST /files); or inputs"}

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
 
+from tests.api.test_batches import submit as submit_batch
+from tests.api.test_batches import upload, wait_batch
 from tests.conftest import WorkerProcess, wait_for_job
+
+NPY = "application/x-npy"
 
 pytestmark = pytest.mark.processes
 
@@ -66,3 +71,72 @@ def test_an_idempotency_key_tells_parameters_apart(
     other = {**body, "parameters": {"max_tokens": 3, "temperature": 0}}
     assert client.post("/jobs", json=other, headers=headers).status_code == 422
     wait_for_job(client, auth, first.json["id"], timeout=120)  # type: ignore[index]
+
+
+def test_a_batch_of_generations_answers_each_row_in_order(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    """Inline rows in each form the batch door takes (a job's body without the model,
+    or the inputs with parameters beside them): a chunk job each, results as JSONL
+    in input order with a job's outputs; usage counts their tokens."""
+    rows = [
+        {"inputs": {"prompt": "The capital of France is"},
+         "parameters": {"max_tokens": 2, "temperature": 0}},
+        {"messages": [{"role": "user", "content": "What is 2+2?"}],
+         "parameters": {"max_tokens": 30, "temperature": 0}},
+        {"prompt": "The capital of France is", "parameters": {"max_tokens": 3, "temperature": 0}},
+    ]  # fmt: skip
+    batch = submit_batch(client, auth, model="smollm2", inputs=rows)
+    assert batch["rows"] == 3 and sum(batch["chunks"].values()) == 3
+    done = wait_batch(client, auth, batch["id"])
+    assert done["status"] == "succeeded" and done["rows_done"] == 3, done
+    answer = client.get(f"/batches/{batch['id']}/results", headers=auth)
+    lines = [json.loads(line) for line in answer.data.decode().splitlines()]
+    assert [line["row"] for line in lines] == [0, 1, 2]
+    texts = [line["outputs"]["text"] for line in lines]
+    assert texts == [" Paris.", "The answer to this classic math problem is 4.", " Paris.\n"]
+    assert lines[1]["outputs"]["finish_reason"] == "stop"
+    assert lines[2]["outputs"]["completion_tokens"] == 3
+    report = client.get("/usage", headers=auth).get_json()
+    (usage,) = [m for m in report["models"] if m["model"] == "smollm2"]
+    assert usage["completion_tokens"] >= 2 + 11 + 3
+    npy = client.get(f"/batches/{batch['id']}/results", headers={**auth, "Accept": NPY})
+    assert npy.status_code == 422 and "JSONL" in npy.json["detail"]  # type: ignore[index]
+
+
+def test_a_jsonl_file_of_requests_runs_as_a_batch(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    lines = [
+        {"inputs": {"prompt": "The capital of France is"},
+         "parameters": {"max_tokens": 2, "temperature": 0}},
+        {"prompt": "The capital of France is", "parameters": {"max_tokens": 3, "temperature": 0}},
+    ]  # fmt: skip
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    file_id = upload(client, auth, data, "requests.jsonl")
+    batch = submit_batch(client, auth, model="smollm2", file_id=file_id)
+    done = wait_batch(client, auth, batch["id"])
+    assert done["status"] == "succeeded" and done["rows_done"] == 2, done
+    answer = client.get(f"/batches/{batch['id']}/results", headers=auth)
+    texts = [json.loads(line)["outputs"]["text"] for line in answer.data.decode().splitlines()]
+    assert texts == [" Paris.", " Paris.\n"]
+
+
+def test_bad_rows_refuse_the_batch_naming_each(client: FlaskClient, auth: dict[str, str]) -> None:
+    rows = [
+        {"prompt": "fine"},
+        {"prompt": "x", "parameters": {"max_tokens": 99999}},
+        {"messages": [{"role": "wizard", "content": "hi"}]},
+        "just text",
+    ]
+    answer = client.post("/batches", json={"model": "smollm2", "inputs": rows}, headers=auth)
+    assert answer.status_code == 422, answer.json
+    errors = answer.json["errors"]  # type: ignore[index]
+    assert {"inputs[1].max_tokens", "inputs[2].messages[0].role", "inputs[3].row"} <= set(errors)
+    assert client.get("/batches", headers=auth).json["items"] == []  # type: ignore[index]
+    csv = upload(client, auth, b"prompt\nThe capital of France is\n", "rows.csv")
+    refused = client.post("/batches", json={"model": "smollm2", "file_id": csv}, headers=auth)
+    assert refused.status_code == 422 and ".jsonl" in refused.json["detail"]  # type: ignore[index]
+    bad = upload(client, auth, b'{"prompt": "x", "parameters": {"top_k": -1}}\n', "bad.jsonl")
+    refused = client.post("/batches", json={"model": "smollm2", "file_id": bad}, headers=auth)
+    assert refused.status_code == 422 and "top_k" in str(refused.json)
