@@ -90,6 +90,12 @@ class Dispatcher:
         last taken (a running loop's cheap look for new work, app.operations.generation)."""
         return bool(self._redis.exists(self._flag(self.queue_for(model), model)))
 
+    def mark_pending(self, model: str) -> None:
+        """Raise the pending flag without sending a wake-up: for a running loop that
+        looks at the flag (app.operations.generation) when the task that took it
+        found the loop already running."""
+        self._redis.set(self._flag(self.queue_for(model), model), "1", ex=WAKE_FLAG_TTL_S)
+
     def taken(self, model: str, queue: str | None = None) -> None:
         """A worker took the wake-up (from `queue`, default: the model's): jobs
         committed from now on need a new one."""

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -130,14 +131,18 @@ class Generation:
         lock = f"inference:generating:{queue}:{model}:{socket.gethostname()}"
         token = uuid.uuid4().hex
         if not self._redis().set(lock, token, nx=True, px=int(LOCK_S * 1000)):
-            return 0  # this machine's loop for the model is running: it claims the jobs
+            # This machine's loop for the model is running and claims the jobs: the
+            # wake-up this task took (and cleared) is raised again for it, else it
+            # would see the new jobs only at its next timed claim (CLAIM_EVERY_S).
+            self._dispatcher.mark_pending(model)
+            return 0
         try:
             return self._loop(model, _Loop(card, self.engine(card)), lock, token)
         finally:
             if self._redis().get(lock) == token.encode():
                 self._redis().delete(lock)
-            if self._claimable(model):
-                self._dispatcher.wake(model)
+            if self._claimable(model):  # sent even where a flag says one is pending
+                self._dispatcher.wake(model, force=True)
 
     def _loop(self, model: str, loop: _Loop, lock: str, token: str) -> int:
         started = time.monotonic()
@@ -199,11 +204,19 @@ class Generation:
         return 0
 
     def _step(self, loop: _Loop) -> int:
-        """A step: prefill, then decode; a prompt's first token is published between
-        the two, so its time to first token does not wait for the others' step."""
-        ended = self._run(loop, loop.engine.prefill)
-        self.publisher.flush()  # (nothing to send costs nothing)
-        ended += self._run(loop, loop.engine.decode)
+        """A step: prefill (the step's budget of prompt tokens), then decode. Each
+        prompt's first token is published as soon as its prefill ends, so its time
+        to first token waits neither for the other prompts' prefill nor for the
+        decode call."""
+        engine, budget = loop.engine, loop.engine.prefill_tokens
+        ended: list[_Running] = []
+        while engine.waiting and budget > 0:
+            ended += self._run(loop, partial(engine.prefill, budget, 1))
+            self.publisher.flush()  # (nothing to send costs nothing)
+            if not engine.prefilled:
+                break
+            budget -= engine.prefilled
+        ended += self._run(loop, engine.decode)
         for job_id in list(loop.overtime):
             loop.overtime.discard(job_id)
             if (running := loop.running.get(job_id)) is not None:

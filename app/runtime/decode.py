@@ -84,6 +84,7 @@ class DecodeEngine:
         self._free = set(range(slots))
         self.steps = 0  # decode calls made
         self.prefill_calls = 0
+        self.prefilled = 0  # prompt tokens the last prefill call took
 
     @property
     def busy(self) -> int:
@@ -117,12 +118,16 @@ class DecodeEngine:
         """Prefill what waits (within the budget), then one decode call for all."""
         return self.prefill() + self.decode()
 
-    def prefill(self) -> list[Emitted]:
-        """Prompts into the cache, up to `prefill_tokens` of them; a prompt that is
-        whole gives its first token and joins the decoding sequences."""
+    def prefill(self, budget: int | None = None, prompts: int | None = None) -> list[Emitted]:
+        """Prompts into the cache, up to `budget` tokens of them (`prefill_tokens`)
+        and `prompts` whole prompts (no limit); a prompt that is whole gives its
+        first token and joins the decoding sequences. `prefilled` tells the tokens
+        this call took, so a caller can spend a step's budget over several calls
+        and publish each first token as soon as it is made."""
         emitted: list[Emitted] = []
-        budget = self.prefill_tokens
-        while self.waiting and budget > 0:
+        budget = self.prefill_tokens if budget is None else budget
+        self.prefilled = 0
+        while self.waiting and budget > 0 and (prompts is None or len(emitted) < prompts):
             sequence = self.waiting[0]
             if sequence.slot < 0:
                 sequence.slot = max(self._free)
@@ -134,6 +139,7 @@ class DecodeEngine:
             self.prefill_calls += 1
             sequence.filled += len(chunk)
             budget -= len(chunk)
+            self.prefilled += len(chunk)
             if sequence.filled < len(sequence.prompt):
                 break  # the rest in the next step's budget
             self.waiting.popleft()
