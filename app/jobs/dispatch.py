@@ -86,20 +86,29 @@ class Dispatcher:
         return True
 
     def pending(self, model: str) -> bool:
-        """Whether a wake-up for `model` is pending: jobs were committed since one was
-        last taken (a running loop's cheap look for new work, app.operations.generation)."""
-        return bool(self._redis.exists(self._flag(self.queue_for(model), model)))
+        """Whether jobs of `model` were committed since a running loop last claimed: a
+        wake-up is pending, or a worker that took one found the loop running and
+        passed it on (`pass_to_loop`). A running loop's cheap look for new work
+        (app.operations.generation)."""
+        queue = self.queue_for(model)
+        return bool(self._redis.exists(self._flag(queue, model), self._for_loop(queue, model)))
 
-    def mark_pending(self, model: str) -> None:
-        """Raise the pending flag without sending a wake-up: for a running loop that
-        looks at the flag (app.operations.generation) when the task that took it
-        found the loop already running."""
-        self._redis.set(self._flag(self.queue_for(model), model), "1", ex=WAKE_FLAG_TTL_S)
+    def pass_to_loop(self, model: str) -> None:
+        """A worker took a wake-up but the machine's loop for the model is running:
+        tell the loop (its own key; the wake-up flag itself means a task is on its
+        way, and set without one it would hold back the next wake-up)."""
+        queue = self.queue_for(model)
+        self._redis.set(self._for_loop(queue, model), "1", ex=WAKE_FLAG_TTL_S)
 
     def taken(self, model: str, queue: str | None = None) -> None:
         """A worker took the wake-up (from `queue`, default: the model's): jobs
         committed from now on need a new one."""
-        self._redis.delete(self._flag(queue or self.queue_for(model), model))
+        queue = queue or self.queue_for(model)
+        self._redis.delete(self._flag(queue, model), self._for_loop(queue, model))
+
+    @staticmethod
+    def _for_loop(queue: str, model: str) -> str:
+        return f"inference:wake-loop:{queue}:{model}"
 
     def _forget(self, flag: str) -> None:
         with contextlib.suppress(redis.RedisError):  # else it expires by itself

@@ -132,17 +132,17 @@ class Generation:
         token = uuid.uuid4().hex
         if not self._redis().set(lock, token, nx=True, px=int(LOCK_S * 1000)):
             # This machine's loop for the model is running and claims the jobs: the
-            # wake-up this task took (and cleared) is raised again for it, else it
-            # would see the new jobs only at its next timed claim (CLAIM_EVERY_S).
-            self._dispatcher.mark_pending(model)
+            # wake-up this task took (and cleared) is passed on to it, else it would
+            # see the new jobs only at its next timed claim (CLAIM_EVERY_S).
+            self._dispatcher.pass_to_loop(model)
             return 0
         try:
             return self._loop(model, _Loop(card, self.engine(card)), lock, token)
         finally:
             if self._redis().get(lock) == token.encode():
                 self._redis().delete(lock)
-            if self._claimable(model):  # sent even where a flag says one is pending
-                self._dispatcher.wake(model, force=True)
+            if self._claimable(model):
+                self._dispatcher.wake(model)
 
     def _loop(self, model: str, loop: _Loop, lock: str, token: str) -> int:
         started = time.monotonic()

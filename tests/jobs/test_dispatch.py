@@ -33,7 +33,7 @@ def idle(settings: Settings, make_app: Callable[..., Flask]) -> Iterator[Flask]:
     yield app
     client = redis.Redis.from_url(settings.redis_url)
     client.delete(container_of(app).settings.jobs_queue)
-    client.delete(*client.keys("inference:wake:*-wake:*") or ["none"])
+    client.delete(*client.keys("inference:wake*:*-wake:*") or ["none"])
 
 
 def waiting_messages(app: Flask) -> int:
@@ -62,6 +62,27 @@ def test_jobs_submitted_while_a_wake_up_is_pending_share_it(
         services().parts.dispatcher.taken("digits")  # a worker took it and is about to claim
     submit(idle, auth)
     assert waiting_messages(idle) == 2, "a job after the take needs a wake-up of its own"
+
+
+def test_a_wake_up_passed_to_a_running_loop_never_holds_back_the_next(
+    idle: Flask, auth: dict[str, str]
+) -> None:
+    """A worker that took a wake-up and found the machine's decode loop running
+    passes it on: the loop sees new work pending; the next submit still sends a
+    wake-up of its own (were the wake-up flag set without a message, no job would
+    wake a worker until the flag expired); the loop's claim clears both."""
+    with idle.app_context():
+        dispatcher = services().parts.dispatcher
+        submit(idle, auth)
+        assert waiting_messages(idle) == 1
+        dispatcher.taken("digits")
+        assert not dispatcher.pending("digits")
+        dispatcher.pass_to_loop("digits")
+        assert dispatcher.pending("digits")
+        submit(idle, auth, 1)
+        assert waiting_messages(idle) == 2
+        dispatcher.taken("digits")
+        assert not dispatcher.pending("digits")
 
 
 @pytest.mark.usefixtures("worker")
