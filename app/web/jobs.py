@@ -141,25 +141,16 @@ def list_jobs(args: dict[str, Any]) -> Page:
 
 
 @blp.post("/<uuid:job_id>/cancel")
+@blp.delete("/<uuid:job_id>", endpoint="delete_job")
 @blp.response(200, JobSchema, description="Cancelled, or (still running) cancel requested",
               links=job_links())  # fmt: skip
 @blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
 @blp.alt_response(409, response="CONFLICT", description="The job has already finished")
 @authenticated
 def cancel_job(job_id: uuid.UUID) -> Job:
-    return services().jobs.cancel(current_tenant(), job_id)
-
-
-@blp.delete("/<uuid:job_id>")
-@blp.response(200, JobSchema, description="Cancelled, or (still running) cancel requested",
-              links=job_links())  # fmt: skip
-@blp.alt_response(404, response="NOT_FOUND", description="No such job for this tenant")
-@blp.alt_response(409, response="CONFLICT", description="The job has already finished")
-@authenticated
-def delete_job(job_id: uuid.UUID) -> Job:
-    """Cancel the job, as POST /jobs/<id>/cancel does (the name OpenAI-style and
-    Replicate-style clients use): the record stays, with what a running
-    generation made so far."""
+    """Cancel the job (DELETE /jobs/<id> is the same call, the verb Replicate-style
+    and REST clients use): a queued job at once, a running one before its result
+    is written; the record stays, with what a running generation made so far."""
     return services().jobs.cancel(current_tenant(), job_id)
 
 
