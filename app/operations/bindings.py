@@ -179,7 +179,7 @@ class BindingOperations:
         for request in requests:
             try:
                 card = _entry_card(binding, request, cards)
-                arrays = staging.check_inputs(card, request.inputs)
+                arrays = staging.check_inputs(card, request.inputs, request.parameters)
                 check_priority(request.priority, limits)
             except DomainError as exc:
                 outcomes[request.entry_id] = EntryOutcome(request.entry_id, error=exc)

@@ -134,7 +134,8 @@ class EntryRequest:
     """An input entry of the stream door, decoded: its id in its log, the caller's
     `request_id` (its `id` field), `inputs` as a job's; `priority` 0-9 within the
     tenant's allowance; `model` and `version` only where the entry names another
-    model than its binding's."""
+    model than its binding's; `parameters` (a generative model's sampling
+    parameters) as a job's."""
 
     entry_id: str
     request_id: str
@@ -142,3 +143,4 @@ class EntryRequest:
     priority: int = 0
     model: str | None = None
     version: str | None = None
+    parameters: Any = None

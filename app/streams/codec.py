@@ -1,9 +1,11 @@
 """The stream door's protocol: input entries in, output and dead-letter entries out.
 
 An input entry has the fields `id` (the caller's request id), `inputs` (JSON,
-as a job's inputs: `{"<input>": nested list}` or KServe v2 tensors), and
-optionally `priority` (0-9), and `model` / `version` where one entry goes to
-another model than its binding's. An output entry has `id`, `job_id`, `status`
+as a job's inputs: `{"<input>": nested list}` or KServe v2 tensors, or a
+generative model's `{"messages": [...]}` / `{"prompt": "..."}`), and
+optionally `parameters` (JSON: a generative model's sampling parameters),
+`priority` (0-9), and `model` / `version` where one entry goes to another model
+than its binding's. An output entry has `id`, `job_id`, `status`
 and `outputs` (JSON) or `error` (a JSON problem object, RFC 9457, as the HTTP
 door's); a dead-letter entry has the input entry's own fields and `error`.
 """
@@ -72,8 +74,22 @@ def _decode(entry: LogEntry, max_bytes: int) -> EntryRequest:
         ) from None
     return EntryRequest(
         entry.id, request_id, inputs, _priority(entry, fields),
-        _optional(fields, "model"), _optional(fields, "version"),
+        _optional(fields, "model"), _optional(fields, "version"), _parameters(entry, fields),
     )  # fmt: skip
+
+
+def _parameters(entry: LogEntry, fields: Mapping[str, bytes]) -> Any:
+    """A generative model's sampling parameters (JSON), as a job's `parameters`."""
+    if "parameters" not in fields:
+        return None
+    try:
+        return json.loads(_text(fields, "parameters"))
+    except (ValueError, RecursionError) as exc:
+        raise MalformedRequest(
+            f"entry {entry.id}: parameters is not JSON ({_reason(exc)}); send a JSON object "
+            'such as {"max_tokens": 64, "temperature": 0}',
+            errors={"parameters": ["not JSON"]},
+        ) from None
 
 
 def _text(fields: Mapping[str, bytes], name: str) -> str:

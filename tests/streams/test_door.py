@@ -278,3 +278,40 @@ def test_a_job_that_fails_while_running_has_an_output_entry_with_its_problem(
     job = client.get(f"/jobs/{job_id}", headers=tenant.headers).json
     assert job["status"] == "failed" and job["error"]["code"] == "non_finite_output"
     assert logs.client.xlen(binding["dead_letter"]) == 0  # not a poison entry
+
+
+def test_a_binding_to_the_chat_model_answers_each_entry_with_its_text(
+    client: FlaskClient, tenant: TenantAuth, logs: RedisLogs, consumer: ConsumerProcess
+) -> None:
+    """Entries with a prompt or messages and `parameters` (JSON, as a job's): one
+    output entry per finished generation (its text, finish reason and tokens, and
+    its job); a bad parameter and parameters sent to a one-shot model are dead
+    letters naming the field."""
+    binding = bind(client, tenant, model="smollm2")
+    greedy = json.dumps({"max_tokens": 2, "temperature": 0})
+    entries = [
+        {"id": "prompt", "inputs": json.dumps({"prompt": "The capital of France is"}),
+         "parameters": greedy},
+        {"id": "chat", "inputs": json.dumps({"messages": [
+            {"role": "user", "content": "What is 2+2?"}]}),
+         "parameters": json.dumps({"max_tokens": 30, "temperature": 0})},
+        {"id": "too-long", "inputs": json.dumps({"prompt": "x"}),
+         "parameters": json.dumps({"max_tokens": 99999})},
+        {"id": "not-json", "inputs": json.dumps({"prompt": "x"}), "parameters": "{max"},
+        {**request(0), "id": "digits", "model": "digits", "parameters": greedy},
+    ]  # fmt: skip
+    produce(logs, binding["input"], entries)
+    results = {r["id"]: r for r in wait_for_results(logs, binding["output"], 2)}
+    assert sorted(results) == ["chat", "prompt"]
+    prompt, chat = results["prompt"], results["chat"]
+    assert prompt["status"] == "succeeded" and prompt["outputs"]["text"] == " Paris."
+    assert prompt["outputs"]["completion_tokens"] == 2 and prompt["job_id"]
+    assert chat["outputs"]["text"] == "The answer to this classic math problem is 4."
+    job = client.get(f"/jobs/{chat['job_id']}", headers=tenant.headers).json
+    assert job["outputs"]["finish_reason"] == "stop"
+    client_ = logs.client
+    wait_until(lambda: client_.xlen(binding["dead_letter"]) >= 3, "dead letters", 30)
+    letters = {letter["id"]: letter for letter in read_log(logs, binding["dead_letter"])}
+    assert "max_tokens" in letters["too-long"]["error"]["detail"]
+    assert letters["not-json"]["error"]["errors"] == {"parameters": ["not JSON"]}
+    assert "parameters" in letters["digits"]["error"]["detail"]
