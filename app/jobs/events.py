@@ -28,6 +28,7 @@ from sqlalchemy import Engine
 from sqlalchemy import select as sql_select
 from sqlalchemy.orm import Session
 
+from app.jobs.outputs import CHANNEL as OUTPUT_CHANNEL
 from app.jobs.tables import JobEvent
 from app.platform.background import LazyThread
 from app.platform.database import TCP_CHECKS
@@ -35,6 +36,7 @@ from app.platform.database import TCP_CHECKS
 logger = logging.getLogger(__name__)
 
 CHANNEL = "job_events"
+LISTEN = f"LISTEN {CHANNEL}; LISTEN {OUTPUT_CHANNEL}"  # changes of state; output pieces
 APPLICATION_NAME = "job-events-listener"
 HEALTH_CHECK_S = 10.0
 
@@ -52,6 +54,7 @@ class EventBus:
         pg_stat_activity (a test names its own bus's apart)."""
         self._engine, self._application_name = engine, application_name
         self._changes: dict[str, int] = {}
+        self._outputs: dict[str, int] = {}  # pieces of a generation's output (job_outputs)
         self._watchers: dict[str, int] = {}
         self._condition = threading.Condition()
         self._listener = LazyThread(self._listen_forever, "job-events")
@@ -67,30 +70,32 @@ class EventBus:
         with self._condition:
             self._watchers[key] = self._watchers.get(key, 0) + 1
             self._changes.setdefault(key, 0)
+            self._outputs.setdefault(key, 0)
         try:
             yield Watch(self, key)
         finally:
             with self._condition:
                 self._watchers[key] -= 1
                 if not self._watchers[key]:
-                    del self._watchers[key], self._changes[key]
+                    del self._watchers[key], self._changes[key], self._outputs[key]
 
-    def _version(self, key: str) -> int:
+    def _version(self, key: str, outputs: bool) -> int:
         with self._condition:
-            return self._changes[key]
+            return self._changes[key] + (self._outputs[key] if outputs else 0)
 
-    def _wait(self, key: str, seen: int, timeout: float) -> int:
+    def _wait(self, key: str, seen: int, timeout: float, outputs: bool) -> int:
         with self._condition:
-            self._condition.wait_for(lambda: self._changes[key] != seen, timeout)
-            return self._changes[key]
+            self._condition.wait_for(lambda: self._version(key, outputs) != seen, timeout)
+            return self._version(key, outputs)
 
-    def _changed(self, payloads: list[str]) -> None:
+    def _changed(self, payloads: list[str], outputs: bool = False) -> None:
+        counts = self._outputs if outputs else self._changes
         with self._condition:
             woken = False
             for payload in payloads:
                 for key in payload.split(","):
-                    if key in self._changes:
-                        self._changes[key] += 1
+                    if key in counts:
+                        counts[key] += 1
                         woken = True
             if woken:
                 self._condition.notify_all()
@@ -131,7 +136,7 @@ class EventBus:
         conn = self._connect()
         try:
             with conn.cursor() as cursor:
-                cursor.execute(f"LISTEN {CHANNEL}")
+                cursor.execute(LISTEN)
             if self._listening.is_set():  # a reconnect, after LISTEN: changes are heard again
                 self._wake_all()
             self._listening.set()
@@ -142,7 +147,10 @@ class EventBus:
                         cursor.execute("SELECT 1")
                 conn.poll()
                 if conn.notifies:
-                    self._changed([note.payload for note in conn.notifies])
+                    for outputs in (False, True):
+                        heard = [n.payload for n in conn.notifies
+                                 if (n.channel == OUTPUT_CHANNEL) == outputs]  # fmt: skip
+                        self._changed(heard, outputs)
                     conn.notifies.clear()
         finally:
             conn.close()
@@ -155,12 +163,15 @@ class Watch:
     bus: EventBus
     key: str
 
-    def version(self) -> int:
-        return self.bus._version(self.key)
+    def version(self, outputs: bool = False) -> int:
+        """Its changes of state seen so far (with `outputs`, also the pieces of a
+        generation's output recorded: an event stream sends those, a long-poll
+        waits for a change of state)."""
+        return self.bus._version(self.key, outputs)
 
-    def wait(self, seen: int, timeout: float) -> int:
+    def wait(self, seen: int, timeout: float, outputs: bool = False) -> int:
         """Block until the job changed after version `seen`, or `timeout` passed."""
-        return self.bus._wait(self.key, seen, timeout)
+        return self.bus._wait(self.key, seen, timeout, outputs)
 
 
 def events_after(session: Session, job_id: uuid.UUID, after_id: int) -> list[JobEvent]:

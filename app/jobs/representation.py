@@ -22,9 +22,13 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 def stored_outputs(job: Job) -> dict[str, Any] | None:
     """The job's outputs as nested lists. They are stored packed in their declared
-    datatypes (`output_data`); `outputs` (JSON) is read for rows written before."""
+    datatypes (`output_data`); `outputs` (JSON) is read for rows written before; a
+    running generation's text so far, where the operations looked it up."""
     if job.output_data is not None:
         return to_json(unpack(job.output_data))
+    if job.outputs is None:  # a running generation's text so far (JobOperations)
+        so_far: dict[str, Any] | None = getattr(job, "so_far", None)
+        return so_far
     return job.outputs
 
 

@@ -175,7 +175,8 @@ class Job(Base):
 class JobEvent(Base):
     """A job's change of state, written by a trigger on `jobs` in the same statement
     as the change (see the migration), so it costs no extra round trip and can
-    never disagree with the job row. Event streams read from here."""
+    never disagree with the job row; or a piece of a generation's output (status
+    `output`). Event streams read from here."""
 
     __tablename__ = "job_events"
     __table_args__ = (Index("ix_job_events_job", "job_id", "id"),)
@@ -187,6 +188,10 @@ class JobEvent(Base):
     status: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # A generation's piece of output (status `output`, inserted by the decoding
+    # worker, app.jobs.outputs): its text and the token ids that made it.
+    text: Mapped[str | None] = mapped_column(Text)
+    tokens: Mapped[list[int] | None] = mapped_column(ARRAY(Integer))
 
 
 class IdempotencyKey(Base):

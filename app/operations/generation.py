@@ -36,6 +36,7 @@ from app.jobs import claims, telemetry
 from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
 from app.jobs.dispatch import Dispatcher
+from app.jobs.outputs import Piece, Recorder, record
 from app.jobs.runner import Runner
 from app.jobs.transitions import Outcome, finish_rows
 from app.platform.database import Database, transactional
@@ -108,6 +109,7 @@ class Generation:
         self._sessions = SessionPool(provider, settings.threads)
         self._engines: dict[str, DecodeEngine] = {}
         self.publisher = PiecePublisher(lambda: self._redis())
+        self.recorder = Recorder()  # the text recorded in pieces (app.jobs.outputs)
 
     def engine(self, card: ModelCard) -> DecodeEngine:
         """The process's decode engine for this model version (its cache made once)."""
@@ -225,6 +227,8 @@ class Generation:
                 ended.append(running)
         if not ended:
             self.publisher.flush()
+            if due := self.recorder.due(time.monotonic()):
+                self._record(due)
             return 0
         return self._end(loop, ended)
 
@@ -243,19 +247,26 @@ class Generation:
         running = loop.running.get(item.sequence.key)
         if running is None:
             return None
+        job = running.job
         if item.token is not None:
             piece = running.text.add(item.token)
             if piece.text:
-                self.publisher.add(running.job.id, piece.text)
+                self.publisher.add(job.id, piece.text)
+            self.recorder.add(job.id, job.attempt, piece.text, item.token, time.monotonic())
             if piece.stopped:
                 loop.engine.cancel(running.job.id)
                 running.stopped = "stop"
                 return running
         if item.finished:
-            if tail := running.text.finish().text:
-                self.publisher.add(running.job.id, tail)
+            self._tail(running)
             return running
         return None
+
+    def _tail(self, running: _Running) -> None:
+        """Text held back for stop sequences, out once the sequence ended."""
+        if tail := running.text.finish().text:
+            self.publisher.add(running.job.id, tail)
+            self.recorder.extend(running.job.id, running.job.attempt, tail, time.monotonic())
 
     def _cancels(self, loop: _Loop) -> int:
         ids = [str(job_id) for job_id in loop.running]
@@ -276,6 +287,7 @@ class Generation:
         for running in ended:
             loop.running.pop(running.job.id, None)
             running.leases.close()
+            self._tail(running)  # (a cancelled one's too: its outputs hold all its text)
             sequence = running.sequence
             reason = running.stopped or sequence.finish_reason or "cancelled"
             usage = {"prompt_tokens": len(sequence.prompt),
@@ -298,29 +310,42 @@ class Generation:
                                     completion_tokens=usage["completion_tokens"]))  # fmt: skip
             finals[running.job.id] = {"final": True, "finish_reason": reason, "usage": usage,
                                       "output": running.text.text}  # fmt: skip
-        rows = self._finish(outcomes, [r.job for r in ended])
+        # The ended jobs' last pieces go in their finishing unit, before their terminal
+        # events; the other jobs' due pieces ride along.
+        pieces = self.recorder.take([r.job.id for r in ended])
+        pieces += self.recorder.due(time.monotonic())
+        rows = self._finish(outcomes, [r.job for r in ended], pieces)
         statuses = {row.id: row.status for row in rows}
         for job_id, final in finals.items():
             final["status"] = statuses.get(job_id, "lost")
         self.publisher.flush(finals)
         return len(rows)
 
-    def _finish(self, outcomes: list[Outcome], jobs: list[ClaimedJob]) -> list[Any]:
-        """Write the outcomes, answer sync callers, then finish the batches whose last
-        chunk (a row of a batch of generations) this was."""
-        rows = self._write(outcomes, jobs)
+    def _finish(
+        self, outcomes: list[Outcome], jobs: list[ClaimedJob], pieces: list[Piece] | None = None
+    ) -> list[Any]:
+        """Record the pieces, write the outcomes, answer sync callers, then finish the
+        batches whose last chunk (a row of a batch of generations) this was."""
+        rows = self._write(outcomes, jobs, pieces or [])
         self.runner.answer(jobs, outcomes, rows)
         if batches := {job.batch_id for job in jobs if job.batch_id is not None}:
             self._settle(list(batches))  # after the commit: the last chunk's writer sees all
         return rows
 
     @transactional
+    def _record(self, pieces: list[Piece]) -> None:
+        record(self.database.session(), pieces)
+
+    @transactional
     def _settle(self, batch_ids: list[uuid.UUID]) -> None:
         settle(self.database.session(), batch_ids)
 
     @transactional
-    def _write(self, outcomes: list[Outcome], jobs: list[ClaimedJob]) -> list[Any]:
+    def _write(
+        self, outcomes: list[Outcome], jobs: list[ClaimedJob], pieces: list[Piece]
+    ) -> list[Any]:
         session = self.database.session()
+        record(session, pieces)
         rows = finish_rows(session, outcomes, guarded=self.runner.guards.finish)
         telemetry.finished(session, jobs, rows)
         return rows

@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session, undefer
 
 from app.errors import Conflict, DomainError
-from app.jobs import reads, transitions
+from app.jobs import outputs, reads, transitions
 from app.jobs.events import EventBus, events_after
+from app.jobs.outputs import OUTPUT
 from app.jobs.reads import Page, Waiter
 from app.jobs.representation import JobSchema
 from app.jobs.staging import deadline
@@ -24,6 +25,7 @@ from app.tenancy.keys import TenantRef
 
 __all__ = [
     "JOB_STATUSES",
+    "OUTPUT",
     "TERMINAL_STATUSES",
     "Job",
     "JobEvent",
@@ -66,7 +68,7 @@ class JobOperations:
 
     def get(self, tenant: TenantRef, job_id: uuid.UUID) -> Job:
         """The tenant's job with its outputs; another tenant's is NotFound."""
-        return reads.get(self.database.session(), tenant.id, job_id)
+        return self._so_far(reads.get(self.database.session(), tenant.id, job_id))
 
     def wait(self, tenant: TenantRef, job_id: uuid.UUID, wait: Wait) -> Job:
         """The job after waiting (holding one of the tenant's waits) for its next
@@ -76,8 +78,21 @@ class JobOperations:
         session = self.database.session()
         with self._holds.holding(tenant.id):
             if wait.until == "change":
-                return reads.wait_for_change(session, self._waiter, tenant.id, job_id, wait.seconds)
-            return reads.wait_until_finished(session, self._waiter, tenant.id, job_id, wait.seconds)
+                job = reads.wait_for_change(session, self._waiter, tenant.id, job_id, wait.seconds)
+            else:
+                job = reads.wait_until_finished(
+                    session, self._waiter, tenant.id, job_id, wait.seconds
+                )
+        return self._so_far(job)
+
+    def _so_far(self, job: Job) -> Job:
+        """A running generation shows the text recorded so far as its outputs."""
+        if job.status == "running" and job.output_data is None:
+            text = outputs.text_so_far(self.database.session(), job.id)
+            if text is not None:
+                # a plain attribute, not a column: the session never writes it back
+                setattr(job, "so_far", {"text": text})  # noqa: B010
+        return job
 
     def list_jobs(self, tenant: TenantRef, query: JobQuery) -> Page:
         return reads.list_jobs(

@@ -3,7 +3,10 @@
 Each event carries its database id, so a client that reconnects with
 `Last-Event-ID` (to this process or another) misses and repeats nothing. The
 terminal event carries the whole job, as GET /jobs/<id> returns it, and ends
-the stream. Between events the stream sleeps on the process's event bus;
+the stream. A generation's text comes as `output` events between the state
+events, as Replicate's streams send it: each one's data a piece of the text
+(a line of it a `data:` line), so the pieces, joined, are the job's
+`outputs.text`. Between events the stream sleeps on the process's event bus;
 a comment line every 15 s keeps proxies from closing it.
 """
 
@@ -14,7 +17,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
-from app.operations.jobs import TERMINAL_STATUSES, Job, JobEvent, JobOperations, JobSchema
+from app.operations.jobs import (
+    OUTPUT,
+    TERMINAL_STATUSES,
+    Job,
+    JobEvent,
+    JobOperations,
+    JobSchema,
+)
 
 KEEPALIVE_S = 15.0
 MAX_STREAM_S = 600.0  # then the client reconnects with Last-Event-ID
@@ -38,7 +48,7 @@ def _stream(jobs: JobOperations, job_id: uuid.UUID, after: int) -> Iterator[str]
     ends_at = time.monotonic() + MAX_STREAM_S
     with jobs.watching().watching(job_id) as watch:
         while True:
-            seen = watch.version()
+            seen = watch.version(outputs=True)
             # read in a session of its own, closed before a slow client reads
             for event_id, status, message in _messages(*jobs.events(job_id, after), job_id):
                 yield message
@@ -48,7 +58,7 @@ def _stream(jobs: JobOperations, job_id: uuid.UUID, after: int) -> Iterator[str]
             remaining = ends_at - time.monotonic()
             if remaining <= 0:
                 return
-            if watch.wait(seen, min(KEEPALIVE_S, remaining)) == seen:
+            if watch.wait(seen, min(KEEPALIVE_S, remaining), outputs=True) == seen:
                 yield ": keepalive\n\n"
 
 
@@ -58,6 +68,10 @@ def _messages(
     """The job's events as SSE messages; the terminal one carries the job."""
     messages = []
     for event in events:
+        if event.status == OUTPUT:
+            lines = "".join(f"data: {line}\n" for line in (event.text or "").split("\n"))
+            messages.append((event.id, event.status, f"id: {event.id}\nevent: output\n{lines}\n"))
+            continue
         data: dict[str, object] = {
             "job_id": str(job_id),
             "status": event.status,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from flask.testing import FlaskClient
 from tests.api.test_batches import submit as submit_batch
 from tests.api.test_batches import upload, wait_batch
 from tests.conftest import WorkerProcess, wait_for_job
+from tests.support import wait_until
 
 NPY = "application/x-npy"
 
@@ -140,3 +142,74 @@ def test_bad_rows_refuse_the_batch_naming_each(client: FlaskClient, auth: dict[s
     bad = upload(client, auth, b'{"prompt": "x", "parameters": {"top_k": -1}}\n', "bad.jsonl")
     refused = client.post("/batches", json={"model": "smollm2", "file_id": bad}, headers=auth)
     assert refused.status_code == 422 and "top_k" in str(refused.json)
+
+
+def sse(text: str) -> list[dict[str, Any]]:
+    """Server-Sent Events: each one's id, event and data (its `data:` lines joined
+    by newlines; a state event's parsed as JSON)."""
+    events = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.split("\n") if line and not line.startswith(":")]
+        if not lines:
+            continue
+        fields: dict[str, Any] = {"data": []}
+        for line in lines:
+            name, _, value = line.partition(": ")
+            if name == "data":
+                fields["data"].append(value)
+            else:
+                fields[name] = value
+        data = "\n".join(fields["data"])
+        parsed = data if fields["event"] == "output" else json.loads(data)
+        events.append({"id": int(fields["id"]), "event": fields["event"], "data": parsed})
+    return events
+
+
+def test_an_async_generation_streams_its_text_as_output_events_that_resume(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    """GET /jobs/<id> shows a running generation's text so far; its event stream
+    sends the text as `output` events between the state events, whose texts join
+    to outputs.text; resumed with Last-Event-ID after an output event, it sends
+    every later event once."""
+    job_id = submit(client, auth, {"prompt": "Once upon a time"}, max_tokens=120)
+    partial = None
+    give_up = time.monotonic() + 120
+    while time.monotonic() < give_up:
+        job = client.get(f"/jobs/{job_id}", headers=auth).json
+        assert job is not None
+        if job["status"] == "running" and job["outputs"]:
+            partial = job["outputs"]["text"]
+            break
+        if job["status"] not in ("queued", "running"):
+            break
+        time.sleep(0.02)
+    events = sse(client.get(f"/jobs/{job_id}/events", headers=auth).get_data(as_text=True))
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["job.queued", "job.running"] and kinds[-1] == "job.succeeded", kinds
+    outputs = [e for e in events if e["event"] == "output"]
+    assert len(outputs) >= 2 and set(kinds[2:-1]) == {"output"}
+    whole = events[-1]["data"]["job"]["outputs"]["text"]
+    assert "".join(e["data"] for e in outputs) == whole
+    assert partial and whole.startswith(partial) and len(partial) < len(whole)
+    ids = [e["id"] for e in events]
+    assert ids == sorted(set(ids))
+    after = outputs[0]["id"]
+    resumed = client.get(f"/jobs/{job_id}/events", headers={**auth, "Last-Event-ID": str(after)})
+    assert sse(resumed.get_data(as_text=True)) == [e for e in events if e["id"] > after]
+
+
+def test_a_long_poll_on_a_generation_waits_for_its_state_not_its_text(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    """Pieces of text are no change of state: GET ?wait= on a running generation
+    answers when it ends, not at its next piece."""
+    job_id = submit(client, auth, {"prompt": "Once upon a time"}, max_tokens=60)
+
+    def started() -> bool:
+        job = client.get(f"/jobs/{job_id}", headers=auth).json
+        return job is not None and job["status"] == "running" and bool(job["outputs"])
+
+    wait_until(started, lambda: f"job {job_id} running with text", 120)
+    job = client.get(f"/jobs/{job_id}?wait=60", headers=auth).json
+    assert job is not None and job["status"] == "succeeded", job

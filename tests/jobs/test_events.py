@@ -9,7 +9,7 @@ import uuid
 
 import sqlalchemy as sa
 
-from app.jobs.events import CHANNEL, EventBus
+from app.jobs.events import LISTEN, EventBus
 from app.platform.database import Database
 from tests.conftest import TenantAuth, insert_queued_job
 from tests.support import wait_until
@@ -34,7 +34,7 @@ def listened(database: Database, name: str) -> bool:
     """Whether the connection called `name` is there and has run its LISTEN."""
     query = "SELECT query FROM pg_stat_activity WHERE application_name = :name"
     with database.engine.connect() as conn:
-        return conn.execute(sa.text(query), {"name": name}).scalar() == f"LISTEN {CHANNEL}"
+        return conn.execute(sa.text(query), {"name": name}).scalar() == LISTEN
 
 
 def test_changes_of_unwatched_jobs_leave_no_trace(database: Database) -> None:

@@ -1,0 +1,140 @@
+"""A generation's output, recorded in pieces as `job_events` rows (status `output`).
+
+The decoding worker writes every due piece of every job in one statement per
+step, guarded as a finish is: only the attempt that holds the job, while it is
+running, records anything, so a worker that lost its lease adds nothing and no
+token is recorded twice. The rows share the job events' id sequence (an event
+stream resumes after any of them) and are announced on the channel
+`job_outputs`, apart from state changes, so a long-poll waiting for the job to
+change is not woken by every piece. Nothing here commits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, INTEGER, TEXT, UUID
+from sqlalchemy.orm import Session
+
+OUTPUT = "output"  # the status of a piece's row
+CHANNEL = "job_outputs"
+
+
+@dataclass(frozen=True)
+class Piece:
+    job_id: uuid.UUID
+    attempt: int
+    text: str
+    tokens: tuple[int, ...]
+
+
+_RECORD = text(
+    f"""
+    WITH v AS (
+        SELECT * FROM unnest(:ids, :attempts, :texts, :tokens)
+            AS v(id, attempt, text, tokens)
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, status, attempt, text, tokens)
+        SELECT v.id, '{OUTPUT}', v.attempt, v.text,
+               CAST(string_to_array(v.tokens, ',') AS integer[])
+        FROM v JOIN jobs AS j ON j.id = v.id
+        WHERE j.status = 'running' AND j.attempts = v.attempt
+        RETURNING job_id
+    )
+    SELECT pg_notify('{CHANNEL}', string_agg(DISTINCT CAST(job_id AS text), ','))
+    FROM recorded HAVING count(*) > 0
+    """
+).bindparams(
+    bindparam("ids", type_=ARRAY(UUID(as_uuid=True))),
+    bindparam("attempts", type_=ARRAY(INTEGER)),
+    bindparam("texts", type_=ARRAY(TEXT)),
+    bindparam("tokens", type_=ARRAY(TEXT)),
+)
+
+
+def record(session: Session, pieces: list[Piece]) -> None:
+    """Insert the pieces (at most one a job: rows of one job keep their order)."""
+    if not pieces:
+        return
+    session.execute(
+        _RECORD,
+        {
+            "ids": [p.job_id for p in pieces],
+            "attempts": [p.attempt for p in pieces],
+            "texts": [p.text for p in pieces],
+            "tokens": [",".join(map(str, p.tokens)) for p in pieces],
+        },
+    )
+
+
+_TEXT_SO_FAR = text(
+    f"SELECT string_agg(text, '' ORDER BY id) FROM job_events "
+    f"WHERE job_id = :id AND status = '{OUTPUT}'"
+)
+
+
+def text_so_far(session: Session, job_id: uuid.UUID) -> str | None:
+    """The text a running generation has recorded, None if none yet."""
+    found: str | None = session.execute(_TEXT_SO_FAR, {"id": job_id}).scalar()
+    return found
+
+
+RECORD_S = 0.1  # a running generation's text is recorded at least this often
+RECORD_TOKENS = 16  # or every this many tokens
+
+
+@dataclass
+class _Open:
+    attempt: int
+    text: str = ""
+    tokens: list[int] | None = None
+    since: float = 0.0
+    recorded: bool = False  # a first piece went
+
+
+class Recorder:
+    """Coalesces each running generation's tokens into pieces: a job's first text
+    at once (its time to first token, for a follower of its event stream), then
+    every RECORD_S or RECORD_TOKENS, and the rest when it ends."""
+
+    def __init__(self) -> None:
+        self._open: dict[uuid.UUID, _Open] = {}
+
+    def add(self, job_id: uuid.UUID, attempt: int, text: str, token: int, now: float) -> None:
+        piece = self._open.setdefault(job_id, _Open(attempt))
+        if not piece.tokens:
+            piece.tokens, piece.since = [], now
+        piece.tokens.append(token)
+        piece.text += text
+
+    def extend(self, job_id: uuid.UUID, attempt: int, text: str, now: float) -> None:
+        """Text without a token of its own (a tail held back for stop sequences)."""
+        piece = self._open.setdefault(job_id, _Open(attempt))
+        if not piece.tokens:
+            piece.tokens, piece.since = [], now
+        piece.text += text
+
+    def due(self, now: float) -> list[Piece]:
+        return [self._cut(job_id) for job_id, piece in list(self._open.items())
+                if (piece.tokens or piece.text) and (
+                    (piece.text and not piece.recorded) or now - piece.since >= RECORD_S
+                    or len(piece.tokens or ()) >= RECORD_TOKENS)]  # fmt: skip
+
+    def take(self, job_ids: list[uuid.UUID]) -> list[Piece]:
+        """What is left of these jobs (they ended), and forget them."""
+        pieces = []
+        for job_id in job_ids:
+            piece = self._open.pop(job_id, None)
+            if piece is not None and (piece.tokens or piece.text):
+                pieces.append(Piece(job_id, piece.attempt, piece.text, tuple(piece.tokens or ())))
+        return pieces
+
+    def _cut(self, job_id: uuid.UUID) -> Piece:
+        piece = self._open[job_id]
+        cut = Piece(job_id, piece.attempt, piece.text, tuple(piece.tokens or ()))
+        piece.text, piece.tokens = "", []
+        piece.recorded = piece.recorded or bool(cut.text)
+        return cut
