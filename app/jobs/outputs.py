@@ -138,3 +138,14 @@ class Recorder:
         piece.text, piece.tokens = "", []
         piece.recorded = piece.recorded or bool(cut.text)
         return cut
+
+
+_RECORDED = text(
+    f"SELECT tokens FROM job_events WHERE job_id = :id AND status = '{OUTPUT}' ORDER BY id"
+)
+
+
+def recorded_tokens(session: Session, job_id: uuid.UUID) -> list[int]:
+    """Every token a job's earlier attempts recorded, in order: where a retry of a
+    generation goes on from."""
+    return [t for tokens in session.execute(_RECORDED, {"id": job_id}).scalars() for t in tokens]

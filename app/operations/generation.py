@@ -36,7 +36,7 @@ from app.jobs import claims, telemetry
 from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
 from app.jobs.dispatch import Dispatcher
-from app.jobs.outputs import Piece, Recorder, record
+from app.jobs.outputs import Piece, Recorder, record, recorded_tokens
 from app.jobs.runner import Runner
 from app.jobs.transitions import Outcome, finish_rows
 from app.platform.database import Database, transactional
@@ -82,6 +82,7 @@ class _Running:
     sequence: Sequence
     text: TextStream
     leases: ExitStack
+    prompt_tokens: int
     compute_s: float = 0.0
     stopped: str | None = None  # a stop sequence ended it
 
@@ -198,12 +199,24 @@ class Generation:
         leases.enter_context(self.runner.leases.holding(
             [job], run.lease_s / 3, run.time_limit_s,
             lambda jobs: loop.overtime.update(j.id for j in jobs)))  # fmt: skip
-        sequence = Sequence(job.id, prompt, request.sampling)
-        loop.running[job.id] = _Running(
-            job, sequence, fmt.text_stream(request.sampling.stop), leases
-        )
+        # A retry goes on from the tokens its earlier attempts recorded; the text they
+        # made (recorded and sent already) is replayed into the text stream unsent.
+        made = self._recorded(job.id) if job.attempt > 1 else []
+        sequence = Sequence.resumed(job.id, prompt, made, request.sampling)
+        running = _Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,
+                           prompt_tokens=len(prompt))  # fmt: skip
+        loop.running[job.id] = running
+        for token in made:
+            running.text.add(token)
+        if made and len(made) >= request.sampling.max_tokens:
+            sequence.finish_reason = "length"  # all made; the finish was not written
+            return self._end(loop, [running])
         loop.engine.add(sequence)
         return 0
+
+    @transactional
+    def _recorded(self, job_id: uuid.UUID) -> list[int]:
+        return recorded_tokens(self.database.session(), job_id)
 
     def _step(self, loop: _Loop) -> int:
         """A step: prefill (the step's budget of prompt tokens), then decode. Each
@@ -290,7 +303,7 @@ class Generation:
             self._tail(running)  # (a cancelled one's too: its outputs hold all its text)
             sequence = running.sequence
             reason = running.stopped or sequence.finish_reason or "cancelled"
-            usage = {"prompt_tokens": len(sequence.prompt),
+            usage = {"prompt_tokens": running.prompt_tokens,
                      "completion_tokens": len(sequence.generated)}  # fmt: skip
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             outputs = pack({

@@ -31,7 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from app.runtime.kvcache import KVCache, cache_for
-from app.runtime.sampling import Sampling, generator, pick
+from app.runtime.sampling import Sampling, generator, pick, skip_draw
 
 
 @dataclass(eq=False)
@@ -47,6 +47,19 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.rng = generator(self.sampling)
+
+    @classmethod
+    def resumed(cls, key: Any, prompt: list[int], made: list[int], sampling: Sampling) -> Sequence:
+        """A sequence going on from tokens an earlier run made: they are prefilled
+        with the prompt and count as generated, and a seeded generator draws as
+        many times as it drew for them, so the rest is what one uninterrupted run
+        makes."""
+        sequence = cls(key, prompt + made, sampling)
+        sequence.generated = list(made)
+        if not sampling.greedy:
+            for _ in made:
+                skip_draw(sequence.rng)
+        return sequence
 
 
 @dataclass(frozen=True)

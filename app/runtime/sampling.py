@@ -50,3 +50,10 @@ def pick(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> in
         keep = int(np.searchsorted(np.cumsum(probabilities), sampling.top_p)) + 1
         order, probabilities = order[:keep], probabilities[:keep] / probabilities[:keep].sum()
     return int(order[rng.choice(order.size, p=probabilities)])
+
+
+def skip_draw(rng: np.random.Generator) -> None:
+    """Advance a sequence's generator past one sampled token: `pick` draws exactly
+    one uniform number a token (Generator.choice with p and no size), so a
+    resumed sequence draws what an uninterrupted one would."""
+    rng.random()

@@ -12,14 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
+import redis
+import sqlalchemy as sa
 import tritonclient.grpc as triton
 from flask import Flask
 from flask.testing import FlaskClient
 
 from app.grpc.server import Running
+from app.jobs.transitions import take_back_expired_leases
+from app.platform.database import Database
 from app.platform.settings import Settings
+from app.web.context import services
 from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
+from tests.generation.test_jobs import sse
 from tests.grpc.conftest import grpc_server  # noqa: F401  (the fixture)
 from tests.support import LiveServer, wait_until
 
@@ -140,3 +147,73 @@ def test_a_streaming_client_that_leaves_cancels_its_generation(
     assert job["status"] == "cancelled"
     assert job["outputs"]["text"].startswith("".join(texts))
     assert job["outputs"]["completion_tokens"] < 2000
+
+
+def _kill(process: WorkerProcess) -> None:
+    """SIGKILL the worker and its pool children: a machine gone mid-generation."""
+    parent = psutil.Process(process.proc.pid)
+    for child in parent.children(recursive=True):
+        child.kill()
+    parent.kill()
+    process.proc.wait(30)
+    process.log.close()
+
+
+def test_a_worker_killed_mid_generation_resumes_without_a_gap(
+    settings: Settings, make_app: Callable[..., Flask], tmp_path: Path, database: Database,
+    auth: dict[str, str],
+) -> None:  # fmt: skip
+    """The worker dies with a generation half made; once its lease is taken back,
+    another worker prefills the prompt and the tokens recorded and goes on. The
+    text equals an uninterrupted run's; the output events join to it, none
+    repeated; the usage counts each token once."""
+    queue = f"resume-{uuid.uuid4().hex[:8]}"
+    app = make_app(jobs_queue=queue)
+    client = app.test_client()
+    body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
+            "parameters": {"max_tokens": 160, "temperature": 0}}  # fmt: skip
+    on_queue = settings.with_overrides(jobs_queue=queue)
+    first = WorkerProcess(on_queue, tmp_path / "first.log", concurrency=1, DRAIN_LINGER_MS="0")
+    try:
+        whole = client.post("/jobs", json=body, headers=auth).json
+        assert whole is not None
+        reference = wait_for_job(client, auth, whole["id"], timeout=120)["outputs"]
+        job_id = client.post("/jobs", json=body, headers=auth).json["id"]  # type: ignore[index]
+
+        def half_made() -> bool:
+            job = client.get(f"/jobs/{job_id}", headers=auth).json
+            assert job is not None and job["status"] in ("queued", "running"), job
+            return bool(job["outputs"]) and len(job["outputs"]["text"]) > 80
+
+        wait_until(half_made, f"job {job_id} half made", 120, 0.01)
+    finally:
+        _kill(first)
+    job = client.get(f"/jobs/{job_id}", headers=auth).json
+    assert job is not None and job["status"] == "running"
+    made = job["outputs"]["text"]
+    assert len(made) < len(reference["text"]), "the worker finished before it was killed"
+    with database.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' "
+                             "WHERE id = :id"), {"id": job_id})  # fmt: skip
+    with database.sessionmaker.begin() as session:
+        assert take_back_expired_leases(session, 0.01, 0.01, 500) == [uuid.UUID(job_id)]
+    # The dead loop's machine lock runs out by itself (LOCK_S); until then a wake-up
+    # on this machine leaves the job to the sweep. Run it out now.
+    held = redis.Redis.from_url(settings.redis_url)
+    for key in held.scan_iter(f"inference:generating:{queue}:smollm2:*"):
+        held.delete(key)
+    second = WorkerProcess(on_queue, tmp_path / "second.log", concurrency=1, DRAIN_LINGER_MS="0")
+    try:
+        with app.app_context():
+            assert services().parts.dispatcher.wake("smollm2", force=True)
+        done = wait_for_job(client, auth, job_id, timeout=120)
+    finally:
+        second.stop()
+    assert done["status"] == "succeeded" and done["attempts"] == 2, done
+    assert done["outputs"] == reference
+    events = sse(client.get(f"/jobs/{job_id}/events", headers=auth).get_data(as_text=True))
+    assert [e["id"] for e in events] == sorted({e["id"] for e in events})
+    pieces = [e["data"] for e in events if e["event"] == "output"]
+    assert "".join(pieces) == reference["text"]
+    kinds = [e["event"] for e in events if e["event"] != "output"]
+    assert kinds == ["job.queued", "job.running", "job.queued", "job.running", "job.succeeded"]

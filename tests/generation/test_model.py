@@ -352,3 +352,24 @@ def test_models_build_cuda_adds_the_float16_graph_and_sessions_pick_by_provider(
         loaded = SessionPool(provider, intra_op_threads=1).get(copy)
         if loaded.get_providers()[0] == "CPUExecutionProvider":
             assert loaded.get_inputs()[3].type == "tensor(float)", provider
+
+
+@pytest.mark.parametrize("seed", [None, 11], ids=["greedy", "seeded"])
+def test_a_sequence_resumed_from_its_tokens_goes_on_as_one_run_would(
+    card: ModelCard, chat: ChatFormat, session: ort.InferenceSession, seed: int | None
+) -> None:
+    """What a retry of a generation does: the tokens an earlier attempt made are
+    prefilled with the prompt and its generator skips their draws; the rest equals
+    an uninterrupted run's, greedy or sampled with a seed."""
+    sampled = Sampling(max_tokens=24, temperature=1.0, top_p=0.95, top_k=50, seed=seed)
+    sampling = greedy(24) if seed is None else sampled
+    prompt = ids(chat, card, {"prompt": PROMPTS[2]})
+    whole = Sequence(0, prompt, sampling)
+    for _ in run(engine(session, card), [whole]):
+        pass
+    assert len(whole.generated) == 24
+    resumed = Sequence.resumed(1, prompt, whole.generated[:10], sampling)
+    assert len(resumed.prompt) == len(prompt) + 10
+    for _ in run(engine(session, card), [resumed]):
+        pass
+    assert resumed.generated == whole.generated
