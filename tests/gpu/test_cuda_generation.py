@@ -1,8 +1,9 @@
 """On a GPU: the chat model's float16 graph (`models build --cuda`) in the decode engine
 on the CUDA provider, the key/value cache on the device.
 
-It needs ONNX Runtime, numpy, `gguf` and `tokenizers`, and none of the service's
-other parts, so a GPU machine without PostgreSQL or Redis runs it:
+It needs ONNX Runtime, numpy, `gguf`, `tokenizers` and pydantic (the settings),
+and none of the service's other parts, so a GPU machine without PostgreSQL or
+Redis runs it:
 `pytest --noconftest tests/gpu/test_cuda_generation.py`. Skipped, saying why,
 where the CUDA provider does not start.
 """
