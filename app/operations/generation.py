@@ -15,6 +15,7 @@ the batch within a step and ends `cancelled` with the text made so far.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 import uuid
@@ -25,6 +26,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import psutil
 from sqlalchemy import text
 
 from app.cards import ModelCard
@@ -59,6 +61,24 @@ LOCK_S = 10.0
 # next call finds it running, with its model loaded, instead of waiting for a
 # wake-up that may reach a worker process that has yet to load the model.
 LINGER_S = 10.0
+
+
+_DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
+
+
+def _alive(held: bytes) -> bool:
+    """Whether the process named in a loop lock's value still runs on this machine
+    (the lock's key names the machine). A value without a process id is taken to
+    be alive: it runs out by itself."""
+    pid = held.split(b":", 1)[0]
+    if not pid.isdigit():
+        return True
+    try:  # a killed worker's child can stay a zombie where nothing reaps it (PID 1)
+        return bool(psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process: it runs
+        return True
 
 
 @dataclass(frozen=True)
@@ -132,8 +152,8 @@ class Generation:
             return 0
         queue = self._dispatcher.queue_for(model)
         lock = f"inference:generating:{queue}:{model}:{socket.gethostname()}"
-        token = uuid.uuid4().hex
-        if not self._redis().set(lock, token, nx=True, px=int(LOCK_S * 1000)):
+        token = f"{os.getpid()}:{uuid.uuid4().hex}"  # the holder's process, on this machine
+        if not self._take(lock, token):
             # This machine's loop for the model is running and claims the jobs: the
             # wake-up this task took (and cleared) is passed on to it, else it would
             # see the new jobs only at its next timed claim (CLAIM_EVERY_S).
@@ -146,6 +166,20 @@ class Generation:
                 self._redis().delete(lock)
             if self._claimable(model):
                 self._dispatcher.wake(model)
+
+    def _take(self, lock: str, token: str) -> bool:
+        """The machine's lock for the model's loop; a lock whose holder process is
+        gone (a worker killed with its loop running) is taken over at once rather
+        than left to run out (LOCK_S), which would leave a wake-up now to the sweep."""
+        client = self._redis()
+        if client.set(lock, token, nx=True, px=int(LOCK_S * 1000)):
+            return True
+        held = client.get(lock)
+        if held is None or _alive(held):
+            return False
+        # Only that dead holder's value is deleted: another process may have taken over.
+        client.eval(_DELETE_IF, 1, lock, held)
+        return bool(client.set(lock, token, nx=True, px=int(LOCK_S * 1000)))
 
     def _loop(self, model: str, loop: _Loop, lock: str, token: str) -> int:
         started = time.monotonic()
