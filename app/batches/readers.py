@@ -244,21 +244,19 @@ def _generation_chunks(
 ) -> Iterator[Arrays]:
     """A generative model's rows: a request a line, as a job's body without the
     model (app.generation.requests.parse_row), each checked, its prompt measured."""
-    from app.generation.formats import chat_format
-    from app.generation.requests import parse_row, request_arrays
+    from app.generation.requests import request_arrays
+    from app.jobs.staging import checked_request
 
-    assert card.generation is not None
     if fmt != "jsonl":
         shape = '{"inputs": {"messages" or "prompt"}, "parameters": {...}}'
         raise BadRows(0, f"model {card.ref} generates: its batch file is .jsonl, a request a "
                          f"line ({shape})")  # fmt: skip
-    chat, block = chat_format(card), []
+    block = []
     for row, line in _lines(parts):
         if row < skip_rows:
             continue
         try:
-            request = parse_row(card.generation, _json(row, line))
-            chat.encode(request)
+            request = checked_request(card, _json(row, line))
         except InvalidInputs as exc:
             raise BadRows(row, str(exc), exc.errors) from None
         block.append(request)

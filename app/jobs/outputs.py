@@ -103,18 +103,16 @@ class Recorder:
     def __init__(self) -> None:
         self._open: dict[uuid.UUID, _Open] = {}
 
-    def add(self, job_id: uuid.UUID, attempt: int, text: str, token: int, now: float) -> None:
+    def add(
+        self, job_id: uuid.UUID, attempt: int, text: str, token: int | None, now: float
+    ) -> None:
+        """A token and the text it let out; `token` None for text without one (a tail
+        held back for stop sequences, out once the sequence ended)."""
         piece = self._open.setdefault(job_id, _Open(attempt))
         if not piece.tokens:
             piece.tokens, piece.since = [], now
-        piece.tokens.append(token)
-        piece.text += text
-
-    def extend(self, job_id: uuid.UUID, attempt: int, text: str, now: float) -> None:
-        """Text without a token of its own (a tail held back for stop sequences)."""
-        piece = self._open.setdefault(job_id, _Open(attempt))
-        if not piece.tokens:
-            piece.tokens, piece.since = [], now
+        if token is not None:
+            piece.tokens.append(token)
         piece.text += text
 
     def due(self, now: float) -> list[Piece]:

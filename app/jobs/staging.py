@@ -9,7 +9,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -19,6 +19,9 @@ from app.errors import InputsDoNotFit, InvalidRequest
 from app.jobs.inserts import INSERT_JOB, INSERT_JOBS
 from app.jobs.tables import SYNC_PRIORITY, Job
 from app.runtime.tensors import InvalidInputs, pack, parse_inputs
+
+if TYPE_CHECKING:  # imported where used: one-shot jobs never load the tokenizer
+    from app.generation.requests import GenerationRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,21 +155,18 @@ def check_rows(card: ModelCard, inputs: Any) -> dict[str, np.ndarray]:
     misfit)."""
     if card.generation is None:
         return check_inputs(card, inputs)
-    from app.generation.formats import chat_format
-    from app.generation.requests import parse_row, request_arrays
+    from app.generation.requests import request_arrays
 
     if not isinstance(inputs, list) or not inputs:
         raise InputsDoNotFit(
             f"model {card.ref} generates: a batch's inputs are a non-empty list of requests",
             errors={"inputs": ['a list of {"inputs": {"messages" or "prompt"}, "parameters"}']},
         )
-    fmt, requests = chat_format(card), []
+    requests = []
     errors: dict[str, str] = {}
     for i, row in enumerate(inputs):
         try:
-            request = parse_row(card.generation, row)
-            fmt.encode(request)  # the prompt fits the context
-            requests.append(request)
+            requests.append(checked_request(card, row))
         except InvalidInputs as exc:
             errors |= {f"inputs[{i}].{field}": problem for field, problem in exc.errors.items()}
             if len(errors) >= MAX_ROW_ERRORS:
@@ -174,6 +174,18 @@ def check_rows(card: ModelCard, inputs: Any) -> dict[str, np.ndarray]:
     if errors:
         raise InputsDoNotFit(f"rows do not fit model {card.ref}: {errors}", errors=errors)
     return request_arrays(*requests)
+
+
+def checked_request(card: ModelCard, row: Any) -> GenerationRequest:
+    """A batch's row of a generative model (a job's body without the model), parsed
+    and its prompt measured against the context; InvalidInputs names a misfit."""
+    from app.generation.formats import chat_format
+    from app.generation.requests import parse_row
+
+    assert card.generation is not None
+    request = parse_row(card.generation, row)
+    chat_format(card).encode(request)
+    return request
 
 
 def _text_input(inputs: Any) -> Any:

@@ -313,7 +313,7 @@ class Generation:
         """Text held back for stop sequences, out once the sequence ended."""
         if tail := running.text.finish().text:
             self.publisher.add(running.job.id, tail)
-            self.recorder.extend(running.job.id, running.job.attempt, tail, time.monotonic())
+            self.recorder.add(running.job.id, running.job.attempt, tail, None, time.monotonic())
 
     def _cancels(self, loop: _Loop) -> int:
         ids = [str(job_id) for job_id in loop.running]

@@ -64,14 +64,7 @@ def _decode(entry: LogEntry, max_bytes: int) -> EntryRequest:
             "(MAX_REQUEST_BYTES)",
             limit=max_bytes,
         )
-    try:
-        inputs = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise MalformedRequest(
-            f"entry {entry.id}: inputs is not JSON ({_reason(exc)}); send a JSON object such "
-            'as {"pixels": [[...]]}',
-            errors={"inputs": ["not JSON"]},
-        ) from None
+    inputs = _json_field(entry, "inputs", raw, '{"pixels": [[...]]}')
     return EntryRequest(
         entry.id, request_id, inputs, _priority(entry, fields),
         _optional(fields, "model"), _optional(fields, "version"), _parameters(entry, fields),
@@ -82,13 +75,18 @@ def _parameters(entry: LogEntry, fields: Mapping[str, bytes]) -> Any:
     """A generative model's sampling parameters (JSON), as a job's `parameters`."""
     if "parameters" not in fields:
         return None
+    raw = _text(fields, "parameters")
+    return _json_field(entry, "parameters", raw, '{"max_tokens": 64, "temperature": 0}')
+
+
+def _json_field(entry: LogEntry, name: str, raw: str | bytes, example: str) -> Any:
     try:
-        return json.loads(_text(fields, "parameters"))
+        return json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise MalformedRequest(
-            f"entry {entry.id}: parameters is not JSON ({_reason(exc)}); send a JSON object "
-            'such as {"max_tokens": 64, "temperature": 0}',
-            errors={"parameters": ["not JSON"]},
+            f"entry {entry.id}: {name} is not JSON ({_reason(exc)}); send a JSON object such "
+            f"as {example}",
+            errors={name: ["not JSON"]},
         ) from None
 
 
