@@ -7,7 +7,8 @@ it. Decoding checks only the protocol's own shape and yields the same v2
 tensor list the HTTP door makes (`{"name", "datatype", "shape", "data"}`,
 data an ndarray), which the operations check against the model's card like
 any job's inputs. Outputs always go back as `raw_output_contents`, as Triton's
-server sends them.
+server sends them. Triton's `triton_enable_empty_final_response` (tritonclient's
+`enable_empty_final_response`) is read as the protocol's, not passed to the model.
 """
 
 from __future__ import annotations
@@ -47,16 +48,23 @@ _REFUSED_PARAMETERS = {
     "classification": "the classification extension is not supported; ask for the model's "
     "outputs as they are",
 }
+# A streaming client's ask for an empty response flagged final after a decoupled
+# model's last one (app.grpc.generations).
+EMPTY_FINAL = "triton_enable_empty_final_response"
+# Parameters of the protocol itself, never the model's.
+_PROTOCOL = ("timeout", "binary_data_output", EMPTY_FINAL)
 
 
 @dataclass(frozen=True)
 class Reply:
     """What answering a request needs of it: its id, model and the outputs it
-    wants (None: all). Not its tensors: a stream keeps this while its job runs."""
+    wants (None: all), and whether it asked for an empty final response. Not its
+    tensors: a stream keeps this while its job runs."""
 
     id: str
     model: str
     outputs: list[str] | None
+    empty_final: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,9 +80,10 @@ class Call:
     timeout_s: float | None
     # The request's other parameters: a generative model's sampling parameters.
     parameters: dict[str, Any] | None = None
+    empty_final: bool = False  # EMPTY_FINAL: the stream's last response, flagged, if empty
 
     def reply(self) -> Reply:
-        return Reply(self.id, self.model, self.outputs)
+        return Reply(self.id, self.model, self.outputs, self.empty_final)
 
 
 def decode(request: pb.ModelInferRequest) -> Call:
@@ -106,6 +115,7 @@ def decode(request: pb.ModelInferRequest) -> Call:
         outputs=outputs,
         timeout_s=_timeout(request.parameters),
         parameters=_sampling(request.parameters),
+        empty_final=_flag(request.parameters, EMPTY_FINAL),
     )
 
 
@@ -198,9 +208,19 @@ def _sampling(parameters: Any) -> dict[str, Any] | None:
     found = {
         key: getattr(value, value.WhichOneof("parameter_choice"))
         for key, value in parameters.items()
-        if key not in ("timeout", "binary_data_output") and value.WhichOneof("parameter_choice")
+        if key not in _PROTOCOL and value.WhichOneof("parameter_choice")
     }
     return found or None
+
+
+def _flag(parameters: Any, key: str) -> bool:
+    """A bool parameter: false when absent; InvalidRequest when not a bool."""
+    if key not in parameters:
+        return False
+    parameter = parameters[key]
+    if parameter.WhichOneof("parameter_choice") != "bool_param":
+        raise _invalid(f"parameters.{key}", "must be a bool_param")
+    return bool(parameter.bool_param)
 
 
 def _timeout(parameters: Any) -> float | None:

@@ -9,18 +9,30 @@ that cannot start (unknown model, inputs that do not fit, a full queue) is
 answered at once with `error_message`, and the stream goes on, as Triton does;
 so is one whose job failed or ran out of time.
 
+A generative model's request (smollm2) is answered as Triton answers a decoupled
+model's (app.grpc.generations): a response per piece of text as the worker makes
+it (`triton_final_response` false), then an empty one flagged true, where the
+request asked for it (tritonclient's `enable_empty_final_response=True`):
+
+    client.start_stream(on_response, headers=key)
+    client.async_stream_infer("smollm2", [text_input], parameters={"max_tokens": 16},
+                              enable_empty_final_response=True)
+    # on_response: result.as_numpy("text_output") per piece, then a result whose
+    # get_response().parameters["triton_final_response"].bool_param is True
+
 Bounds, so one caller cannot take the door from the others: a tenant holds at
 most GRPC_MAX_STREAMS_PER_TENANT streams, each also one of its waits
 (GRPC_MAX_WAITS_PER_TENANT) for its life; at most GRPC_STREAM_MAX_IN_FLIGHT of
-a stream's requests are under way (an answer frees its slot once it is sent, so
-a client that does not read its answers stops being read), and at most
-GRPC_STREAM_MAX_IN_FLIGHT_BYTES of them are held before they start (their
-tensors then live in the job rows; a running request keeps only its id and the
-outputs it wants). Beyond either the reader stops reading, and HTTP/2 flow
-control holds the client back. When the client cancels or the connection drops,
-the stream's unfinished jobs are cancelled, those started while it went too.
-The stream ends (OK) once the client closed its side and every request was
-answered; INTERNAL if it could not start them.
+a stream's requests are under way (an answer frees its slot once it is sent, a
+generation's once its last response is, so a client that does not read its
+answers stops being read), and at most GRPC_STREAM_MAX_IN_FLIGHT_BYTES of them
+are held before they start (their tensors then live in the job rows; a running
+request keeps only its id and the outputs it wants). Beyond either the reader
+stops reading, and HTTP/2 flow control holds the client back. When the client
+cancels or the connection drops, the stream's unfinished jobs are cancelled
+(generations too: their decode slots free within a step), those started while
+it went too. The stream ends (OK) once the client closed its side and every
+request was answered; INTERNAL if it could not start them.
 """
 
 from __future__ import annotations
@@ -36,15 +48,15 @@ import grpc
 
 from app.container import Container
 from app.errors import DomainError
-from app.grpc import codec, status
+from app.grpc import codec
+from app.grpc.answers import answered, failure, refused
 from app.grpc.calls import check_outputs, infer_request
 from app.grpc.door import Refused
 from app.grpc.generated import grpc_service_pb2 as pb
-from app.observability import metrics
+from app.grpc.generations import Generations
 from app.operations import TenantRef
-from app.operations.calls import Answer, Call, Calls
+from app.operations.calls import Call, Calls
 from app.operations.holds import Holds, Wording
-from app.platform.database import database_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +115,14 @@ class CallStream:
         settings = container.settings
         self._slots = threading.Semaphore(settings.grpc_stream_max_in_flight)
         self._budget = _Budget(settings.grpc_stream_max_in_flight_bytes)
-        self._ready: queue.SimpleQueue[pb.ModelStreamInferResponse] = queue.SimpleQueue()
+        # Responses ready to go, each with whether sending it frees its request's slot.
+        self._ready: queue.SimpleQueue[tuple[pb.ModelStreamInferResponse, bool]] = (
+            queue.SimpleQueue()
+        )
         self._replies: dict[uuid.UUID, codec.Reply] = {}  # what answering a job needs
+        self._generations = Generations(
+            lambda job_id: container.completions.follow(tenant, job_id), self._post_piece
+        )
         self._arrived: queue.SimpleQueue[tuple[Request, int] | None] = queue.SimpleQueue()
         self._reading = True
         self._failure: BaseException | None = None
@@ -134,6 +152,7 @@ class CallStream:
                     calls.leave()  # the reader and the submitter stop
                     if submitter is not None:
                         submitter.join(JOIN_S)
+                    self._generations.close()
                     self._cancel(calls.jobs())
                     calls.close()
                 release()
@@ -194,13 +213,13 @@ class CallStream:
         decoded: list[tuple[pb.ModelInferRequest, codec.Call]] = []
         for request in batch:
             if isinstance(request, Refused):  # not a message at all: nothing names it
-                self._post(_failure("", "", request.status, None))
+                self._post(failure("", "", request.status, None))
                 continue
             try:
                 call = codec.decode(request)
                 check_outputs(self.models.model(self.tenant.name, call.model, call.version), call)
             except Exception as exc:
-                self._post(_error(request, exc))
+                self._post(refused(request, exc))
                 continue
             decoded.append((request, call))
         if not decoded:
@@ -212,39 +231,58 @@ class CallStream:
                 )
         except Exception as exc:  # none of them started (the database did not answer)
             for request, _ in decoded:
-                self._post(_error(request, exc))
+                self._post(refused(request, exc))
             return
         if calls.left:  # the caller went while they were being started: nobody waits
             self._cancel([r.job_id for r in started if isinstance(r, Call) and r.job_id])
             return
         for (request, call), result in zip(decoded, started, strict=True):
             if isinstance(result, DomainError):
-                self._post(_error(request, result))
+                self._post(refused(request, result))
             elif result.done is not None:
-                self._post(_answered(call.reply(), result.done, result))
+                self._post(answered(call.reply(), result.done, result))
             else:
                 assert result.job_id is not None
-                self._replies[result.job_id] = call.reply()
+                reply = self._replies[result.job_id] = call.reply()
+                if Generations.generates(result):
+                    self._generations.start(reply, result)
                 calls.add(result)
 
     def _post(self, response: pb.ModelStreamInferResponse) -> None:
         """An answer the submitter made itself: out at once."""
-        self._ready.put(response)
+        self._ready.put((response, True))
+        self._calls.wake()
+
+    def _post_piece(self, response: pb.ModelStreamInferResponse) -> None:
+        """A generation's piece (its request is still under way): out at once."""
+        self._ready.put((response, False))
         self._calls.wake()
 
     # -- the answering side -----------------------------------------------------------
 
     def _answer(self, calls: Calls) -> Iterator[pb.ModelStreamInferResponse]:
-        """Each answer as it comes; its request's slot is free once it was sent."""
+        """Each answer as it comes; its request's slot is free once it was sent (a
+        generation's once its last response was)."""
         while not calls.left:
-            while not self._ready.empty():
-                yield self._ready.get_nowait()
-                self._slots.release()
+            yield from self._sent_ready()
             if not self._reading and not len(calls) and self._ready.empty():
                 return  # the client is done and every request was answered
             for call, ended in calls.finished(POLL_S):
                 reply = self._replies.pop(call.job_id)  # type: ignore[arg-type]
-                yield _answered(reply, ended, call)
+                generation = self._generations.pop(call.job_id)
+                if generation is None:
+                    yield answered(reply, ended, call)
+                else:
+                    last = generation.end(ended)  # its pieces so far are all ready now
+                    yield from self._sent_ready()
+                    yield from last
+                self._slots.release()
+
+    def _sent_ready(self) -> Iterator[pb.ModelStreamInferResponse]:
+        while not self._ready.empty():
+            response, frees = self._ready.get_nowait()
+            yield response
+            if frees:
                 self._slots.release()
 
     def _cancel(self, jobs: list[uuid.UUID]) -> None:
@@ -258,45 +296,3 @@ class CallStream:
                         cancelled)  # fmt: skip
         except Exception:  # the lease and deadline sweeps still end them
             logger.exception("could not cancel the jobs of a cut stream")
-
-
-def _answered(
-    request: codec.Reply, ended: Answer | DomainError, call: Call
-) -> pb.ModelStreamInferResponse:
-    if isinstance(ended, DomainError):
-        return _failure(request.id, request.model, status.of(ended), call.job_id)
-    parameters = {"job_id": str(call.job_id)} if call.job_id else {}
-    try:
-        response = codec.encode(ended.card, request, ended.outputs, parameters)
-    except DomainError as exc:
-        return _failure(request.id, request.model, status.of(exc), call.job_id)
-    metrics.GRPC_STREAM_REQUESTS.labels("OK").inc()
-    return pb.ModelStreamInferResponse(infer_response=response)
-
-
-def _error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
-    if isinstance(exc, DomainError):
-        mapped = status.of(exc)
-    elif database_unavailable(exc):
-        mapped = status.Status(grpc.StatusCode.UNAVAILABLE, "the database did not answer")
-    else:
-        mapped = status.unexpected(exc)
-    return _failure(request.id, request.model_name, mapped, None)
-
-
-def _failure(
-    request_id: str, model: str, mapped: status.Status, job_id: uuid.UUID | None
-) -> pb.ModelStreamInferResponse:
-    """An error answer: `error_message` names the request (tritonclient hands over
-    only that), and `infer_response` carries its id and the error's metadata as
-    parameters for clients that read the message themselves."""
-    metrics.GRPC_STREAM_REQUESTS.labels(mapped.code.name).inc()
-    response = pb.ModelInferResponse(id=request_id, model_name=model)
-    response.parameters["grpc_code"].string_param = mapped.code.name
-    for key, value in mapped.metadata:
-        response.parameters[key.replace("-", "_")].string_param = value
-    if job_id is not None:
-        response.parameters["job_id"].string_param = str(job_id)
-    return pb.ModelStreamInferResponse(
-        error_message=f"request {request_id!r}: {mapped.message()}", infer_response=response
-    )

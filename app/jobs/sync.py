@@ -33,6 +33,8 @@ from app.runtime.sessions import SessionPool
 from app.runtime.tensors import from_json, unpack
 
 INLINE = "inline"
+# A generative model's output: its text, by KServe's name (Triton's vLLM backend's).
+TEXT_OUTPUT = "text_output"
 
 
 @dataclass(frozen=True)
@@ -220,8 +222,8 @@ def _outputs(card: ModelCard, job: Outcome) -> dict[str, np.ndarray]:
     rows written before outputs were packed."""
     if job.output_data is not None:
         arrays = unpack(job.output_data)
-        if card.generation is not None:  # KServe's name for the text (Triton's vLLM backend)
-            return {"text_output": np.array([arrays["text"][()]], dtype=object)}
+        if card.generation is not None:
+            return {TEXT_OUTPUT: np.array([arrays["text"][()]], dtype=object)}
         return {spec.name: arrays[spec.name] for spec in card.outputs}
     return from_json(card.outputs, job.outputs or {})
 

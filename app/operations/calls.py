@@ -24,7 +24,7 @@ from app.errors import CallerLeft, DomainError, InferenceFailed
 from app.jobs import staging, sync
 from app.jobs.inserts import JobInserter
 from app.jobs.replies import Replies
-from app.jobs.sync import Answer, Call, Calls, ended_without_outputs
+from app.jobs.sync import TEXT_OUTPUT, Answer, Call, Calls, ended_without_outputs
 from app.jobs.tables import SYNC_PRIORITY
 from app.observability import metrics
 from app.operations.holds import Holds
@@ -35,7 +35,10 @@ from app.platform.database import Database
 from app.runtime.sessions import SessionPool
 from app.tenancy.keys import TenantRef
 
-__all__ = ["Answer", "Call", "CallOperations", "CallSettings", "Calls", "ended_without_outputs"]
+__all__ = [
+    "TEXT_OUTPUT", "Answer", "Call", "CallOperations", "CallSettings", "Calls",
+    "ended_without_outputs",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
