@@ -191,7 +191,7 @@ class Container(Lazy):
         """Who a key belongs to; tenants' keys, quotas and webhook secrets."""
         from app.operations.tenants import TenantOperations
 
-        return TenantOperations(self.parts.database, self.parts.api_keys)
+        return TenantOperations(self.parts.database, self.parts.api_keys, self.parts.quotas)
 
     @made
     def webhooks(self) -> WebhookOperations:

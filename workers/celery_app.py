@@ -16,6 +16,7 @@ from celery.signals import (
     setup_logging,
     worker_process_init,
     worker_process_shutdown,
+    worker_shutting_down,
 )
 
 from app.container import Container
@@ -77,6 +78,17 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
             from prometheus_client import multiprocess
 
             multiprocess.mark_process_dead(os.getpid(), str(directory))
+
+    @worker_shutting_down.connect(weak=False)
+    def _hand_over(**_: Any) -> None:
+        # The main process, on a warm shutdown: its children's decode loops hand
+        # their generations to other workers rather than finish them first.
+        from app.operations.decode_loop import ask_hand_over
+
+        try:
+            ask_hand_over(settings.redis_url)
+        except Exception:  # their leases still bring them back, only later
+            logger.warning("could not ask this worker's decode loops to hand over", exc_info=True)
 
     @worker_process_init.connect(weak=False)
     def _after_fork(**_: Any) -> None:

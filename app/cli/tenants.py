@@ -108,6 +108,7 @@ def _quota(value: str) -> float | None:
 @click.option("--max-batch-rows-per-day", help="Batch rows in any 24 hours")
 @click.option("--max-stored-bytes", help="Bytes of uploads and batch results kept")
 @click.option("--max-priority", help="Highest priority (0-9) its jobs may ask for")
+@click.option("--max-tokens-per-minute", help="Tokens its generations take a minute")
 def tenants_set(name: str, **quotas: str | None) -> None:
     """Set quotas of tenant NAME: a number, or `default` for the TENANT_* setting.
     Running API processes apply them within a few seconds."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -34,11 +35,14 @@ class ClaimedJob:
     input_key: str | None = None  # the file store's object its rows are in
     batch_index: int | None = None
     reply_to: str | None = None  # a sync call's: where its answer is published
+    tenant_id: int | None = None  # whose job: a decode loop shares its slots by tenant
+    priority: int = 0
+    created_at: datetime | None = None  # (a generation's time to first token counts from it)
 
 
 _CLAIMED = (
     "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at, batch_id, "
-    "input_file_id, input_offset, input_key, batch_index, reply_to"
+    "input_file_id, input_offset, input_key, batch_index, reply_to, tenant_id, priority"
 )
 _LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
 _CLAIMABLE = """
@@ -178,6 +182,7 @@ def _claimed(r: Any) -> ClaimedJob:
     return ClaimedJob(
         r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts,
         r.batch_id, r.input_file_id, r.input_offset, r.input_key, r.batch_index, r.reply_to,
+        r.tenant_id, r.priority, r.created_at,
     )  # fmt: skip
 
 
@@ -198,3 +203,61 @@ def renew_leases(session: Session, jobs: list[ClaimedJob], lease_s: float) -> se
     }
     owned = {r.id for r in session.execute(statement, params)}
     return owned
+
+
+@dataclass(frozen=True)
+class Head:
+    """A tenant's next claimable job of a model."""
+
+    id: uuid.UUID
+    tenant_id: int
+    priority: int
+
+
+_HEADS = text(
+    """
+    WITH RECURSIVE tenants AS (  -- a skip scan of ix_jobs_claim: one probe per tenant
+        (SELECT tenant_id FROM jobs WHERE model = :model AND status = 'queued'
+         ORDER BY tenant_id, priority DESC, created_at LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.tenant_id FROM jobs j
+                WHERE j.model = :model AND j.status = 'queued' AND j.tenant_id > t.tenant_id
+                ORDER BY j.tenant_id, j.priority DESC, j.created_at LIMIT 1)
+        FROM tenants t WHERE t.tenant_id IS NOT NULL
+    )
+    SELECT h.id, t.tenant_id, h.priority FROM tenants t CROSS JOIN LATERAL (
+        SELECT id, priority FROM jobs
+        WHERE model = :model AND tenant_id = t.tenant_id AND status = 'queued'
+          AND run_after <= now() AND attempts < max_attempts
+          AND (deadline_at IS NULL OR deadline_at > now())
+        ORDER BY priority DESC, created_at LIMIT 1
+    ) AS h
+    WHERE t.tenant_id IS NOT NULL
+    """
+)
+
+
+def waiting_heads(session: Session, model: str) -> list[Head]:
+    """Each tenant's next claimable job of `model` (a decode loop whose slots are
+    all taken looks for tenants waiting without one). Costs a probe per tenant
+    with queued jobs of the model, never the length of the queue."""
+    return [Head(r.id, r.tenant_id, r.priority) for r in session.execute(_HEADS, {"model": model})]
+
+
+def hand_back(session: Session, jobs: list[ClaimedJob]) -> set[uuid.UUID]:
+    """Queue these running jobs again at once, where this attempt still holds them
+    (a worker shutting down hands its generations to another). The attempt stays
+    counted and the cap grows by one: a hand-over is no failure, and the next
+    attempt's number is still new (the finish guard tells the two apart).
+    Returns the ids handed back."""
+    statement = text(
+        """
+        UPDATE jobs SET status = 'queued', lease_expires_at = NULL, enqueued_at = NULL,
+                        run_after = now(), max_attempts = jobs.max_attempts + 1
+        FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[])) AS o(id, attempt)
+        WHERE jobs.id = o.id AND jobs.status = 'running' AND jobs.attempts = o.attempt
+        RETURNING jobs.id
+        """
+    )
+    params = {"ids": [str(j.id) for j in jobs], "attempts": [j.attempt for j in jobs]}
+    return {r.id for r in session.execute(statement, params)}

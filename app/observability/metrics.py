@@ -28,6 +28,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -98,6 +99,27 @@ ORT_ROWS = Histogram(
     "inference_ort_call_rows", "Rows in one inference call (micro-batch size)", ["model"],
     buckets=_SIZES,
 )  # fmt: skip
+# Decode loops (a generative model's jobs; the waiting ones are in inference_queue_depth)
+GENERATION_TOKENS = Counter(
+    "inference_generation_tokens",
+    "Tokens the decode loops took: prompt (prefilled) and completion (generated); rate() "
+    "of it is tokens/s", ["model", "kind"],
+)  # fmt: skip
+GENERATION_FIRST_TOKEN_SECONDS = Histogram(
+    "inference_generation_first_token_seconds",
+    "Time to first token: from a generation's submit to its first token", ["model"],
+    buckets=_WAIT,
+)  # fmt: skip
+GENERATION_SLOTS = Gauge(
+    "inference_generation_slots", "Decode slots of running loops, by state: busy, free, "
+    "and paused (generations waiting for a slot back)", ["model", "state"],
+    multiprocess_mode="livesum",
+)  # fmt: skip
+GENERATION_PAUSES = Counter(
+    "inference_generation_pauses",
+    "Generations paused to give their slot to a tenant waiting without one",
+    ["model"],
+)
 # Webhook worker
 WEBHOOK_ATTEMPTS = Counter(
     "inference_webhook_attempts",

@@ -93,6 +93,8 @@ class BatchOperations:
         if hook is not None:
             self.settings.webhooks.check(hook.url)
         webhook = {"url": hook.url, "events": list(hook.events)} if hook else None
+        if card.generation is not None:  # refused while its token budget is spent
+            self._quotas.admit_tokens(session, tenant.id)
         batch = creation.new_batch(card, self.settings.chunking, tenant.id, webhook)
         if request.file_id is not None:  # its rows are counted once it is cut
             creation.attach_file(session, self._store, batch, card, request.file_id)

@@ -10,6 +10,14 @@ writes each finished job in a unit of work with its text, finish reason and
 token counts, its cost its share of the steps it was in. A job whose
 cancellation is requested (DELETE, or a streaming client that went away) leaves
 the batch within a step and ends `cancelled` with the text made so far.
+
+The slots are shared fairly between tenants (app.generation.sharing): a loop
+whose slots are all taken pauses generations of the tenant holding the most to
+start a waiting tenant's, and goes on with them when a slot frees. The tokens
+each tenant's generations take are counted for its budget (app.tenancy.tokens).
+A worker shutting down asks its loops to hand their generations over: each
+records its text and queues its jobs again, and another worker goes on from
+their recorded tokens.
 """
 
 from __future__ import annotations
@@ -21,19 +29,16 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-import numpy as np
-import psutil
 from sqlalchemy import text
 
 from app.cards import ModelCard
-from app.generation.chat import TextStream
 from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
 from app.generation.requests import stored_request
+from app.generation.sharing import Holder, Waiter, preemptions
 from app.jobs import claims, telemetry
 from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
@@ -41,11 +46,22 @@ from app.jobs.dispatch import Dispatcher
 from app.jobs.outputs import Piece, Recorder, record, recorded_tokens
 from app.jobs.runner import Runner
 from app.jobs.transitions import Outcome, finish_rows
+from app.observability import metrics
+from app.operations.decode_loop import (
+    LOCK_S,
+    GenerationSettings,
+    Loop,
+    LoopMeter,
+    Running,
+    ended_outcome,
+    hand_over_key,
+    take_lock,
+)
 from app.platform.database import Database, transactional
-from app.platform.settings import Settings
 from app.runtime.decode import DecodeEngine, Emitted, Sequence
 from app.runtime.sessions import SessionPool
-from app.runtime.tensors import InvalidInputs, pack
+from app.runtime.tensors import InvalidInputs
+from app.tenancy.tokens import TokenMeter
 
 logger = logging.getLogger(__name__)
 
@@ -54,65 +70,14 @@ logger = logging.getLogger(__name__)
 # CLAIM_EVERY_S (jobs back from a retry or the sweep come without one): no SQL a step.
 WATCH_S = 0.005
 CLAIM_EVERY_S = 0.5
-CANCELS_EVERY_S = 0.25  # how often it looks for cancellations of its running jobs
-LOCK_S = 10.0
+CANCELS_EVERY_S = 0.25  # how often it looks for cancellations and a hand-over request
+SHARE_EVERY_S = 0.1  # with every slot taken: how often it looks for tenants waiting
+COUNT_EVERY_S = 0.25  # how often its tokens are counted (budgets, metrics)
 # An idle loop keeps watching this long at least (DRAIN_LINGER_MS if longer; none
 # with 0): the
 # next call finds it running, with its model loaded, instead of waiting for a
 # wake-up that may reach a worker process that has yet to load the model.
 LINGER_S = 10.0
-
-
-_DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
-
-
-def _alive(held: bytes) -> bool:
-    """Whether the process named in a loop lock's value still runs on this machine
-    (the lock's key names the machine). A value without a process id is taken to
-    be alive: it runs out by itself."""
-    pid = held.split(b":", 1)[0]
-    if not pid.isdigit():
-        return True
-    try:  # a killed worker's child can stay a zombie where nothing reaps it (PID 1)
-        return bool(psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:  # another user's process: it runs
-        return True
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    slots: int
-    threads: int
-    prefill_tokens: int
-    drain_s: float
-    linger_s: float
-
-    @classmethod
-    def of(cls, settings: Settings) -> GenerationSettings:
-        return cls(settings.generation_slots, settings.generation_threads,
-                   settings.generation_prefill_tokens, settings.drain_seconds,
-                   settings.drain_linger_ms / 1000)  # fmt: skip
-
-
-@dataclass(eq=False)
-class _Running:
-    job: ClaimedJob
-    sequence: Sequence
-    text: TextStream
-    leases: ExitStack
-    prompt_tokens: int
-    compute_s: float = 0.0
-    stopped: str | None = None  # a stop sequence ended it
-
-
-@dataclass
-class _Loop:
-    card: ModelCard
-    engine: DecodeEngine
-    running: dict[uuid.UUID, _Running] = field(default_factory=dict)
-    overtime: set[uuid.UUID] = field(default_factory=set)
 
 
 class Generation:
@@ -131,6 +96,7 @@ class Generation:
         self._engines: dict[str, DecodeEngine] = {}
         self.publisher = PiecePublisher(lambda: self._redis())
         self.recorder = Recorder()  # the text recorded in pieces (app.jobs.outputs)
+        self.meter = LoopMeter(TokenMeter(lambda: self._redis(), settings.database))
 
     def engine(self, card: ModelCard) -> DecodeEngine:
         """The process's decode engine for this model version (its cache made once)."""
@@ -145,78 +111,149 @@ class Generation:
 
     def drain(self, model: str) -> int:
         """Decode `model`'s queued jobs until none is left for DRAIN_LINGER_MS (new
-        ones are claimed as slots free up) or DRAIN_SECONDS passed (then the
-        running ones finish and a wake-up takes over). Returns the jobs finished."""
+        ones are claimed as slots free up, as long as any runs) or, idle, once
+        DRAIN_SECONDS passed. Returns the jobs finished."""
         card = self.runner.card(model)
         if card is None or card.generation is None:
             return 0
         queue = self._dispatcher.queue_for(model)
         lock = f"inference:generating:{queue}:{model}:{socket.gethostname()}"
         token = f"{os.getpid()}:{uuid.uuid4().hex}"  # the holder's process, on this machine
-        if not self._take(lock, token):
+        if not take_lock(self._redis(), lock, token):
             # This machine's loop for the model is running and claims the jobs: the
             # wake-up this task took (and cleared) is passed on to it, else it would
             # see the new jobs only at its next timed claim (CLAIM_EVERY_S).
             self._dispatcher.pass_to_loop(model)
             return 0
         try:
-            return self._loop(model, _Loop(card, self.engine(card)), lock, token)
+            return self._loop(model, Loop(card, self.engine(card)), lock, token)
         finally:
             if self._redis().get(lock) == token.encode():
                 self._redis().delete(lock)
             if self._claimable(model):
                 self._dispatcher.wake(model)
 
-    def _take(self, lock: str, token: str) -> bool:
-        """The machine's lock for the model's loop; a lock whose holder process is
-        gone (a worker killed with its loop running) is taken over at once rather
-        than left to run out (LOCK_S), which would leave a wake-up now to the sweep."""
-        client = self._redis()
-        if client.set(lock, token, nx=True, px=int(LOCK_S * 1000)):
-            return True
-        held = client.get(lock)
-        if held is None or _alive(held):
-            return False
-        # Only that dead holder's value is deleted: another process may have taken over.
-        client.eval(_DELETE_IF, 1, lock, held)
-        return bool(client.set(lock, token, nx=True, px=int(LOCK_S * 1000)))
-
-    def _loop(self, model: str, loop: _Loop, lock: str, token: str) -> int:
+    def _loop(self, model: str, loop: Loop, lock: str, token: str) -> int:
         started = time.monotonic()
         stop_at = started + self.settings.drain_s
         # DRAIN_LINGER_MS=0 (the tests' workers) ends a loop at its first empty claim.
         linger_s = max(self.settings.linger_s, LINGER_S) if self.settings.linger_s else 0.0
         idle_until = started + linger_s
-        next_claim = next_cancels = next_lock = 0.0
+        next_claim = next_cancels = next_lock = next_share = next_count = 0.0
         done = 0
-        while True:
-            now = time.monotonic()
-            if now >= next_lock:
-                self._redis().set(lock, token, px=int(LOCK_S * 1000))
-                next_lock = now + LOCK_S / 5
-            room = loop.engine.room()
-            if (
-                room > 0
-                and now < stop_at
-                and (now >= next_claim or self._dispatcher.pending(model))
-            ):
-                self._dispatcher.taken(model)
-                claimed, more = self._claim_next(model, room)
-                for job in claimed:
-                    done += self._start(loop, job)
-                next_claim = now + (0 if more else CLAIM_EVERY_S)
-            if not loop.running:
-                if now >= stop_at or now >= idle_until:
-                    return done
-                time.sleep(WATCH_S)
-                continue
-            idle_until = now + linger_s
-            if now >= next_cancels:
-                done += self._cancels(loop)
-                next_cancels = now + CANCELS_EVERY_S
-            done += self._step(loop)
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_lock:
+                    self._redis().set(lock, token, px=int(LOCK_S * 1000))
+                    next_lock = now + LOCK_S / 5
+                if loop.paused and loop.engine.room() > 0:
+                    self._go_on(loop)
+                room = loop.engine.room()
+                # While it has generations running it takes new ones (they join the
+                # batch at once); DRAIN_SECONDS ends only its idle lingering.
+                taking = now < stop_at or bool(loop.running)
+                due = taking and (now >= next_claim or self._dispatcher.pending(model))
+                if due and room > 0:
+                    self._dispatcher.taken(model)
+                    claimed, more = self._claim_next(model, room)
+                    for job in claimed:
+                        done += self._start(loop, job)
+                    next_claim = now + (0 if more else CLAIM_EVERY_S)
+                elif due and now >= next_share:  # every slot taken: anyone waiting without?
+                    done += self._share(model, loop)
+                    next_share = now + SHARE_EVERY_S
+                if not loop.running:
+                    if now >= stop_at or now >= idle_until:
+                        return done
+                    time.sleep(WATCH_S)
+                    continue
+                idle_until = now + linger_s
+                if now >= next_cancels:
+                    if self._asked_to_hand_over():
+                        self._hand_over(model, loop)
+                        return done
+                    done += self._cancels(loop)
+                    next_cancels = now + CANCELS_EVERY_S
+                done += self._step(loop)
+                if now >= next_count:
+                    self.meter.count(model, loop)
+                    next_count = now + COUNT_EVERY_S
+        finally:
+            self.meter.count(model, None)
 
-    def _start(self, loop: _Loop, job: ClaimedJob) -> int:
+    def _share(self, model: str, loop: Loop) -> int:
+        """Pause generations of the tenants holding more than their share, each for
+        a waiting tenant's job that takes its slot (app.generation.sharing)."""
+        heads = self._heads(model)
+        holders = [Holder(r.job.id, r.job.tenant_id or 0, r.job.priority, r.joined)
+                   for r in loop.running.values() if r.job.id not in loop.paused]  # fmt: skip
+        waiters = [Waiter(h.id, h.tenant_id, h.priority) for h in heads]
+        pairs = preemptions(loop.engine.slots, holders, waiters)
+        if not pairs:
+            return 0
+        claimed = self._claim([waiter.key for _, waiter in pairs])
+        for holder, _ in pairs[: len(claimed)]:  # (others may have claimed some)
+            loop.engine.cancel(holder.key)
+            loop.paused.append(holder.key)
+        metrics.GENERATION_PAUSES.labels(model).inc(len(claimed))
+        return sum(self._start(loop, job) for job in claimed)
+
+    def _go_on(self, loop: Loop) -> None:
+        """Paused generations back into free slots, the first paused first: their
+        prompt and tokens prefilled again, their sampler where it was."""
+        while loop.paused and loop.engine.room() > 0:
+            running = loop.running.get(loop.paused.pop(0))
+            if running is None:
+                continue
+            before = running.sequence
+            running.sequence = Sequence.resumed(
+                before.key, running.prompt, before.generated, before.sampling
+            )
+            running.sequence.rng = before.rng
+            running.joined = time.monotonic()
+            loop.engine.add(running.sequence)
+
+    @transactional
+    def _heads(self, model: str) -> list[claims.Head]:
+        return claims.waiting_heads(self.database.session(), model)
+
+    @transactional
+    def _claim(self, job_ids: list[uuid.UUID]) -> list[ClaimedJob]:
+        return claims.claim(
+            self.database.session(), job_ids, self.runner.settings.lease_s,
+            guarded=self.runner.guards.claim, reclaim_expired=False,
+        )  # fmt: skip
+
+    def _asked_to_hand_over(self) -> bool:
+        try:
+            return bool(self._redis().exists(hand_over_key(socket.gethostname(), os.getppid())))
+        except Exception:  # Redis away: no hand-over asked (the loop's own calls will tell)
+            return False
+
+    def _hand_over(self, model: str, loop: Loop) -> None:
+        """The worker is shutting down: record every running generation's text and
+        queue its job again, for another worker to go on from its tokens."""
+        running = list(loop.running.values())
+        for item in running:
+            loop.engine.cancel(item.job.id)
+            item.leases.close()
+        pieces = self.recorder.take([item.job.id for item in running])
+        self.publisher.flush()
+        handed = self._give_back(pieces, [item.job for item in running])
+        loop.running.clear()
+        loop.paused.clear()
+        logger.info("handed %d generation(s) of %s over as this worker shuts down",
+                    len(handed), model)  # fmt: skip
+        self._dispatcher.wake(model)
+
+    @transactional
+    def _give_back(self, pieces: list[Piece], jobs: list[ClaimedJob]) -> set[uuid.UUID]:
+        session = self.database.session()
+        record(session, pieces)
+        return claims.hand_back(session, jobs)
+
+    def _start(self, loop: Loop, job: ClaimedJob) -> int:
         """Add a claimed job to the batch; a request that cannot run fails at once."""
         fmt = chat_format(loop.card)
         try:
@@ -237,9 +274,11 @@ class Generation:
         # made (recorded and sent already) is replayed into the text stream unsent.
         made = self._recorded(job.id) if job.attempt > 1 else []
         sequence = Sequence.resumed(job.id, prompt, made, request.sampling)
-        running = _Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,
-                           prompt_tokens=len(prompt))  # fmt: skip
+        running = Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,
+                           prompt=prompt, joined=time.monotonic(), first=not made)  # fmt: skip
         loop.running[job.id] = running
+        if not made:  # (a retry's prompt was counted by its first attempt)
+            self.meter.charge(job, loop.card.name, "prompt", len(prompt))
         for token in made:
             running.text.add(token)
         if made and len(made) >= request.sampling.max_tokens:
@@ -252,13 +291,13 @@ class Generation:
     def _recorded(self, job_id: uuid.UUID) -> list[int]:
         return recorded_tokens(self.database.session(), job_id)
 
-    def _step(self, loop: _Loop) -> int:
+    def _step(self, loop: Loop) -> int:
         """A step: prefill (the step's budget of prompt tokens), then decode. Each
         prompt's first token is published as soon as its prefill ends, so its time
         to first token waits neither for the other prompts' prefill nor for the
         decode call."""
         engine, budget = loop.engine, loop.engine.prefill_tokens
-        ended: list[_Running] = []
+        ended: list[Running] = []
         while engine.waiting and budget > 0:
             ended += self._run(loop, partial(engine.prefill, budget, 1))
             self.publisher.flush()  # (nothing to send costs nothing)
@@ -279,7 +318,7 @@ class Generation:
             return 0
         return self._end(loop, ended)
 
-    def _run(self, loop: _Loop, call: Callable[[], list[Emitted]]) -> list[_Running]:
+    def _run(self, loop: Loop, call: Callable[[], list[Emitted]]) -> list[Running]:
         """One engine call; its time shared among the sequences it served (their cost)."""
         began = time.perf_counter()
         emitted = call()
@@ -290,12 +329,16 @@ class Generation:
                     running.compute_s += share
         return [r for item in emitted if (r := self._emit(loop, item)) is not None]
 
-    def _emit(self, loop: _Loop, item: Emitted) -> _Running | None:
+    def _emit(self, loop: Loop, item: Emitted) -> Running | None:
         running = loop.running.get(item.sequence.key)
         if running is None:
             return None
         job = running.job
         if item.token is not None:
+            self.meter.charge(job, loop.card.name, "completion", 1)
+            if running.first:
+                running.first = False
+                self.meter.first_token(job, loop.card.name)
             piece = running.text.add(item.token)
             if piece.text:
                 self.publisher.add(job.id, piece.text)
@@ -309,13 +352,13 @@ class Generation:
             return running
         return None
 
-    def _tail(self, running: _Running) -> None:
+    def _tail(self, running: Running) -> None:
         """Text held back for stop sequences, out once the sequence ended."""
         if tail := running.text.finish().text:
             self.publisher.add(running.job.id, tail)
             self.recorder.add(running.job.id, running.job.attempt, tail, None, time.monotonic())
 
-    def _cancels(self, loop: _Loop) -> int:
+    def _cancels(self, loop: Loop) -> int:
         ids = [str(job_id) for job_id in loop.running]
         with self.database.separate_core_unit_of_work() as connection:
             cancelled = connection.execute(
@@ -329,34 +372,16 @@ class Generation:
             ended.append(running)
         return self._end(loop, ended) if ended else 0
 
-    def _end(self, loop: _Loop, ended: list[_Running]) -> int:
+    def _end(self, loop: Loop, ended: list[Running]) -> int:
         outcomes, finals = [], {}
         for running in ended:
             loop.running.pop(running.job.id, None)
+            if running.job.id in loop.paused:
+                loop.paused.remove(running.job.id)
             running.leases.close()
             self._tail(running)  # (a cancelled one's too: its outputs hold all its text)
-            sequence = running.sequence
-            reason = running.stopped or sequence.finish_reason or "cancelled"
-            usage = {"prompt_tokens": running.prompt_tokens,
-                     "completion_tokens": len(sequence.generated)}  # fmt: skip
-            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-            outputs = pack({
-                "text": np.array(running.text.text, dtype=object),
-                "finish_reason": np.array(reason, dtype=object),
-                **{k: np.array(v, np.int64) for k, v in usage.items()},
-            })  # fmt: skip
-            if reason == "time_limit":
-                outcome = Outcome(running.job.id, running.job.attempt, "failed",
-                                  error_code="time_limit", error_message="the job ran past "
-                                  "JOB_TIME_LIMIT_SECONDS", output_data=outputs)  # fmt: skip
-            else:
-                status = "cancelled" if reason == "cancelled" else "succeeded"
-                outcome = Outcome(running.job.id, running.job.attempt, status, output_data=outputs)
-            outcomes.append(replace(outcome, compute_seconds=running.compute_s,
-                                    prompt_tokens=usage["prompt_tokens"],
-                                    completion_tokens=usage["completion_tokens"]))  # fmt: skip
-            finals[running.job.id] = {"final": True, "finish_reason": reason, "usage": usage,
-                                      "output": running.text.text}  # fmt: skip
+            outcome, finals[running.job.id] = ended_outcome(running)
+            outcomes.append(outcome)
         # The ended jobs' last pieces go in their finishing unit, before their terminal
         # events; the other jobs' due pieces ride along.
         pieces = self.recorder.take([r.job.id for r in ended])

@@ -104,6 +104,8 @@ class Submitter:
         """Refusals keep nothing: QuotaExceeded names the limit, QueueFull the bound."""
         session = self.database.session()
         self._quotas.admit_jobs(session, tenant.id, priority=request.priority)
+        if card.generation is not None:
+            self._quotas.admit_tokens(session, tenant.id)
         self._admission.admit(session, card.name)
 
     @transactional
@@ -223,6 +225,14 @@ class Submitter:
         """Those of `checked` the tenant's quotas (per priority) and each model's queue
         bound admit, grouped by model; each refused group gets its refusal."""
         session = self.database.session()
+        if any(card.generation is not None for _, card, _ in checked):
+            try:  # (a generation of a tenant whose token budget is spent)
+                self._quotas.admit_tokens(session, tenant.id)
+            except DomainError as exc:
+                for index, card, _ in checked:
+                    if card.generation is not None:
+                        outcomes[index] = exc
+                checked = [item for item in checked if item[1].generation is None]
         admitted: list[Checked] = []
         for group in grouped(checked, lambda item: requests[item[0]].priority):
             try:

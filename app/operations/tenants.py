@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from app.errors import NotFound
 from app.platform.database import Database, transactional
 from app.tenancy import keys
 from app.tenancy.keys import OPERATOR, Caller, Credentials, KeyCache, TenantRef, hash_key
+from app.tenancy.quotas import Quotas
 
 __all__ = ["OPERATOR", "Caller", "Credentials", "TenantOperations", "TenantRef", "hash_key"]
 
 
 class TenantOperations:
-    def __init__(self, database: Database, cache: KeyCache) -> None:
-        self.database, self._cache = database, cache
+    def __init__(self, database: Database, cache: KeyCache, quotas: Quotas) -> None:
+        self.database, self._cache, self._quotas = database, cache, quotas
 
     def authenticate(self, api_key: str) -> Caller | None:
         """The caller of an API key (its kind and tenant); None for an unknown,
@@ -32,6 +34,14 @@ class TenantOperations:
         if found is None:
             raise NotFound(f"no tenant named {name!r}")
         return found
+
+    def tokens_per_minute(self, tenant: TenantRef) -> dict[str, Any]:
+        """The tenant's token budget (None: no limit), the tokens its generations
+        took in the last minute, and the seconds until a generation may be
+        submitted again (0: now)."""
+        limit = self._quotas.limits(self.database.session(), tenant.id).tokens_per_minute
+        window = self._quotas.tokens.window(tenant.id, limit)
+        return {"limit": limit, "used": window.used, "retry_after": window.retry_after}
 
     def has_tenants(self) -> bool:
         return keys.has_tenants(self.database.session())

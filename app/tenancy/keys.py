@@ -222,7 +222,7 @@ def list_api_keys(session: Session, tenant: str | None = None) -> list[dict[str,
 
 QUOTAS = (
     "max_in_flight", "max_submits_per_second", "max_batch_rows_per_day", "max_stored_bytes",
-    "max_priority",
+    "max_priority", "max_tokens_per_minute",
 )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """Per-tenant quotas: jobs in flight, submits a second, batch rows a day, bytes
-stored, and the highest priority a job may ask for. Stored on the tenant row
+stored, the highest priority a job may ask for, and tokens a minute (a
+generative model's; counted by app.tenancy.tokens). Stored on the tenant row
 (`manage.py tenants set`), with the TENANT_* settings as defaults; beyond one,
 a request gets 429 quota-exceeded naming the limit, and nothing of it is kept.
 
@@ -31,6 +32,7 @@ from app.jobs.tables import SYNC_PRIORITY
 from app.platform.broker import redis_client
 from app.platform.settings import Settings
 from app.tenancy.tables import Tenant
+from app.tenancy.tokens import TokenMeter, namespace
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +50,18 @@ class QuotaSettings:
     batch_rows_per_day: int
     stored_bytes: int
     max_priority: int
+    tokens_per_minute: int
     redis_url: str
     retention_s: float
+    database: str  # (the token counts' namespace)
 
     @classmethod
     def of(cls, settings: Settings) -> QuotaSettings:
         return cls(
             settings.tenant_max_in_flight, settings.tenant_max_submits_per_second,
             settings.tenant_max_batch_rows_per_day, settings.tenant_max_stored_bytes,
-            settings.tenant_max_priority, settings.redis_url, settings.retention_seconds,
+            settings.tenant_max_priority, settings.tenant_max_tokens_per_minute,
+            settings.redis_url, settings.retention_seconds, namespace(settings.database_url),
         )  # fmt: skip
 
 
@@ -69,6 +74,7 @@ class Limits:
     batch_rows_per_day: int | None
     stored_bytes: int | None
     max_priority: int
+    tokens_per_minute: int | None = None
 
     @classmethod
     def of(cls, tenant: Tenant, defaults: QuotaSettings) -> Limits:
@@ -80,12 +86,14 @@ class Limits:
         rows = pick(tenant.max_batch_rows_per_day, defaults.batch_rows_per_day)
         stored = pick(tenant.max_stored_bytes, defaults.stored_bytes)
         priority = tenant.max_priority
+        tokens = pick(tenant.max_tokens_per_minute, defaults.tokens_per_minute)
         return cls(
             in_flight=None if in_flight is None else int(in_flight),
             submits_per_second=pick(tenant.max_submits_per_second, defaults.submits_per_second),
             batch_rows_per_day=None if rows is None else int(rows),
             stored_bytes=None if stored is None else int(stored),
             max_priority=defaults.max_priority if priority is None else priority,
+            tokens_per_minute=None if tokens is None else int(tokens),
         )
 
 
@@ -125,6 +133,12 @@ class Quotas:
         self._counts: dict[int, _Count] = {}
         self._lock = threading.Lock()
         self._redis: redis.Redis | None = None
+        self.tokens = TokenMeter(self._client, settings.database)
+
+    def _client(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis_client(self.settings.redis_url)
+        return self._redis
 
     def limits(self, session: Session, tenant_id: int) -> Limits:
         now = self.clock()
@@ -156,6 +170,22 @@ class Quotas:
         if limits.in_flight is not None and jobs:  # (an inline call is never in flight)
             self._in_flight(session, tenant_id, jobs, limits.in_flight)
 
+    def admit_tokens(self, session: Session, tenant_id: int) -> None:
+        """A generation, while the tenant's last minute holds less than its token
+        budget; else QuotaExceeded with the seconds until it does not."""
+        allowed = self.limits(session, tenant_id).tokens_per_minute
+        if allowed is None:
+            return
+        window = self.tokens.window(tenant_id, allowed)
+        if window.retry_after:
+            raise QuotaExceeded(
+                f"this tenant's generations took {window.used} tokens in the last minute "
+                f"and may take at most {allowed} (max_tokens_per_minute, prompt plus "
+                f"completion); retry in about {window.retry_after} s",
+                retry_after=window.retry_after, limit="max_tokens_per_minute",
+                allowed=allowed, used=window.used,
+            )  # fmt: skip
+
     def admit_batch(self, session: Session, tenant_id: int, rows: int | None, chunks: int) -> None:
         """A new batch of `rows` (None: not known until its file is cut, so only a
         tenant with room left may start one) in `chunks` chunk jobs."""
@@ -182,16 +212,14 @@ class Quotas:
         second = int(time.time())
         key = f"quota:submits:{tenant_id}:{second}"
         try:
-            if self._redis is None:
-                self._redis = redis_client(self.settings.redis_url)
-            pipe = self._redis.pipeline()
+            pipe = self._client().pipeline()
             pipe.incrby(key, requests)
             pipe.expire(key, 2)
             used = int(pipe.execute()[0])
             if used > limits.submits_per_second and requests > 1:
                 # Refused together: they take none of the second's allowance, so fewer
                 # of them (a door that halves its batch when refused) can still pass.
-                self._redis.decrby(key, requests)
+                self._client().decrby(key, requests)
         except redis.RedisError as exc:  # the quota fails open: the broker's outage shows elsewhere
             logger.warning("submit rate of tenant %s not counted: %s", tenant_id, exc)
             return

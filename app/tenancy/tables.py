@@ -34,12 +34,13 @@ class Tenant(Base):
     # Quotas (app.tenancy.quotas), set with `manage.py tenants set`; NULL: the TENANT_*
     # setting's default. Jobs queued or running at once; submits a second (every
     # door); batch rows in 24 h; bytes of uploads and batch results kept; the highest
-    # `priority` its jobs may ask for.
+    # `priority` its jobs may ask for; tokens its generations take a minute.
     max_in_flight: Mapped[int | None] = mapped_column(Integer)
     max_submits_per_second: Mapped[float | None] = mapped_column(Float)
     max_batch_rows_per_day: Mapped[int | None] = mapped_column(BigInteger)
     max_stored_bytes: Mapped[int | None] = mapped_column(BigInteger)
     max_priority: Mapped[int | None] = mapped_column(SmallInteger)
+    max_tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
 
 
 API_KEY_KINDS = ("tenant", "operator")

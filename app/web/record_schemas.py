@@ -172,9 +172,21 @@ class UsageTotalSchema(Schema):
     total_tokens = fields.Integer()
 
 
+class TokenWindowSchema(Schema):
+    limit = fields.Integer(
+        allow_none=True,
+        metadata={"description": "Tokens a minute your generations may take (null: no limit)"},
+    )
+    used = fields.Integer(metadata={"description": "Tokens they took in the last 60 seconds"})
+    retry_after = fields.Integer(
+        metadata={"description": "Seconds until a generation may be submitted (0: now)"}
+    )
+
+
 class UsageReportSchema(Schema):
     tenant = fields.String()
     start = fields.DateTime(data_key="from")
     end = fields.DateTime(data_key="to")
     models = fields.List(fields.Nested(ModelUsageSchema))
     total = fields.Nested(UsageTotalSchema)
+    tokens_per_minute = fields.Nested(TokenWindowSchema)

@@ -21,7 +21,9 @@ def get_usage(args: dict[str, Any]) -> dict[str, Any]:
     """Per model: jobs, rows, time queued, time running, ONNX Runtime time (each
     job's share of its micro-batch) and, for generative models, prompt and
     completion tokens, of your jobs created in [from, to). Default:
-    the last 24 hours; at most 31 days."""
+    the last 24 hours; at most 31 days. `tokens_per_minute`: your token budget
+    now (the tokens of the last minute, and when a generation may be submitted
+    again if it is spent)."""
     end = args.get("end") or datetime.now(UTC)
     start = args.get("start") or end - timedelta(days=1)
     models = services().webhooks.usage_report(current_tenant(), start, end)
@@ -38,5 +40,6 @@ def get_usage(args: dict[str, Any]) -> dict[str, Any]:
             "total_tokens",
         )
     }
+    tokens = services().tenants.tokens_per_minute(current_tenant())
     return {"tenant": current_tenant().name, "start": start, "end": end, "models": models,
-            "total": total}  # fmt: skip
+            "total": total, "tokens_per_minute": tokens}  # fmt: skip

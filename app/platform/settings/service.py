@@ -95,6 +95,12 @@ class ServiceSettings(BaseSettings):
     tenant_max_priority: int = Field(
         default=5, description="The highest `priority` (0-9) a tenant's jobs may ask for."
     )
+    tenant_max_tokens_per_minute: int = Field(
+        default=0,
+        description="Tokens a tenant's generations take in any minute (prompt plus "
+        "completion, counted by the decoding workers across machines in Redis); once "
+        "spent, a generation's submit gets 429 with Retry-After; 0 = no limit.",
+    )
     max_model_bytes: int = Field(
         default=2 * 1024 * 1024 * 1024,
         description="The largest model.onnx PUT /v2/repository/models/... accepts (streamed "
