@@ -6,7 +6,9 @@ running, records anything, so a worker that lost its lease adds nothing and no
 token is recorded twice. The rows share the job events' id sequence (an event
 stream resumes after any of them) and are announced on the channel
 `job_outputs`, apart from state changes, so a long-poll waiting for the job to
-change is not woken by every piece. Nothing here commits.
+change is not woken by every piece. A job whose webhook asks for `job.output`
+gets a delivery with a piece, at most every OUTPUT_WEBHOOK_MS (Replicate's
+throttle); it says the text so far when it is sent. Nothing here commits.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sqlalchemy.orm import Session
 
 OUTPUT = "output"  # the status of a piece's row
 CHANNEL = "job_outputs"
+OUTPUT_WEBHOOK_MS = 500
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,19 @@ _RECORD = text(
         FROM v JOIN jobs AS j ON j.id = v.id
         WHERE j.status = 'running' AND j.attempts = v.attempt
         RETURNING job_id
+    ),
+    hooked AS (  -- (a data-modifying CTE runs whether or not it is read)
+        INSERT INTO webhook_deliveries (job_id, tenant_id, event_type, message_id, url)
+        SELECT j.id, j.tenant_id, 'job.output',
+               'msg_' || replace(CAST(gen_random_uuid() AS text), '-', ''), j.webhook_url
+        FROM jobs AS j
+        WHERE j.id IN (SELECT job_id FROM recorded) AND j.webhook_url IS NOT NULL
+          AND 'job.output' = ANY (j.webhook_events)
+          AND NOT EXISTS (
+              SELECT 1 FROM webhook_deliveries AS d
+              WHERE d.job_id = j.id AND d.event_type = 'job.output'
+                AND d.created_at > clock_timestamp() - interval '{OUTPUT_WEBHOOK_MS} milliseconds')
+        RETURNING 1
     )
     SELECT pg_notify('{CHANNEL}', string_agg(DISTINCT CAST(job_id AS text), ','))
     FROM recorded HAVING count(*) > 0

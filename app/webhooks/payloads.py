@@ -1,4 +1,5 @@
-"""What a webhook says: the job as GET /jobs/<id> shows it, or the batch as
+"""What a webhook says: the job as GET /jobs/<id> shows it (a running
+generation's `job.output`: with the text so far), or the batch as
 GET /batches/<id> does."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.batches.representation import BatchSchema, describe
 from app.batches.tables import Batch
+from app.jobs.outputs import text_so_far
 from app.jobs.representation import JobSchema
 from app.jobs.tables import Job
 from app.webhooks.tables import WebhookDelivery
@@ -27,6 +29,11 @@ def render(session: Session, delivery: WebhookDelivery, now: datetime, max_bytes
                 "data": BatchSchema().dump(describe(session, batch))}  # fmt: skip
         return json.dumps(body)
     job = session.get(Job, delivery.job_id)
+    assert job is not None
+    if job.status == "running" and job.output_data is None:  # (a `job.output` event)
+        text = text_so_far(session, job.id)
+        if text is not None:
+            setattr(job, "so_far", {"text": text})  # noqa: B010  (not a column: never written)
     data: dict[str, Any] = JobSchema().dump(job)
     body = {"type": delivery.event_type, "timestamp": now.isoformat(), "data": data}
     encoded = json.dumps(body)

@@ -22,7 +22,7 @@ from app.errors import InvalidRequest
 
 EVENTS = (
     "job.queued", "job.running", "job.succeeded", "job.failed",
-    "job.cancelled", "job.expired", "job.dead_lettered",
+    "job.cancelled", "job.expired", "job.dead_lettered", "job.output",
 )  # fmt: skip
 DEFAULT_EVENTS = ("job.succeeded", "job.failed", "job.cancelled", "job.expired")
 

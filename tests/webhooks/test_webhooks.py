@@ -4,6 +4,7 @@ a real webhook worker process, every delivery verified with `standardwebhooks`."
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import socket
 import threading
@@ -889,3 +890,44 @@ def test_a_url_that_answered_410_is_enabled_only_by_its_tenant(
     assert url in again.json["detail"]
     assert redeliver(app_, tenant, job_of(database, gone), gone).status_code == 202
     assert attempt(app_, hooks, database, gone) == "delivered"
+
+
+def test_a_generation_sends_its_text_as_output_events_at_most_every_half_second(
+    app_: Flask, receiver: ScriptedReceiver, tenant: TenantAuth, database: Database
+) -> None:
+    """`job.output` asked for: while the text is made, deliveries (Replicate's
+    throttle: at most one every 500 ms) carry the job with its text so far, each
+    a beginning of the final text; then `job.succeeded` with all of it."""
+    url = f"{receiver.base}/generated"
+    body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
+            "parameters": {"max_tokens": 120, "temperature": 0},
+            "webhook": {"url": url, "events": ["job.output", "job.succeeded"]}}  # fmt: skip
+    response = app_.test_client().post("/jobs", json=body, headers=tenant.headers)
+    assert response.status_code == 202, response.json
+    job_id = response.json["id"]  # type: ignore[index]
+
+    def all_sent() -> bool:  # (swept while the text is made, as beat does every second)
+        sent = deliveries(app_, tenant, job_id)
+        ended = any(d["event_type"] == "job.succeeded" for d in sent)
+        return ended and all(d["status"] == "delivered" for d in sent)
+
+    pump(app_, all_sent, timeout=180)
+    done = wait_for_job(app_.test_client(), tenant.headers, job_id)
+    secret = secret_of(database, tenant)
+    events = [verified(secret, r) for r in receiver.at("/generated")]
+    outputs = [e["data"] for e in events if e["type"] == "job.output"]
+    running = [data["outputs"]["text"] for data in outputs if data["status"] == "running"]
+    assert len(running) >= 2, [(e["type"], e["data"]["status"]) for e in events]
+    final = done["outputs"]["text"]
+    for data in outputs:  # (one sent after the end says it all)
+        assert data["id"] == job_id and final.startswith(data["outputs"]["text"]), data
+    assert running == sorted(running, key=len) and len(running[0]) < len(final)
+    [succeeded] = [e for e in events if e["type"] == "job.succeeded"]
+    assert succeeded["data"]["outputs"]["text"] == final
+    with database.engine.connect() as conn:
+        made = conn.execute(text(
+            "SELECT created_at FROM webhook_deliveries WHERE job_id = :id "
+            "AND event_type = 'job.output' ORDER BY id"), {"id": job_id},
+        ).scalars().all()  # fmt: skip
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(made)]
+    assert len(made) == len(outputs) and all(gap >= 0.5 for gap in gaps), gaps
