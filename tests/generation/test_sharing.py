@@ -15,8 +15,11 @@ import pytest
 import redis
 from flask import Flask
 from flask.testing import FlaskClient
+from prometheus_client import REGISTRY
 
 from app.generation.sharing import Holder, Waiter, preemptions
+from app.jobs.claims import ClaimedJob
+from app.operations.decode_loop import LoopMeter
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.tenancy.keys import set_quotas
@@ -75,6 +78,23 @@ def test_the_token_window_counts_the_last_minute_and_when_it_frees(settings: Set
     assert meter.window(tenant, 60).used == 50 and meter.window(tenant, 60).retry_after == 0
     now[0] += 60
     assert meter.window(tenant).used == 0
+
+
+def test_a_loops_meter_counts_tokens_per_tenant_and_kind(settings: Settings) -> None:
+    client = redis.Redis.from_url(settings.redis_url)
+    meter = LoopMeter(TokenMeter(lambda: client, uuid.uuid4().hex))
+    job = ClaimedJob(uuid.uuid4(), "metered", "1", None, b"", 1, 3, tenant_id=7)
+    meter.charge(job, "metered", "prompt", 5)
+    for _ in range(3):
+        meter.charge(job, "metered", "completion", 1)
+    meter.count("metered", None)
+    assert meter.tokens.window(7).used == 8
+    made = {kind: REGISTRY.get_sample_value("inference_generation_tokens_total",
+                                            {"model": "metered", "kind": kind})
+            for kind in ("prompt", "completion")}  # fmt: skip
+    assert made == {"prompt": 5.0, "completion": 3.0}
+    meter.count("metered", None)  # nothing new: nothing more
+    assert meter.tokens.window(7).used == 8
 
 
 # -- on a real worker ----------------------------------------------------------------------
