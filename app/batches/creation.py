@@ -20,7 +20,7 @@ import numpy as np
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from app.batches import files, parquet, readers
+from app.batches import files, openai_format, parquet, readers
 from app.batches.tables import Batch, File
 from app.cards import ModelCard
 from app.errors import InputsDoNotFit, InvalidRequest
@@ -91,10 +91,12 @@ def attach_file(
     """Make `file_id` the batch's input once its first rows fit the model (422 if not)."""
     file = files.get(session, batch.tenant_id, file_id)
     try:
-        if card.generation is not None and file.format != "jsonl":
+        if batch.openai is not None:  # its lines are refused one by one, as they are cut
+            openai_format.check_head(card, files.head(session, store, file))
+        elif card.generation is not None and file.format != "jsonl":
             raise readers.BadRows(0, f"model {card.ref} generates: its batch file is .jsonl, "
                                      "a request a line, not ." + file.format)  # fmt: skip
-        if file.format == "parquet":
+        elif file.format == "parquet":
             with opened(store, file) as source:
                 next(parquet.chunks(card, source, 16), None)
         else:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session
 
 from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch
@@ -38,13 +38,18 @@ def get(session: Session, tenant_id: int, batch_id: uuid.UUID) -> Batch:
     return owned(session, Batch, tenant_id, batch_id, "batch")
 
 
-def list_batches(session: Session, tenant_id: int, limit: int) -> list[Batch]:
-    query = (
-        select(Batch)
-        .where(Batch.tenant_id == tenant_id)
-        .order_by(Batch.created_at.desc(), Batch.id.desc())
-        .limit(limit)
-    )
+def list_batches(
+    session: Session, tenant_id: int, limit: int, *, after: Batch | None = None,
+    openai: bool = False,
+) -> list[Batch]:  # fmt: skip
+    """The tenant's newest batches (those older than `after`; with `openai`, only
+    those made in OpenAI's Batch format)."""
+    query = select(Batch).where(Batch.tenant_id == tenant_id)
+    if after is not None:
+        query = query.where(tuple_(Batch.created_at, Batch.id) < (after.created_at, after.id))
+    if openai:
+        query = query.where(Batch.openai.is_not(None))
+    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)
     return list(session.scalars(query))
 
 

@@ -37,7 +37,10 @@ Arrays = dict[str, np.ndarray]
 
 
 class BadRows(ValueError):
-    """Rows that do not fit the model; `first_row` is where the problem starts."""
+    """Rows that do not fit the model; `first_row` is where the problem starts,
+    `code` the batch's error code when a split finds them."""
+
+    code = "invalid_input"
 
     def __init__(self, first_row: int, message: str, errors: dict[str, str] | None = None) -> None:
         super().__init__(f"row {first_row}: {message}")
@@ -171,18 +174,24 @@ def _npy_rows(
 # --- .jsonl and .csv ----------------------------------------------------------
 
 
-def _lines(parts: Iterator[bytes]) -> Iterator[tuple[int, str]]:
-    """(row number, line) of each non-blank line, across part boundaries."""
+def raw_lines(parts: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(row number, bytes) of each non-blank line, across part boundaries."""
     tail, row = b"", 0
     for part in parts:
         lines = (tail + part).split(b"\n")
         tail = lines.pop()
         for line in lines:
             if line.strip():
-                yield row, _decoded(line, row)
+                yield row, line
                 row += 1
     if tail.strip():
-        yield row, _decoded(tail, row)
+        yield row, tail
+
+
+def _lines(parts: Iterator[bytes]) -> Iterator[tuple[int, str]]:
+    """(row number, line) of each non-blank line, as text."""
+    for row, line in raw_lines(parts):
+        yield row, _decoded(line, row)
 
 
 def _decoded(line: bytes, row: int) -> str:

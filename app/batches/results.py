@@ -17,6 +17,8 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +50,9 @@ class Chunk:
     error_code: str | None
     error_message: str | None
     output_data: bytes | None
+    job_id: uuid.UUID | None = None
+    finished_at: datetime | None = None
+    batch_line: dict[str, Any] | None = None  # a line of a batch in OpenAI's format
 
 
 def chunks(
@@ -58,7 +63,8 @@ def chunks(
         with sessions() as session:
             query = (
                 select(Job.batch_index, Job.first_row, Job.batch_rows, Job.status, Job.error_code,
-                       Job.error_message, Job.output_data, Job.output_bytes)
+                       Job.error_message, Job.output_data, Job.output_bytes, Job.id,
+                       Job.finished_at, Job.batch_line)
                 .where(Job.batch_id == batch_id, Job.batch_index >= index)
                 .order_by(Job.batch_index)
                 .limit(_PER_QUERY)
@@ -69,7 +75,7 @@ def chunks(
             if data is None and r.output_bytes is not None and r.status == "succeeded":
                 data = store.read(result_key(batch_id, r.batch_index))
             yield Chunk(r.first_row, r.batch_rows, r.status, r.error_code, r.error_message,
-                        data)  # fmt: skip
+                        data, r.id, r.finished_at, r.batch_line)  # fmt: skip
         if len(rows) < _PER_QUERY:
             return
         index = rows[-1].batch_index + 1

@@ -16,12 +16,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.batches import files, parquet, readers
+from app.batches import files, openai_format, parquet, readers
 from app.batches.creation import chunk_values, opened
 from app.batches.tables import Batch, File
 from app.cards import ModelCard
@@ -30,6 +31,10 @@ from app.jobs.tables import Job
 from app.platform.filestore import FileStore
 from app.runtime.datatypes import V2_TO_NUMPY
 from app.runtime.tensors import pack, pack_header
+
+# Rows to cut into a chunk (None: a line refused before it ran), and the chunk
+# job's own column values.
+Cut = tuple[dict[str, np.ndarray] | None, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -95,14 +100,22 @@ def file_chunks(
     file: File,
     batch: Batch,
     skip_rows: int,
-) -> Iterator[dict[str, np.ndarray]]:
+) -> Iterator[Cut]:
     """The file's rows from `skip_rows`, checked, `batch.chunk_rows` at a time (a file
-    kept in PostgreSQL is read in `sessions` of its own: no transaction is held)."""
+    kept in PostgreSQL is read in `sessions` of its own: no transaction is held);
+    a batch in OpenAI's format, a line at a time, each with its chunk's own columns."""
+    if batch.openai is not None:
+        lines = openai_format.lines(
+            card, batch.openai["endpoint"], lambda: files.parts(sessions, store, file), skip_rows
+        )
+        return ((line.arrays, line.columns) for line in lines)
     if file.format == "parquet":
         source = held.enter_context(opened(store, file))
-        return parquet.chunks(card, source, batch.chunk_rows, skip_rows=skip_rows)
-    parts = files.parts(sessions, store, file)
-    return readers.chunks(card, file.format, parts, batch.chunk_rows, skip_rows=skip_rows)
+        chunks = parquet.chunks(card, source, batch.chunk_rows, skip_rows=skip_rows)
+    else:
+        parts = files.parts(sessions, store, file)
+        chunks = readers.chunks(card, file.format, parts, batch.chunk_rows, skip_rows=skip_rows)
+    return ((arrays, {}) for arrays in chunks)
 
 
 def advance(session: Session, batch_id: uuid.UUID, old: int, new: int) -> bool:
@@ -130,27 +143,34 @@ def fail(session: Session, batch_id: uuid.UUID, code: str, message: str) -> None
     stop_chunks(session, batch_id)
 
 
+def cut_rows(cut: Cut) -> int:
+    arrays = cut[0]
+    return 1 if arrays is None else len(next(iter(arrays.values())))
+
+
 def cut_chunk(
-    session: Session, store: FileStore, batch: Batch, place: tuple[int, int],
-    arrays: dict[str, np.ndarray], inline: bool = False,
+    session: Session, store: FileStore, batch: Batch, place: tuple[int, int], cut: Cut,
+    inline: bool = False,
 ) -> bool:  # fmt: skip
     """Chunk `index` of the batch, from row `row` (`place`), its rows written to the
     store as its own inputs (the same key again if this split resumes), or kept
     in the job row with `inline` (a generation's one request: an object in the
-    store for each would cost more than the row); False when the batch was
-    cancelled or is being split elsewhere (nothing written)."""
-    index, row = place
-    n = len(next(iter(arrays.values())))
-    if inline:
+    store for each would cost more than the row), with the cut's own columns (a
+    line refused before it ran has no rows: its chunk is born failed); False when
+    the batch was cancelled or is being split elsewhere (nothing written)."""
+    (index, row), (arrays, columns) = place, cut
+    n = cut_rows(cut)
+    if inline or arrays is None:
         if not advance(session, batch.id, row, row + n):
             return False
-        session.execute(insert(Job).values(chunk_values(batch, index, row, n, pack(arrays))))
+        data = None if arrays is None else pack(arrays)
+        session.execute(insert(Job).values(chunk_values(batch, index, row, n, data) | columns))
         return True
     key = inputs_key(batch.id, index)
     store.write(key, pack(arrays))
     if not advance(session, batch.id, row, row + n):
         return False
-    values = chunk_values(batch, index, row, n, None) | {"input_key": key}
+    values = chunk_values(batch, index, row, n, None) | {"input_key": key} | columns
     session.execute(insert(Job).values(values))
     return True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -18,7 +19,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.platform.orm import Base
@@ -129,3 +130,6 @@ class Batch(Base):
     scheduled_for: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     output_path: Mapped[str | None] = mapped_column(Text)
     exported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A batch made through /v1/batches, in OpenAI's Batch format: its `endpoint`,
+    # `input_file_id` (as OpenAI's clients name it) and `metadata`; NULL otherwise.
+    openai: Mapped[dict[str, Any] | None] = mapped_column(JSONB)

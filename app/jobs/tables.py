@@ -170,6 +170,10 @@ class Job(Base):
     # A sync call's job: the Redis channel its worker publishes the answer on, once
     # the record is committed (app.jobs.replies); NULL for every other job.
     reply_to: Mapped[str | None] = mapped_column(Text)
+    # A line of a batch in OpenAI's Batch format: its `custom_id` and, for a line
+    # refused before it ran, `refused` ("line": not a request; "request": a body
+    # the /v1 door would refuse, with that answer's `status_code` and `param`).
+    batch_line: Mapped[dict[str, Any] | None] = mapped_column(JSONB, deferred=True)
 
 
 class JobEvent(Base):

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.batches import creation, files, progress, readers, results, splitting
+from app.batches import creation, files, openai_format, progress, readers, results, splitting
 from app.batches.creation import BATCH_EVENTS, SPLIT_TASK, Chunking
 from app.batches.representation import BatchSchema, describe
 from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch
@@ -96,6 +96,7 @@ class BatchOperations:
         if card.generation is not None:  # refused while its token budget is spent
             self._quotas.admit_tokens(session, tenant.id)
         batch = creation.new_batch(card, self.settings.chunking, tenant.id, webhook)
+        batch.openai = request.openai
         if request.file_id is not None:  # its rows are counted once it is cut
             creation.attach_file(session, self._store, batch, card, request.file_id)
             self._quotas.admit_batch(session, tenant.id, None, 1)
@@ -147,9 +148,10 @@ class BatchOperations:
         self, tenant: TenantRef, batch_id: uuid.UUID, fmt: str, output: str | None
     ) -> tuple[Iterator[bytes], str]:
         """The batch's outputs in input order as `fmt` (JSONL; .npy or Parquet of
-        `output` or of every output), and a file name; Conflict while unfinished or,
-        for .npy and Parquet, with rows missing. The stream reads its chunks in
-        sessions of its own and their parts from the file store, one at a time."""
+        `output` or of every output; OpenAI's output or error file), and a file name;
+        Conflict while unfinished or, for .npy and Parquet, with rows missing. The
+        stream reads its chunks in sessions of its own and their parts from the file
+        store, one at a time."""
         session = self.database.session()
         batch = progress.get(session, tenant.id, batch_id)
         card = self._repository.card(batch.model, batch.model_version)
@@ -158,6 +160,10 @@ class BatchOperations:
         chunks = results.chunks(self.database.sessionmaker, self._store, batch.id)
         name = f"batch-{batch.id}"
         self.database.end_reads()  # the stream holds no connection while a client reads
+        if fmt in openai_format.FILES:  # OpenAI's output or error file
+            endpoint = (batch.openai or {}).get("endpoint", "")
+            errors = fmt == openai_format.ERRORS
+            return openai_format.output(batch.model, endpoint, chunks, errors), name + ".jsonl"
         if fmt == results.NPY:
             names = results.numeric_outputs(card, output)
             return results.npy(names, counted.rows_done, chunks), name + ".npy"
@@ -183,7 +189,7 @@ class BatchOperations:
         try:
             cut = self._cut(batch)
         except (readers.BadRows, UnknownModel) as exc:
-            code = "model_unavailable" if isinstance(exc, UnknownModel) else "invalid_input"
+            code = "model_unavailable" if isinstance(exc, UnknownModel) else exc.code
             self._fail(batch.id, code, str(exc))
             self._settle([batch.id])
             return f"failed: {exc}"
@@ -215,14 +221,14 @@ class BatchOperations:
                 self.database.sessionmaker, self._store, held, card, file, batch, row
             )
             self.database.end_reads()
-            for arrays in parts:
+            for cut in parts:
                 step = partial(
                     splitting.cut_chunk, store=self._store, batch=batch, place=(index, row),
-                    arrays=arrays, inline=card.generation is not None,
+                    cut=cut, inline=card.generation is not None,
                 )  # fmt: skip
                 if not self._step(batch, step):
                     return None
-                index, row = index + 1, row + len(next(iter(arrays.values())))
+                index, row = index + 1, row + splitting.cut_rows(cut)
         return row, index
 
     def _step(self, batch: Batch, step: Callable[[Session], bool]) -> bool:

@@ -15,6 +15,13 @@ from typing import Any
 from sqlalchemy.orm import undefer
 
 from app.cards import ModelCard
+from app.generation.openai_objects import (
+    BadField,
+    CompletionShape,
+    completion_request,
+    error_object,
+    streaming,
+)
 from app.generation.pieces import Followed, follow
 from app.jobs.representation import stored_outputs
 from app.jobs.tables import TERMINAL_STATUSES, Job
@@ -24,6 +31,10 @@ from app.operations.submission import Submitter
 from app.platform.database import Database
 from app.repository.registry import ModelRepository
 from app.tenancy.keys import TenantRef
+
+__all__ = [
+    "BadField", "CompletionShape", "Completions", "completion_request", "error_object", "streaming",
+]  # fmt: skip
 
 
 class Completions:

@@ -5,6 +5,7 @@ deleted once nothing reads them. Each change is one unit of work."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
@@ -66,6 +67,18 @@ class FileOperations:
 
     def list_files(self, tenant: TenantRef) -> list[File]:
         return files.list_files(self.database.session(), tenant.id)
+
+    def head(self, tenant: TenantRef, file_id: uuid.UUID) -> tuple[File, bytes]:
+        """The upload and its first MiB (to check its first rows by)."""
+        session = self.database.session()
+        file = files.get(session, tenant.id, file_id)
+        return file, files.head(session, self._store, file)
+
+    def content(self, tenant: TenantRef, file_id: uuid.UUID) -> Iterator[bytes]:
+        """The upload's bytes, streamed with no connection held while a client reads."""
+        file = files.get(self.database.session(), tenant.id, file_id)
+        self.database.end_reads()
+        return files.parts(self.database.sessionmaker, self._store, file)
 
     @transactional
     def delete(self, tenant: TenantRef, file_id: uuid.UUID) -> None:

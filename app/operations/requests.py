@@ -95,6 +95,8 @@ class BatchRequest:
     inputs: Any = None
     file_id: uuid.UUID | None = None
     webhook: Webhook | None = None
+    # A file in OpenAI's Batch format: OpenAI's fields (endpoint, input_file_id, metadata).
+    openai: dict[str, Any] | None = None
 
 
 class ScheduleInput(TypedDict, total=False):

@@ -43,6 +43,7 @@ def register_api(app: Flask) -> None:
         jobs,
         model_repository,
         openai,
+        openai_batches,
         schedules,
         streams,
         usage,
@@ -83,6 +84,7 @@ def register_api(app: Flask) -> None:
     app.register_blueprint(status.pages)
     # The OpenAI-compatible door (/v1), described by OpenAI's reference, not ours.
     app.register_blueprint(openai.blp)
+    app.register_blueprint(openai_batches.blp)
     # Swagger UI's JavaScript and CSS from the installed package, not a CDN.
     app.register_blueprint(
         Blueprint(

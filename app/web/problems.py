@@ -15,6 +15,7 @@ from flask import Flask, Response, json, request
 from werkzeug.exceptions import HTTPException
 
 from app.errors import DeadlinePassed, DomainError, InferenceFailed
+from app.operations.completions import error_object
 from app.web.problem_types import PROBLEM_JSON, PROBLEM_TYPES, status_of
 
 _STATUS_CODES = {
@@ -83,16 +84,7 @@ def openai_error(problem: Problem) -> dict[str, Any]:
     param = problem.extra.get("param")
     if param is None and isinstance(errors, dict) and errors:
         param = next(iter(errors))
-    kind = (
-        "authentication_error" if problem.status == 401
-        else "permission_error" if problem.status == 403
-        else "not_found_error" if problem.status == 404
-        else "rate_limit_error" if problem.status == 429
-        else "server_error" if problem.status >= 500
-        else "invalid_request_error"
-    )  # fmt: skip
-    code = problem.code.replace("-", "_")
-    return {"error": {"message": problem.detail, "type": kind, "param": param, "code": code}}
+    return error_object(problem.status, problem.code, problem.detail, param)
 
 
 def problem_from_http_exception(exc: HTTPException) -> Problem:

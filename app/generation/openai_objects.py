@@ -1,0 +1,161 @@
+"""OpenAI's objects for a generation: a request body read as a job's, and the
+answer as OpenAI's `chat.completion` / `text_completion` (whole or in chunks) and
+its error object.
+
+One place for both the OpenAI-compatible door (app.web.openai) and the batch
+lines of OpenAI's Batch format (app.batches.openai_format), so an answer in a
+batch's output file is the body the door would have sent for the same line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+# OpenAI's fields that map onto the job's parameters.
+_SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop")
+# Fields OpenAI's clients may send that change nothing here at these values.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False,),
+    "user": (), "stream_options": (), "parallel_tool_calls": (), "store": (False,),
+    "metadata": (), "service_tier": ("auto", "default"),
+}  # fmt: skip
+_KNOWN = {"model", "messages", "prompt", "stream", "max_tokens", "max_completion_tokens",
+          *_SAMPLING, *_NEUTRAL}  # fmt: skip
+
+
+class BadField(ValueError):
+    """A field OpenAI's API has that this service refuses (a door answers 400)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param, self.message = param, message
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A body as a job's request: the model, the inputs, the sampling parameters."""
+
+    model: str
+    inputs: dict[str, Any]
+    parameters: dict[str, Any]
+
+
+def completion_inputs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """The job's inputs: a chat's `messages`, or a text completion's one `prompt`."""
+    if chat:
+        return {"messages": body.get("messages")}
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return {"prompt": prompt}
+
+
+def completion_request(body: dict[str, Any], chat: bool) -> CompletionRequest:
+    """The job of a body; BadField names a field this service does not take (the
+    inputs and parameters are checked against the model by the job's own checks)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadField("model", "expected the name of a model (GET /v1/models lists them)")
+    for name, value in body.items():
+        if name not in _KNOWN:
+            raise BadField(name, "is not supported by this service")
+        allowed = _NEUTRAL.get(name)
+        if allowed and value is not None and value not in allowed:
+            raise BadField(name, f"only {allowed[0]!r} is supported")
+    parameters = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        parameters["max_tokens"] = max_tokens
+    return CompletionRequest(model, completion_inputs(body, chat), parameters)
+
+
+def streaming(body: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether to stream, and whether the stream ends with a usage chunk."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadField("stream", "expected true or false")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not set(options) <= {"include_usage"}:
+        raise BadField("stream_options", 'expected {"include_usage": true|false}')
+    return stream, bool(options.get("include_usage"))
+
+
+def error_object(status: int, code: str, message: str, param: str | None) -> dict[str, Any]:
+    """OpenAI's error object (`{"error": {...}}`) for an answer of this HTTP status."""
+    kind = (
+        "authentication_error" if status == 401
+        else "permission_error" if status == 403
+        else "not_found_error" if status == 404
+        else "rate_limit_error" if status == 429
+        else "server_error" if status >= 500
+        else "invalid_request_error"
+    )  # fmt: skip
+    code = code.replace("-", "_")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class CompletionShape:
+    """OpenAI's objects for one call: chat or text, whole or in chunks. `created`:
+    when the answer was made (now, by default)."""
+
+    def __init__(
+        self, job_id: uuid.UUID, model: str, chat: bool, created: int | None = None
+    ) -> None:
+        self.id, self.model, self.chat = str(job_id), model, chat
+        self.created = int(time.time()) if created is None else created
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def reason(final: dict[str, Any]) -> str:
+        reason = final.get("finish_reason") or "stop"
+        return "length" if reason in ("length", "time_limit") else "stop"
+
+    @staticmethod
+    def usage(final: dict[str, Any]) -> dict[str, int]:
+        usage = final.get("usage") or {}
+        return {k: int(usage.get(k, 0)) for k in
+                ("prompt_tokens", "completion_tokens", "total_tokens")}  # fmt: skip
+
+    @staticmethod
+    def succeeded(final: dict[str, Any]) -> bool:
+        return final.get("status") in ("succeeded", "cancelled")
+
+    def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]:
+        """The whole answer of a call that succeeded (or was cancelled: its text so far)."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": self.reason(final)}  # fmt: skip
+            kind = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": self.reason(final)}  # fmt: skip
+            kind = "text_completion"
+        return {**self._head(kind), "choices": [choice], "usage": self.usage(final)}
+
+    def chunk(self, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None,
+                  "finish_reason": reason}  # fmt: skip
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, final: dict[str, Any]) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(kind), "choices": [], "usage": self.usage(final)}
+
+    def error(self, final: dict[str, Any]) -> dict[str, Any]:
+        """A stream's error event for a generation that failed."""
+        message = final.get("error") or f"the generation ended {final.get('status')}"
+        return {"message": f"job {self.id}: {message}", "type": "server_error",
+                "param": None, "code": final.get("status")}  # fmt: skip
+
+    @staticmethod
+    def sse(data: dict[str, Any]) -> str:
+        return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
