@@ -1,10 +1,11 @@
 """The RPCs this server answers, each a translation onto one operation.
 
-Health and server metadata are open; model metadata is open too, and a key,
-when sent, shows what its tenant is granted (as on the HTTP door); inference
-needs a tenant's key. Every inference request is a job with its record,
-exactly as a call on `/v2/models/<m>/infer`: `GET /jobs/<id>` and `/usage`
-show it, and its id comes back in the response's `parameters["job_id"]`.
+Health and server metadata are open; model metadata and configuration are open
+too, and a key, when sent, shows what its tenant is granted (as on the HTTP
+door); inference and statistics (the tenant's own) need a tenant's key. Every
+inference request is a job with its record, exactly as a call on
+`/v2/models/<m>/infer`: `GET /jobs/<id>` and `/usage` show it, and its id comes
+back in the response's `parameters["job_id"]`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from app.container import Container
 from app.errors import Unavailable, UnknownModel
@@ -23,17 +25,11 @@ from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.generated import model_config_pb2 as config_pb
 from app.grpc.stream import CallStream, open_streams
 from app.operations import Caller, TenantRef
-from app.operations.models import PUBLIC, ModelCard
+from app.operations.models import PUBLIC
+from app.operations.triton import EXTENSIONS
 
 SERVER_NAME = "inference-jobs"
 SERVER_VERSION = "0.1.0"
-
-_CONFIG_TYPES = {
-    "BOOL": config_pb.TYPE_BOOL, "UINT8": config_pb.TYPE_UINT8, "INT8": config_pb.TYPE_INT8,
-    "INT16": config_pb.TYPE_INT16, "INT32": config_pb.TYPE_INT32, "INT64": config_pb.TYPE_INT64,
-    "FP16": config_pb.TYPE_FP16, "FP32": config_pb.TYPE_FP32, "FP64": config_pb.TYPE_FP64,
-    "BYTES": config_pb.TYPE_STRING,
-}  # fmt: skip
 
 
 class Servicer:
@@ -51,6 +47,7 @@ class Servicer:
             "ModelReady": Rpc(self.model_ready, Access.OPTIONAL),
             "ModelMetadata": Rpc(self.model_metadata, Access.OPTIONAL),
             "ModelConfig": Rpc(self.model_config, Access.OPTIONAL),
+            "ModelStatistics": Rpc(self.model_statistics, Access.TENANT),
             "ModelInfer": Rpc(self.model_infer, Access.TENANT),
             "ModelStreamInfer": Rpc(self.model_stream_infer, Access.TENANT),
         }
@@ -73,7 +70,9 @@ class Servicer:
     def server_metadata(
         self, _request: Any, _context: Any, _caller: Any
     ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=[])
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS
+        )
 
     def model_ready(
         self, request: pb.ModelReadyRequest, _context: Any, caller: Caller | None
@@ -101,8 +100,21 @@ class Servicer:
     def model_config(
         self, request: pb.ModelConfigRequest, _context: Any, caller: Caller | None
     ) -> pb.ModelConfigResponse:
-        card = self.models.model(_visibility(caller), request.name, request.version or None)
-        return pb.ModelConfigResponse(config=_config(card))
+        config = self.models.model_config(
+            _visibility(caller), request.name, request.version or None
+        )
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, config_pb.ModelConfig()))
+
+    def model_statistics(
+        self, request: pb.ModelStatisticsRequest, _context: Any, caller: Caller | None
+    ) -> pb.ModelStatisticsResponse:
+        """The calling tenant's own statistics (its jobs only); without a name, of
+        every model it may see."""
+        with self.container.scope():
+            found = self.models.statistics(
+                _tenant(caller), request.name or None, request.version or None
+            )
+        return json_format.ParseDict(found, pb.ModelStatisticsResponse())
 
     # -- inference ---------------------------------------------------------------
 
@@ -141,32 +153,3 @@ def _visibility(caller: Caller | None) -> str | None:
     if caller is None:
         return PUBLIC
     return caller.tenant.name if caller.tenant else None
-
-
-def _config(card: ModelCard) -> config_pb.ModelConfig:
-    """Triton's model configuration for `card`: with a batch dimension, the
-    dims leave it out (Triton's convention) and max_batch_size says its bound."""
-    batching = card.batching.max_batch_size
-    skip = 1 if batching > 0 else 0
-    config = config_pb.ModelConfig(
-        name=card.name,
-        platform=card.platform,
-        backend="onnxruntime",
-        max_batch_size=batching,
-        input=[
-            config_pb.ModelInput(
-                name=s.name, data_type=_CONFIG_TYPES[s.datatype], dims=s.shape[skip:]
-            )
-            for s in card.inputs
-        ],
-        output=[
-            config_pb.ModelOutput(
-                name=s.name, data_type=_CONFIG_TYPES[s.datatype], dims=s.shape[skip:]
-            )
-            for s in card.outputs
-        ],
-    )
-    if batching > 0:
-        delay_us = int(card.batching.max_queue_delay_ms * 1000)
-        config.dynamic_batching.max_queue_delay_microseconds = delay_us
-    return config

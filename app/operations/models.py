@@ -7,17 +7,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.cards import ModelCard, TensorSpec
 from app.errors import TooLarge, Unavailable
+from app.jobs.statistics import model_statistics
+from app.operations import triton
 from app.platform.database import Database, transactional
 from app.repository import control, intake
 from app.repository.bundled import ensure_models
 from app.repository.intake import Added, check_ref
 from app.repository.registry import PUBLIC, ModelRepository, VersionStatus
 from app.repository.states import READY, State, set_states
+from app.tenancy.keys import TenantRef
 
 __all__ = [
     "PUBLIC",
@@ -58,6 +62,39 @@ class ModelOperations:
                 f"model {card.ref} is not ready: {card.onnx_path.name} is missing", retry_after=5
             )
         return card
+
+    def model_config(
+        self, tenant: str | None, name: str, version: str | None = None
+    ) -> dict[str, Any]:
+        """Triton's model configuration of the card the caller may see, as Triton's
+        JSON (both KServe doors answer it; `app.operations.triton`)."""
+        return triton.model_config(self.model(tenant, name, version))
+
+    def statistics(
+        self, tenant: TenantRef, name: str | None = None, version: str | None = None
+    ) -> dict[str, Any]:
+        """Triton's statistics (`{"model_stats": [...]}`) of every serving version of
+        every model the tenant may see, of `name`'s versions, or of `name` at
+        `version`: counted from this tenant's jobs only, never another tenant's
+        (`app.jobs.statistics`), in one query. A model the tenant may not see is
+        UnknownModel, as for its metadata."""
+        if name is None:
+            cards = self.repository.all(tenant.name)
+            version = None
+        elif version is None:
+            self.model(tenant.name, name)  # UnknownModel first, as for its metadata
+            cards = [self.model(tenant.name, name, v) for v in self.repository.versions(name)]
+        else:
+            cards = [self.model(tenant.name, name, version)]
+        figures = model_statistics(
+            self.database.session(), tenant.id, sorted({c.name for c in cards}), version
+        )
+        return {
+            "model_stats": [
+                triton.model_statistics(card, figures.get((card.name, card.version)))
+                for card in cards
+            ]
+        }
 
     def built(self) -> str:
         """`ok` when at least one model is built, else what to do (readiness)."""

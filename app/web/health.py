@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.operations.triton import EXTENSIONS
 from app.web.blueprint import Blueprint
 from app.web.context import services
 from app.web.problems import PROBLEM_TYPES, Problem
@@ -15,9 +16,9 @@ SERVER_VERSION = "0.1.0"
 
 
 @blp.get("/v2")
-@blp.response(200, description="KServe v2 server metadata")
+@blp.response(200, description="KServe v2 server metadata, naming Triton's extensions served")
 def server_metadata() -> dict[str, Any]:
-    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": []}
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
 
 
 @blp.get("/v2/health/live")

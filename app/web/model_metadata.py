@@ -1,14 +1,20 @@
-"""Model metadata: our /models listing and KServe v2 (Open Inference Protocol)."""
+"""Model metadata: our /models listing and KServe v2 (Open Inference Protocol), with
+Triton's model configuration and statistics extensions."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from app.operations.models import ModelCard
-from app.web.auth import optional_tenant
+from app.web.auth import authenticated, current_tenant, optional_tenant
 from app.web.blueprint import Blueprint
 from app.web.context import services
-from app.web.record_schemas import ModelListSchema, ModelMetadataSchema
+from app.web.record_schemas import (
+    ModelConfigSchema,
+    ModelListSchema,
+    ModelMetadataSchema,
+    ModelStatisticsSchema,
+)
 
 blp = Blueprint("models", __name__, description="Models served")
 
@@ -49,6 +55,29 @@ def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
     """Answers by status, as KServe clients read it: 200 only when ready."""
     card = services().models.model_ready(optional_tenant(), name, version)
     return {"name": card.name, "version": card.version, "ready": True}
+
+
+@blp.get("/v2/models/<name>/config")
+@blp.get("/v2/models/<name>/versions/<version>/config")
+@blp.response(200, ModelConfigSchema)
+@blp.alt_response(404, response="NOT_FOUND", description="Unknown model or version")
+def model_config(name: str, version: str | None = None) -> dict[str, Any]:
+    """Triton's model configuration, as its JSON (what gRPC ModelConfig answers)."""
+    return services().models.model_config(optional_tenant(), name, version)
+
+
+@blp.get("/v2/models/stats")
+@blp.get("/v2/models/<name>/stats")
+@blp.get("/v2/models/<name>/versions/<version>/stats")
+@blp.response(200, ModelStatisticsSchema)
+@blp.alt_response(404, response="NOT_FOUND", description="Unknown model or version")
+@authenticated
+def model_statistics(name: str | None = None, version: str | None = None) -> dict[str, Any]:
+    """Triton's statistics extension, counted from your own jobs only (never another
+    tenant's): per serving version of every model you may use, of the model, or of
+    the version. compute_input and compute_output are not measured apart from
+    compute_infer: their ns is 0; execution_count counts requests, not micro-batches."""
+    return services().models.statistics(current_tenant(), name, version)
 
 
 def _v2_metadata(card: ModelCard) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Response (and query) schemas of what the service keeps and reports beside jobs:
-model metadata, dead letters, webhook deliveries and usage."""
+model metadata, configuration and statistics, dead letters, webhook deliveries
+and usage."""
 
 from __future__ import annotations
 
@@ -22,6 +23,63 @@ class ModelMetadataSchema(Schema):
     platform = fields.String()
     inputs = fields.List(fields.Nested(TensorMetadataSchema))
     outputs = fields.List(fields.Nested(TensorMetadataSchema))
+
+
+class ConfigTensorSchema(Schema):
+    name = fields.String()
+    data_type = fields.String(metadata={"example": "TYPE_FP32"})
+    dims = fields.List(fields.Integer(), metadata={"description": "without the batch dimension"})
+
+
+class ModelConfigSchema(Schema):
+    """Triton's model configuration (its protobuf message as JSON)."""
+
+    name = fields.String()
+    platform = fields.String()
+    backend = fields.String()
+    max_batch_size = fields.Integer()
+    input = fields.List(fields.Nested(ConfigTensorSchema))
+    output = fields.List(fields.Nested(ConfigTensorSchema))
+    dynamic_batching = fields.Dict()
+    model_transaction_policy = fields.Dict(
+        metadata={"description": "`decoupled: true` for generative models"}
+    )
+
+
+class DurationSchema(Schema):
+    count = fields.Integer()
+    ns = fields.Integer(metadata={"description": "cumulative nanoseconds"})
+
+
+class InferStatisticsSchema(Schema):
+    success = fields.Nested(DurationSchema)
+    fail = fields.Nested(DurationSchema)
+    queue = fields.Nested(DurationSchema)
+    compute_input = fields.Nested(DurationSchema)
+    compute_infer = fields.Nested(DurationSchema)
+    compute_output = fields.Nested(DurationSchema)
+    cache_hit = fields.Nested(DurationSchema)
+    cache_miss = fields.Nested(DurationSchema)
+
+
+class ModelStatSchema(Schema):
+    """One model version's statistics, from your own jobs."""
+
+    name = fields.String()
+    version = fields.String()
+    last_inference = fields.Integer(metadata={"description": "ms since the epoch; 0: none"})
+    inference_count = fields.Integer()
+    execution_count = fields.Integer()
+    inference_stats = fields.Nested(InferStatisticsSchema)
+    response_stats = fields.Dict()
+    batch_stats = fields.List(fields.Dict())
+    memory_usage = fields.List(fields.Dict())
+
+
+class ModelStatisticsSchema(Schema):
+    """Triton's statistics extension's answer."""
+
+    model_stats = fields.List(fields.Nested(ModelStatSchema))
 
 
 class ModelSummarySchema(Schema):

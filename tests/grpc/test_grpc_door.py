@@ -111,11 +111,11 @@ def test_model_metadata_config_and_readiness_follow_the_card(
 def test_rpcs_not_served_say_so(
     triton_client: triton.InferenceServerClient, tenant: TenantAuth
 ) -> None:
-    with pytest.raises(InferenceServerException) as statistics:
-        triton_client.get_inference_statistics("digits", headers=key_of(tenant))
-    assert code_of(statistics.value) == "StatusCode.UNIMPLEMENTED"
-    message = statistics.value.message()
-    assert "ModelStatistics is not supported" in message and "ModelInfer" in message
+    with pytest.raises(InferenceServerException) as trace:
+        triton_client.get_trace_settings(headers=key_of(tenant))
+    assert code_of(trace.value) == "StatusCode.UNIMPLEMENTED"
+    message = trace.value.message()
+    assert "TraceSetting is not supported" in message and "ModelStatistics" in message
     with pytest.raises(InferenceServerException) as shared_memory:
         triton_client.get_system_shared_memory_status(headers=key_of(tenant))
     assert code_of(shared_memory.value) == "StatusCode.UNIMPLEMENTED"
