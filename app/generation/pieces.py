@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
+
+from app.platform.database import database_unavailable
 
 CHANNEL_PREFIX = "inference:tokens:"
 FLUSH_S = 0.02
@@ -101,7 +104,10 @@ def follow(
     while the job runs, else the final message's fields (its status, finish
     reason, usage and output). A gap in the pieces' indexes (a lost message) holds
     the text back until the end, whose whole output fills it: what is yielded,
-    joined, is the output exactly. Gives up after `timeout_s` (TimeoutError)."""
+    joined, is the output exactly. Redis or the database away for a while (a
+    restart) is waited out: the messages lost meanwhile are such a gap, and the
+    record is read again at the next check. Gives up after `timeout_s`
+    (TimeoutError)."""
     pubsub = redis.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel(job_id))
     sent, expected, gap = "", 0, False
@@ -109,7 +115,11 @@ def follow(
     next_check = time.monotonic() + check_s
     try:
         while True:
-            message = pubsub.get_message(timeout=min(check_s, 0.5))
+            try:
+                message = pubsub.get_message(timeout=min(check_s, 0.5))
+            except RedisError:  # the next read connects again and subscribes anew
+                gap, message = True, None
+                time.sleep(min(check_s, 0.5))
             final: dict[str, Any] | None = None
             if message is not None and message.get("type") == "message":
                 data = orjson.loads(message["data"])
@@ -122,7 +132,12 @@ def follow(
                     yield Followed(data["text"])
             now = time.monotonic()
             if final is None and now >= next_check:
-                final, next_check = ended(), now + check_s
+                next_check = now + check_s
+                try:
+                    final = ended()
+                except Exception as exc:
+                    if not database_unavailable(exc):
+                        raise
             if final is not None:
                 output = final.get("output") or ""
                 rest = output[len(sent) :] if output.startswith(sent) else ""

@@ -125,13 +125,30 @@ class Generation:
             # see the new jobs only at its next timed claim (CLAIM_EVERY_S).
             self._dispatcher.pass_to_loop(model)
             return 0
+        loop = Loop(card, self.engine(card))
         try:
-            return self._loop(model, Loop(card, self.engine(card)), lock, token)
+            return self._loop(model, loop, lock, token)
+        except BaseException:
+            self._let_go(loop)
+            raise
         finally:
             if self._redis().get(lock) == token.encode():
                 self._redis().delete(lock)
             if self._claimable(model):
                 self._dispatcher.wake(model)
+
+    def _let_go(self, loop: Loop) -> None:
+        """A loop that failed (its database or Redis went away, or its task was
+        terminated) lets its jobs go: their leases stop being renewed, so they run
+        out and the sweep queues the jobs again, for a retry that goes on from
+        their recorded tokens; their slots are freed. Else this process would go on
+        renewing those leases, with nothing decoding the jobs, until the time limit."""
+        for running in loop.running.values():
+            running.leases.close()
+            loop.engine.cancel(running.job.id)
+            self.publisher.forget(running.job.id)
+        self.recorder.take(list(loop.running))  # text not recorded is made again
+        loop.running.clear()
 
     def _loop(self, model: str, loop: Loop, lock: str, token: str) -> int:
         started = time.monotonic()
