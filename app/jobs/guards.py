@@ -37,7 +37,11 @@ class Guards:
       entry's id) instead of making a second;
     - `dedupe`: a result is appended to its output log once, under a mark set in
       the same step, so a publisher that died before recording it does not append
-      it again.
+      it again;
+    - `resume`: a retried generation goes on from the tokens its earlier attempts
+      recorded, so none of its text is made, recorded or streamed twice (off: it
+      starts again from its prompt, and a follower of its events gets the text its
+      dead attempt recorded a second time).
     """
 
     claim: bool = True
@@ -49,6 +53,7 @@ class Guards:
     ack: bool = True
     redelivery: bool = True
     dedupe: bool = True
+    resume: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

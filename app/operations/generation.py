@@ -289,7 +289,9 @@ class Generation:
             lambda jobs: loop.overtime.update(j.id for j in jobs)))  # fmt: skip
         # A retry goes on from the tokens its earlier attempts recorded; the text they
         # made (recorded and sent already) is replayed into the text stream unsent.
-        made = self._recorded(job.id) if job.attempt > 1 else []
+        # (Only the fault suite turns the `resume` guard off: a retry starts afresh.)
+        resume = job.attempt > 1 and self.runner.guards.resume
+        made = self._recorded(job.id) if resume else []
         sequence = Sequence.resumed(job.id, prompt, made, request.sampling)
         running = Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,
                            prompt=prompt, joined=time.monotonic(), first=not made)  # fmt: skip

@@ -58,6 +58,9 @@ GUARDS_OFF_VARIABLE = "FAULTS_GUARDS_OFF"
 STREAM_ENTRY_POINT = "app.streams"
 GRPC_ENTRY_POINT = "app.grpc"
 FAULT_CONSUMER = "tests.faults.consumer"
+# A worker given this variable (a file's path) runs from the suite's entry point, which
+# stages crashes in its decode loop at the point the file names (tests.faults.decode_crash).
+DECODE_CRASH_VARIABLE = "FAULTS_DECODE_CRASH_FILE"
 STREAM_FAST = {"STREAMS_REFRESH_SECONDS": "0.2", "STREAMS_CLAIM_IDLE_SECONDS": "1.5"}
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -119,6 +122,10 @@ class Tally:
     illegal_transitions: int = 0
     recovery_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    # Generation scenarios: tokens the streams followed got twice, or never (None:
+    # the scenario follows no stream).
+    duplicate_tokens: int | None = None
+    missing_tokens: int | None = None
 
 
 class Service:
@@ -223,11 +230,11 @@ class FaultStack:
 
     # Processes -----------------------------------------------------------------
     def start_worker(self, name: str = "worker", concurrency: int = 2, **env: str) -> Service:
-        """`env`: variables this worker alone gets (a URL through a proxy the test cuts)."""
+        """`env`: variables this worker alone gets (a URL through a proxy the test cuts,
+        DECODE_CRASH_VARIABLE)."""
         hostname = f"{name}-{uuid.uuid4().hex[:6]}@%h"
-        args = worker_command(
-            "inference", concurrency, hostname, *QUIET_WORKER, app=self.entry_point
-        )
+        entry_point = FAULT_ENTRY_POINT if DECODE_CRASH_VARIABLE in env else self.entry_point
+        args = worker_command("inference", concurrency, hostname, *QUIET_WORKER, app=entry_point)
         service = Service(name, args, {**self.env, **env}, self.root).start()
         service.wait_for_log(b" ready.")
         self.services[name] = service

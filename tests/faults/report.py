@@ -65,6 +65,23 @@ back to the next due one whenever nothing is in flight); neither has a guard
 to switch off: every time is PostgreSQL's `now()`. **19** empties Redis during
 a 10 s burst of submits.
 
+Scenarios 20-23 (`tests/faults/test_faults_generation.py`) follow generations
+of the chat model (`smollm2`, greedy, 64 tokens) through a fault, each call
+twice: as a client of the OpenAI-compatible door streams it, and by its job's
+event stream (`GET /jobs/<id>/events`, connecting again with `Last-Event-ID`
+after every cut). **dup. tokens** and **missing tokens** add up, over every
+stream followed, the tokens it got twice and those it never got against an
+uninterrupted run of the same call (in the model's tokens; empty where a
+scenario follows no stream). **20** SIGKILLs the worker child at staged points
+of its decode loop (`tests/faults/decode_crash.py`): in a prompt's prefill while
+another generation decodes, in a decode call, right after recording a piece
+not yet published. **21** kills Redis under 16 streaming calls and restarts it
+from its AOF 2 s later; **22** cuts one call's event stream ten times, its
+worker child killed once meanwhile; **23** stops PostgreSQL (immediate) for 3 s
+under four calls. Their guard, `resume`: a retried generation goes on from the
+tokens its dead attempt recorded; off, it starts again from its prompt and its
+event stream sends the text recorded before the fault twice.
+
 Timings: leases 1.5 s, sweeps every 0.5 s, republish after 3 s, retry backoff
 0.2-1 s, consumers claim entries idle for 1.5 s (the production defaults are
 60 s, 5 s, 60 s, 2-300 s and 30 s).
@@ -81,16 +98,32 @@ def order(scenario: str) -> tuple[int, str]:
     return (int(number) if number.isdigit() else 0, scenario)
 
 
+TABLE_CELLS, README_CELLS = 13, 10
+TOKEN_CELLS = 2  # dup. tokens, missing tokens: just before recovery, newer than the rest
+
+
 def earlier_rows(text: str, cells: int) -> dict[tuple[str, str], str]:
     """The table rows of an earlier run (`cells` columns), by (scenario, guard); the
-    README's short table has no guard column: its rows are keyed (scenario, "on")."""
+    README's short table has no guard column: its rows are keyed (scenario, "on").
+    A row written before the token columns gets them empty."""
     rows: dict[tuple[str, str], str] = {}
     for line in text.splitlines():
         found = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not line.startswith("| ") or len(found) != cells or found[0] == "scenario":
+        if not line.startswith("| ") or found[0] == "scenario":
             continue
-        rows[(found[0], found[1] if cells == 11 else "on")] = line
+        if len(found) == cells - TOKEN_CELLS:
+            recovery = len(found) - (2 if cells == TABLE_CELLS else 1)
+            found[recovery:recovery] = [""] * TOKEN_CELLS
+            line = "| " + " | ".join(found) + " |"
+        if len(found) != cells:
+            continue
+        rows[(found[0], found[1] if cells == TABLE_CELLS else "on")] = line
     return rows
+
+
+def _tokens(t: Tally) -> str:
+    """The token cells: empty where the scenario followed no generation's stream."""
+    return " | ".join("" if n is None else str(n) for n in (t.duplicate_tokens, t.missing_tokens))
 
 
 def _carried(kept: dict[tuple[str, str], str]) -> list[str]:
@@ -105,7 +138,7 @@ def write(path: Path) -> None:
     out (a selection with -k) are kept from the file as it was."""
     if not TALLIES:
         return
-    kept = earlier_rows(path.read_text(), 11) if path.exists() else {}
+    kept = earlier_rows(path.read_text(), TABLE_CELLS) if path.exists() else {}
     kept = {key: row for key, row in kept.items() if key not in TALLIES}
     lines = [
         INTRO,
@@ -114,8 +147,8 @@ def write(path: Path) -> None:
         "",
         *_carried(kept),
         "| scenario | guard | jobs | acknowledged | completed | lost | dup. exec. | "
-        "dup. results | illegal | recovery (s) | notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "dup. results | illegal | dup. tokens | missing tokens | recovery (s) | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     rows = dict(kept)
     for t in TALLIES.values():
@@ -123,7 +156,7 @@ def write(path: Path) -> None:
         rows[(t.scenario, t.guard)] = (
             f"| {t.scenario} | {t.guard} | {t.jobs} | {t.acknowledged} | {t.completed} | "
             f"{t.lost} | {t.duplicate_executions} | {t.duplicate_results} | "
-            f"{t.illegal_transitions} | {recovery} | {'; '.join(t.notes)} |"
+            f"{t.illegal_transitions} | {_tokens(t)} | {recovery} | {'; '.join(t.notes)} |"
         )
     for key in sorted(rows, key=lambda k: (order(k[0]), k[1] != "on", k[1])):
         lines.append(rows[key])
@@ -144,15 +177,15 @@ def write_readme(readme: Path) -> None:
     if start < 0 or end < 0:
         return
     ran = {t.scenario for t in TALLIES.values() if t.guard == "on"}
-    kept = earlier_rows(text[start:end], 8)
+    kept = earlier_rows(text[start:end], README_CELLS)
     kept = {key: row for key, row in kept.items() if key[0] not in ran}
     rows = [
         f"Last run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, every guard on:",
         "",
         *_carried(kept),
         "| scenario | jobs | completed | lost | dup. exec. | dup. results | illegal "
-        "| recovery (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| dup. tokens | missing tokens | recovery (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     table = {scenario: row for (scenario, _), row in kept.items()}
     for t in TALLIES.values():
@@ -161,7 +194,7 @@ def write_readme(readme: Path) -> None:
         recovery = "" if t.recovery_s is None else f"{t.recovery_s:g}"
         table[t.scenario] = (
             f"| {t.scenario} | {t.jobs} | {t.completed} | {t.lost} | {t.duplicate_executions} | "
-            f"{t.duplicate_results} | {t.illegal_transitions} | {recovery} |"
+            f"{t.duplicate_results} | {t.illegal_transitions} | {_tokens(t)} | {recovery} |"
         )
     rows += [table[scenario] for scenario in sorted(table, key=order)]
     block = "\n".join([README_BEGIN, *rows, README_END])

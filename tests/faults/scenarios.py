@@ -39,13 +39,15 @@ def slow(seconds: float) -> dict[str, Any]:
 
 
 def check(tally: Tally, guarded: bool, failure: Callable[[Tally], bool]) -> None:
-    """Records the tally; with the guard on nothing may be lost, doubled or illegal,
-    with it off `failure` must hold (the scenario shows what the guard prevents)."""
+    """Records the tally; with the guard on nothing may be lost, doubled or illegal
+    (no job, result or streamed token), with it off `failure` must hold (the
+    scenario shows what the guard prevents)."""
     record(tally)
     if guarded:
         assert tally.lost == 0, tally
         assert tally.duplicate_results == 0 and tally.illegal_transitions == 0, tally
         assert tally.completed == tally.acknowledged, tally
+        assert not tally.duplicate_tokens and not tally.missing_tokens, tally
     else:
         assert failure(tally), f"with its guard off the scenario should fail: {tally}"
 
