@@ -1,7 +1,8 @@
 """A generation's text as it is made, from the worker to whoever follows the job, over
 Redis pub/sub (channel `inference:tokens:<job id>`).
 
-A message is one JSON object: `{"index": n, "text": "...", "tokens": k}` for a
+A message is one JSON object: `{"index": n, "at": i, "text": "...", "tokens": k}`
+(`at`: where the text begins in the job's output) for a
 piece (a few tokens, coalesced: the worker flushes a job's text at most every
 FLUSH_S or every FLUSH_TOKENS tokens, all due jobs in one pipeline per decode
 step), and a last one, sent after the job's record is committed, with
@@ -39,6 +40,7 @@ class _Pending:
     text: str = ""
     tokens: int = 0
     index: int = 0
+    at: int = 0  # where `text` begins in the job's output
     since: float = field(default_factory=time.monotonic)
 
 
@@ -48,6 +50,12 @@ class PiecePublisher:
     def __init__(self, redis: Callable[[], Any]) -> None:
         self._redis = redis
         self._pending: dict[uuid.UUID, _Pending] = {}
+
+    def start(self, job_id: uuid.UUID, at: int) -> None:
+        """A retried job's text goes on from `at` characters of its output (what its
+        earlier attempts recorded): each piece says where it begins, so a follower
+        that had more of it skips what it already has."""
+        self._pending[job_id] = _Pending(at=at)
 
     def add(self, job_id: uuid.UUID, text: str) -> None:
         pending = self._pending.setdefault(job_id, _Pending())
@@ -66,9 +74,11 @@ class PiecePublisher:
             first = pending.index == 0
             due = first or now - pending.since >= FLUSH_S or pending.tokens >= FLUSH_TOKENS
             if pending.text and (due or job_id in finals):
-                piece = {"index": pending.index, "text": pending.text, "tokens": pending.tokens}
+                piece = {"index": pending.index, "at": pending.at, "text": pending.text,
+                         "tokens": pending.tokens}  # fmt: skip
                 messages.append((channel(job_id), orjson.dumps(piece)))
                 pending.index += 1
+                pending.at += len(pending.text)
                 pending.text, pending.tokens = "", 0
         for job_id, final in finals.items():
             index = self._pending.pop(job_id, _Pending()).index
@@ -102,15 +112,17 @@ def follow(
 ) -> Iterator[Followed]:
     """The job's text as it comes, then its end. `ended()` reads the record: None
     while the job runs, else the final message's fields (its status, finish
-    reason, usage and output). A gap in the pieces' indexes (a lost message) holds
-    the text back until the end, whose whole output fills it: what is yielded,
-    joined, is the output exactly. Redis or the database away for a while (a
+    reason, usage and output). Each piece says where it begins in the output: one
+    that overlaps what was passed on (a retry going on from what its dead attempt
+    recorded, which may be less than it published) gives only its new end; a gap
+    (a lost message) holds the text back until the end, whose whole output fills
+    it: what is yielded, joined, is the output exactly. Redis or the database away for a while (a
     restart) is waited out: the messages lost meanwhile are such a gap, and the
     record is read again at the next check. Gives up after `timeout_s`
     (TimeoutError)."""
     pubsub = redis.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel(job_id))
-    sent, expected, gap = "", 0, False
+    sent, gap = "", False
     deadline = time.monotonic() + timeout_s
     next_check = time.monotonic() + check_s
     try:
@@ -123,13 +135,14 @@ def follow(
             final: dict[str, Any] | None = None
             if message is not None and message.get("type") == "message":
                 data = orjson.loads(message["data"])
-                gap = gap or data["index"] != expected
-                expected = data["index"] + 1
                 if data.get("final"):
                     final = data
                 elif not gap:
-                    sent += data["text"]
-                    yield Followed(data["text"])
+                    new = _beyond(sent, data.get("at", len(sent)), data["text"])
+                    gap = new is None
+                    if new:
+                        sent += new
+                        yield Followed(new)
             now = time.monotonic()
             if final is None and now >= next_check:
                 next_check = now + check_s
@@ -147,3 +160,11 @@ def follow(
                 raise TimeoutError(f"job {job_id} did not finish within {timeout_s:g} s")
     finally:
         pubsub.close()
+
+
+def _beyond(sent: str, at: int, text: str) -> str | None:
+    """What of a piece beginning at `at` is new after `sent`; None when it leaves a
+    gap, or disagrees with what was sent (a retry that sampled otherwise)."""
+    if at > len(sent) or sent[at:] != text[: len(sent) - at]:
+        return None
+    return text[len(sent) - at :]

@@ -261,3 +261,21 @@ def hand_back(session: Session, jobs: list[ClaimedJob]) -> set[uuid.UUID]:
     )
     params = {"ids": [str(j.id) for j in jobs], "attempts": [j.attempt for j in jobs]}
     return {r.id for r in session.execute(statement, params)}
+
+
+def cancel_requested(connection: Any, job_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Those of these jobs whose cancellation was asked for (a running decode
+    loop's look, between steps)."""
+    found = connection.execute(
+        text("SELECT id FROM jobs WHERE id = ANY(CAST(:ids AS uuid[])) "
+             "AND cancel_requested_at IS NOT NULL"), {"ids": [str(i) for i in job_ids]},
+    ).scalars()  # fmt: skip
+    return [uuid.UUID(str(job_id)) for job_id in found]
+
+
+def any_queued(connection: Any, model: str) -> bool:
+    """Whether a job of `model` is queued (a loop that ends wakes the next for it)."""
+    statement = text(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE model = :model AND status = 'queued')"
+    )
+    return bool(connection.execute(statement, {"model": model}).scalar())

@@ -32,8 +32,6 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
-from sqlalchemy import text
-
 from app.cards import ModelCard
 from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
@@ -300,6 +298,8 @@ class Generation:
             self.meter.charge(job, loop.card.name, "prompt", len(prompt))
         for token in made:
             running.text.add(token)
+        if made:
+            self.publisher.start(job.id, len(running.text.text))
         if made and len(made) >= request.sampling.max_tokens:
             sequence.finish_reason = "length"  # all made; the finish was not written
             return self._end(loop, [running])
@@ -378,17 +378,11 @@ class Generation:
             self.recorder.add(running.job.id, running.job.attempt, tail, None, time.monotonic())
 
     def _cancels(self, loop: Loop) -> int:
-        ids = [str(job_id) for job_id in loop.running]
         with self.database.separate_core_unit_of_work() as connection:
-            cancelled = connection.execute(
-                text("SELECT id FROM jobs WHERE id = ANY(CAST(:ids AS uuid[])) "
-                     "AND cancel_requested_at IS NOT NULL"), {"ids": ids},
-            ).scalars().all()  # fmt: skip
-        ended = []
-        for job_id in cancelled:
-            running = loop.running[uuid.UUID(str(job_id))]
+            asked = claims.cancel_requested(connection, list(loop.running))
+        ended = [loop.running[job_id] for job_id in asked]
+        for running in ended:
             loop.engine.cancel(running.job.id)
-            ended.append(running)
         return self._end(loop, ended) if ended else 0
 
     def _end(self, loop: Loop, ended: list[Running]) -> int:
@@ -450,7 +444,4 @@ class Generation:
 
     def _claimable(self, model: str) -> bool:
         with self.database.separate_core_unit_of_work() as connection:
-            return bool(connection.execute(
-                text("SELECT EXISTS (SELECT 1 FROM jobs WHERE model = :model "
-                     "AND status = 'queued')"), {"model": model},
-            ).scalar())  # fmt: skip
+            return claims.any_queued(connection, model)
