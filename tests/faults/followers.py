@@ -27,6 +27,7 @@ import requests
 from tokenizers import Tokenizer
 
 from tests.faults.harness import TERMINAL, FaultStack
+from tests.generation.test_jobs import sse_event
 
 MODEL = "smollm2"
 
@@ -120,25 +121,17 @@ class EventFollower:
 
     def _read(self, response: requests.Response) -> None:
         for block in _blocks(response):
-            lines = [line for line in block.split("\n") if line and not line.startswith(":")]
-            if not lines:
+            event = sse_event(block)
+            if event is None:
                 continue  # a keepalive
-            fields: dict[str, Any] = {"data": []}
-            for line in lines:
-                name, _, value = line.partition(": ")
-                if name == "data":
-                    fields["data"].append(value)
-                else:
-                    fields[name] = value
-            self.event_ids.append(int(fields["id"]))
-            data = "\n".join(fields["data"])
-            status = fields["event"].removeprefix("job.")
-            if fields["event"] == "output":
-                self.text += data
+            self.event_ids.append(event["id"])
+            status = event["event"].removeprefix("job.")
+            if event["event"] == "output":
+                self.text += event["data"]
                 self.outputs += 1
             elif status in TERMINAL:
                 self.status = status
-                outputs = json.loads(data)["job"].get("outputs") or {}
+                outputs = event["data"]["job"].get("outputs") or {}
                 self.final_text = outputs.get("text")
                 return
             if self.cut(len(self.event_ids)):

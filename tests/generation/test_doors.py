@@ -78,13 +78,21 @@ def _running_with_text(client: FlaskClient, auth: dict[str, str], job_id: str) -
     wait_until(started, f"job {job_id} to run", 60)
 
 
-@pytest.fixture
-def one_slot(settings: Settings, make_app: Callable[..., Flask], tmp_path: Path) -> Iterator[Flask]:
-    """An API and a worker of their own queue, the worker's decode loop one slot wide."""
-    queue = f"one-slot-{uuid.uuid4().hex[:8]}"
+def own_worker(
+    settings: Settings, make_app: Callable[..., Flask], tmp_path: Path, slots: int
+) -> tuple[Flask, WorkerProcess]:
+    """An API and a worker of their own queue, the worker's decode loop `slots` wide."""
+    queue = f"slots-{slots}-{uuid.uuid4().hex[:8]}"
     app = make_app(jobs_queue=queue)
     process = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
-                            concurrency=1, GENERATION_SLOTS="1", DRAIN_LINGER_MS="0")  # fmt: skip
+                            concurrency=1, GENERATION_SLOTS=str(slots),
+                            DRAIN_LINGER_MS="0")  # fmt: skip
+    return app, process
+
+
+@pytest.fixture
+def one_slot(settings: Settings, make_app: Callable[..., Flask], tmp_path: Path) -> Iterator[Flask]:
+    app, process = own_worker(settings, make_app, tmp_path, 1)
     yield app
     process.stop()
 

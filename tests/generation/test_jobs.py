@@ -145,24 +145,26 @@ def test_bad_rows_refuse_the_batch_naming_each(client: FlaskClient, auth: dict[s
 
 
 def sse(text: str) -> list[dict[str, Any]]:
-    """Server-Sent Events: each one's id, event and data (its `data:` lines joined
-    by newlines; a state event's parsed as JSON)."""
-    events = []
-    for block in text.split("\n\n"):
-        lines = [line for line in block.split("\n") if line and not line.startswith(":")]
-        if not lines:
-            continue
-        fields: dict[str, Any] = {"data": []}
-        for line in lines:
-            name, _, value = line.partition(": ")
-            if name == "data":
-                fields["data"].append(value)
-            else:
-                fields[name] = value
-        data = "\n".join(fields["data"])
-        parsed = data if fields["event"] == "output" else json.loads(data)
-        events.append({"id": int(fields["id"]), "event": fields["event"], "data": parsed})
-    return events
+    """Server-Sent Events: each one's id, event and data (`sse_event`)."""
+    return [event for block in text.split("\n\n") if (event := sse_event(block)) is not None]
+
+
+def sse_event(block: str) -> dict[str, Any] | None:
+    """One Server-Sent Event's id, event and data (its `data:` lines joined by
+    newlines; a state event's parsed as JSON); None for a keepalive."""
+    lines = [line for line in block.split("\n") if line and not line.startswith(":")]
+    if not lines:
+        return None
+    fields: dict[str, Any] = {"data": []}
+    for line in lines:
+        name, _, value = line.partition(": ")
+        if name == "data":
+            fields["data"].append(value)
+        else:
+            fields[name] = value
+    data = "\n".join(fields["data"])
+    parsed = data if fields["event"] == "output" else json.loads(data)
+    return {"id": int(fields["id"]), "event": fields["event"], "data": parsed}
 
 
 def test_an_async_generation_streams_its_text_as_output_events_that_resume(

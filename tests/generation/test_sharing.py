@@ -25,6 +25,7 @@ from app.platform.settings import Settings
 from app.tenancy.keys import set_quotas
 from app.tenancy.tokens import TokenMeter
 from tests.conftest import TenantAuth, WorkerProcess, make_tenant, wait_for_job
+from tests.generation.test_doors import own_worker
 from tests.generation.test_jobs import sse
 from tests.support import wait_until
 
@@ -104,11 +105,7 @@ def test_a_loops_meter_counts_tokens_per_tenant_and_kind(settings: Settings) -> 
 def two_slots(
     settings: Settings, make_app: Callable[..., Flask], tmp_path: Path
 ) -> Iterator[Flask]:
-    """An API and a worker of their own queue, the worker's decode loop two slots wide."""
-    queue = f"two-slots-{uuid.uuid4().hex[:8]}"
-    app = make_app(jobs_queue=queue)
-    process = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
-                            concurrency=1, GENERATION_SLOTS="2", DRAIN_LINGER_MS="0")  # fmt: skip
+    app, process = own_worker(settings, make_app, tmp_path, 2)
     yield app
     process.stop()
 
