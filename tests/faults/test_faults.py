@@ -133,9 +133,9 @@ def test_4_kill_redis_and_restart_it(make_stack: Callable[..., FaultStack], guar
 def test_5_stop_postgres_during_a_run(make_stack: Callable[..., FaultStack], guarded: bool) -> None:
     stack = make_stack("" if guarded else "lease,retry")
     stack.start_all(concurrency=2)
-    # The 2 s job must end while PostgreSQL is down (3 s, from just after it started):
+    # The 2 s job must end while PostgreSQL is down (4 s, from just after it started):
     # its result then cannot be written. Submitted last, so a slow machine's submits
-    # cannot outlast it.
+    # cannot outlast it. (Beside the other jobs on 2 busy cores it once took 3.4 s.)
     ids = stack.submit([digits(i) for i in range(50)])
     long_job = stack.submit([slow(2.0)])
     while stack.statuses(long_job).get(long_job[0]) != "running":
@@ -148,7 +148,7 @@ def test_5_stop_postgres_during_a_run(make_stack: Callable[..., FaultStack], gua
         timeout=30,
         headers={"Authorization": f"Bearer {stack.api_key}"},
     )
-    time.sleep(3.0)
+    time.sleep(4.0)
     stack.start_postgres()
     restarted = time.monotonic()
     done = stack.wait_terminal(ids, timeout=60 if guarded else 20)
