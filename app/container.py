@@ -118,14 +118,19 @@ class Container(Lazy):
     @made
     def calls(self) -> CallOperations:
         """Sync calls (the HTTP and gRPC inference doors)."""
-        from app.operations.calls import CallOperations, CallSettings, InlineRuns
+        from app.operations.calls import CallOperations, CallSettings, InlineRuns, LaneCalls
+        from app.operations.lane import Recovery
 
         parts, settings = self.parts, self.settings
         inline = InlineRuns(lambda: parts.sessions, parts.records)
         timing = CallSettings(settings.sync_timeout_seconds, settings.max_wait_seconds)
+        lane = None
+        if settings.sync_lane:
+            recovery = Recovery(parts.lane, parts.repository)
+            lane = LaneCalls(parts.lane, recovery, parts.replies)
         return CallOperations(
             parts.database, self._submitter, self.jobs, parts.holds, parts.replies, inline,
-            timing,
+            timing, lane,
         )  # fmt: skip
 
     @made

@@ -28,9 +28,12 @@ if TYPE_CHECKING:
     from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
+    from app.jobs.lane import Lane
+    from app.jobs.records import RecordWriter
     from app.jobs.replies import Replies, Reply
     from app.jobs.runner import Runner
     from app.operations.holds import Holds
+    from app.operations.lane import LaneServer
     from app.platform.database import Database
     from app.platform.filestore import FileStore
     from app.platform.logstreams import LogEngine
@@ -163,11 +166,35 @@ class Parts(Lazy):
         return JobInserter(self.database, lambda model: dispatcher.wake(model))
 
     @made
-    def records(self) -> JobInserter:
-        """The records of sync calls that ran inline, group-committed like submits."""
-        from app.jobs.inserts import JobInserter
+    def records(self) -> RecordWriter:
+        """The records of sync calls answered without a job row first (inline, or
+        on the sync lane): journaled in Redis, written behind."""
+        from app.jobs import telemetry
+        from app.jobs.records import RecordWriter
 
-        return JobInserter(self.database, None)
+        return RecordWriter(self.database, lambda: self._reply_redis, telemetry.recorded)
+
+    @made
+    def lane(self) -> Lane:
+        """The sync lane's Redis side (app.jobs.lane)."""
+        from app.jobs.lane import Lane
+
+        dispatcher = self.dispatcher
+        return Lane(self._reply_redis, self.settings.sync_lane_max_waiting, dispatcher.queue_for)
+
+    @made
+    def lane_server(self) -> LaneServer:
+        """A worker child's lane threads (started after the fork)."""
+        from app.jobs.lane import Lane
+        from app.operations.lane import LaneServer
+        from app.platform.broker import redis_client
+
+        url, settings, dispatcher = self.settings.redis_url, self.settings, self.dispatcher
+        return LaneServer(
+            lambda: Lane(redis_client(url), settings.sync_lane_max_waiting, dispatcher.queue_for),
+            self.repository, self.runner.sessions, self.records, settings.sync_lane_lease_seconds,
+            self.guards,
+        )  # fmt: skip
 
     @made
     def replies(self) -> Replies:

@@ -34,9 +34,11 @@ from flask.testing import FlaskClient
 from app import create_app
 from app.cli.launcher import beat_command, control_worker_command, worker_command
 from app.container import Container
+from app.jobs.lane import Lane
 from app.jobs.representation import stored_outputs
 from app.jobs.tables import Job
 from app.platform import embedded
+from app.platform.broker import redis_client
 from app.platform.database import Database, engine_url
 from app.platform.migrate import upgrade
 from app.platform.settings import ROOT, Settings
@@ -449,6 +451,25 @@ def control_worker(
     )
     yield process
     process.stop()
+
+
+def lane_of(settings: Settings) -> Lane:
+    """The sync lane as the test run's processes see it (models on their queue)."""
+    return Lane(redis_client(settings.redis_url), 16, lambda _model: settings.model_queue)
+
+
+def wait_for_record(
+    client: FlaskClient, headers: dict[str, str], job_id: str, timeout: float = 30
+) -> dict[str, Any]:
+    """Poll GET /jobs/<id> until a sync call's record, written behind its answer
+    (app.jobs.records), is there."""
+
+    def written() -> dict[str, Any] | None:
+        response = client.get(f"/jobs/{job_id}", headers=headers)
+        assert response.status_code in (200, 404), response.json
+        return response.json if response.status_code == 200 else None  # type: ignore[return-value]
+
+    return wait_until(written, f"the record of call {job_id}", timeout)
 
 
 def wait_for_job(

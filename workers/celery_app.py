@@ -73,6 +73,8 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
 
     @worker_process_shutdown.connect(weak=False)
     def _child_exit(**_: Any) -> None:
+        if container.parts.built("lane_server"):
+            container.parts.lane_server.stop()
         directory = metrics_dir.current()
         if directory is not None:
             from prometheus_client import multiprocess
@@ -106,9 +108,19 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
         # A generative model's session is the decode loop's own, made when a loop
         # first runs in this child (app.operations.generation), not a second copy here.
         served = celery.amqp.queues.consume_from
+        mine = []
         for card in runner.repository.all():
             if card.generation is not None:
                 continue
             if not served or (card.queue or settings.model_queue) in served:
                 runner.sessions.get(card)
                 pipeline.load(card)
+                mine.append(card)
+        if settings.sync_lane and mine:
+            # Sync calls of these models come over Redis straight to this child's
+            # lane threads (app.operations.lane).
+            from app.operations.lane import lane_models
+
+            names = {card.name for card in mine}
+            lanes = [card for card in lane_models(runner.repository) if card.name in names]
+            container.parts.lane_server.start(lanes)

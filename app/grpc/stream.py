@@ -153,7 +153,7 @@ class CallStream:
                     if submitter is not None:
                         submitter.join(JOIN_S)
                     self._generations.close()
-                    self._cancel(calls.jobs())
+                    self._cancel(calls.pending())
                     calls.close()
                 release()
 
@@ -234,7 +234,7 @@ class CallStream:
                 self._post(refused(request, exc))
             return
         if calls.left:  # the caller went while they were being started: nobody waits
-            self._cancel([r.job_id for r in started if isinstance(r, Call) and r.job_id])
+            self._cancel([r for r in started if isinstance(r, Call) and r.job_id])
             return
         for (request, call), result in zip(decoded, started, strict=True):
             if isinstance(result, DomainError):
@@ -285,8 +285,8 @@ class CallStream:
             if frees:
                 self._slots.release()
 
-    def _cancel(self, jobs: list[uuid.UUID]) -> None:
-        """The caller left: these unfinished jobs are cancelled (queued ones never run)."""
+    def _cancel(self, jobs: list[Call]) -> None:
+        """The caller left: these unfinished calls are cancelled (queued ones never run)."""
         if not jobs:
             return
         try:

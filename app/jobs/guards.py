@@ -41,7 +41,11 @@ class Guards:
     - `resume`: a retried generation goes on from the tokens its earlier attempts
       recorded, so none of its text is made, recorded or streamed twice (off: it
       starts again from its prompt, and a follower of its events gets the text its
-      dead attempt recorded a second time).
+      dead attempt recorded a second time);
+    - `journal`: a sync lane call's record is journaled in Redis in the same step
+      that answers it, so a worker that dies between answering and writing the
+      record to PostgreSQL loses none (off: the record lives only in the worker's
+      memory until written).
     """
 
     claim: bool = True
@@ -54,6 +58,7 @@ class Guards:
     redelivery: bool = True
     dedupe: bool = True
     resume: bool = True
+    journal: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

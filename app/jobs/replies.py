@@ -95,11 +95,15 @@ class Replies:
 
     def follow(self) -> Follower:
         """A follower for many jobs (one caller's calls)."""
-        self._listener.ensure()
-        # A reply before SUBSCRIBE would be lost, and its call answered only after
-        # CHECK_S: let the first caller wait for the subscription (not forever).
-        self._subscribed.wait(5)
+        self.listening()
         return Follower(self)
+
+    def listening(self) -> bool:
+        """Whether this process's channel is subscribed, waiting a moment for it
+        the first time: a reply before SUBSCRIBE would be lost (a job's call would
+        be read after CHECK_S; a lane call's would go unanswered)."""
+        self._listener.ensure()
+        return self._subscribed.wait(5)
 
     def _add(self, follower: Follower, job_id: uuid.UUID) -> Reply | None:
         with self._lock:

@@ -84,9 +84,9 @@ def stage_many(session: Session, values: list[dict[str, Any]]) -> list[Job]:
     return [Job(**v, **{k: x for k, x in defaults[v["id"]].items() if k != "id"}) for v in values]
 
 
-def record_values(
-    card: ModelCard,
-    arrays: dict[str, np.ndarray],
+def call_record(
+    model: tuple[str, str],
+    rows: int,
     tenant_id: int,
     started_at: datetime,
     compute_seconds: float,
@@ -94,23 +94,26 @@ def record_values(
     outputs: dict[str, np.ndarray] | None = None,
     error: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The record of a sync call that ran inline: a finished job, written once.
-    Cheaper than a job: no inputs kept (nothing will run it again), one INSERT."""
+    """The record of a sync call answered without a job row first (inline, or on
+    the sync lane): a finished job of `model` (name, version; its card may be
+    gone since), written once. Cheaper than a job: no inputs kept (nothing will
+    run it again), one INSERT."""
     return {
         "id": uuid.uuid4(),
         "tenant_id": tenant_id,
-        "model": card.name,
-        "model_version": card.version,
+        "model": model[0],
+        "model_version": model[1],
         "status": "succeeded" if error is None else "failed",
         "output_data": pack(outputs) if outputs is not None else None,
         "error_code": error[0] if error else None,
         "error_message": error[1] if error else None,
-        "batch_rows": batch_rows(card, arrays),
+        "batch_rows": rows,
         "priority": SYNC_PRIORITY,
         "attempts": 1,
         "max_attempts": 1,
         "batch_share": 1.0,
         "compute_seconds": compute_seconds,
+        "created_at": started_at,
         "started_at": started_at,
         "finished_at": datetime.now(UTC),
         "enqueued_at": None,

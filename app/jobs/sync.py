@@ -1,10 +1,11 @@
 """The sync door's pieces: run one request now and answer with its outputs.
 
-By default the request becomes an ordinary job, submitted like any other (with
-the API's coalesced inserts), so the workers that own the GPU run it, in the
-same micro-batches as async jobs of its model; the caller waits on the event
-bus until the job finishes or its time is up. The job outlives a caller that
-gave up: DeadlinePassed names it, and its result can be read at /jobs/<id>.
+A worker-run model's call travels the sync lane (app.jobs.lane): the workers
+that own the GPU run it in a micro-batch and answer over this process's reply
+channel, its record written behind. A generative model's call (and every call
+with SYNC_LANE off) becomes an ordinary job, submitted like any other, and
+outlives a caller that gave up: DeadlinePassed names it, and its result can be
+read at /jobs/<id>.
 
 A card with `"execution": "inline"` (small CPU models) runs in the calling
 process instead, through the same inference function; its record (a finished
@@ -24,7 +25,8 @@ import numpy as np
 from sqlalchemy import Engine, bindparam, text
 
 from app.cards import ModelCard
-from app.errors import DeadlinePassed, DomainError, InferenceFailed
+from app.errors import DeadlinePassed, DomainError, InferenceFailed, Unavailable
+from app.jobs.lane import LOST
 from app.jobs.replies import Follower
 from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import UUIDS
@@ -75,13 +77,25 @@ _READ = text(
 class Call:
     """A sync call under way: its model, its job (None when the model ran inline:
     then `done` holds the answer), how long its caller waits, and until when
-    (`time.monotonic()`)."""
+    (`time.monotonic()`). A call on the sync lane has no job row yet: `lane_entry`
+    is what was pushed (its record will bear `job_id`)."""
 
     card: ModelCard
     job_id: uuid.UUID | None
     timeout_s: float
     give_up_at: float
     done: Answer | None = None
+    lane_entry: bytes | None = None
+
+
+class LaneWatch(Protocol):
+    """What following lane calls needs of the lane (app.operations.calls.LaneCalls)."""
+
+    def recover(self) -> None:
+        """Settle the calls of workers that died (now and then, not every time)."""
+
+    def withdraw(self, call: Call) -> bool:
+        """Take a call no worker took yet back from its lane (False: one took it)."""
 
 
 Ended = Answer | DomainError
@@ -98,10 +112,15 @@ class Calls:
     later `finished` at once; `left` says it happened."""
 
     def __init__(
-        self, engine: Engine, follower: Follower, tenant_id: int, gather_s: float = 0.0
+        self,
+        engine: Engine,
+        follower: Follower,
+        tenant_id: int,
+        gather_s: float = 0.0,
+        lane: LaneWatch | None = None,
     ) -> None:
         self._engine, self._follower, self.gather_s = engine, follower, gather_s
-        self._tenant_id = tenant_id
+        self._tenant_id, self._lane = tenant_id, lane
         self._calls: dict[uuid.UUID, Call] = {}
         self._lock = threading.Lock()  # one thread adds calls while another takes them back
         self.left = False
@@ -115,10 +134,10 @@ class Calls:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def jobs(self) -> list[uuid.UUID]:
-        """The jobs of the calls not handed back yet."""
+    def pending(self) -> list[Call]:
+        """The calls not handed back yet."""
         with self._lock:
-            return list(self._calls)
+            return list(self._calls.values())
 
     def wake(self) -> None:
         """End the current `finished` now (another thread has news for its caller)."""
@@ -157,6 +176,16 @@ class Calls:
             (self._calls[job_id], _ended(self._calls[job_id], r)) for job_id, r in answered.items()
         ]
         late -= answered.keys()
+        on_lane = {job_id for job_id, call in to_read.items() if call.lane_entry is not None}
+        if on_lane:  # no row to read: settle dead workers' calls; give up on late ones
+            for job_id in on_lane:
+                del to_read[job_id]
+            assert self._lane is not None
+            self._lane.recover()
+            for job_id in on_lane & late:
+                call = self._calls[job_id]
+                ended.append((call, lane_late_error(call, self._lane.withdraw(call))))
+            late -= on_lane
         for job in self._read(to_read, now) if to_read else ():
             late.discard(job.id)
             ended.append((to_read[job.id], _ended(to_read[job.id], job)))  # unfinished: too late
@@ -211,10 +240,33 @@ def run_inline(pool: SessionPool, card: ModelCard, arrays: dict[str, np.ndarray]
 
 def answer(card: ModelCard, job: Outcome, timeout_s: float) -> Answer:
     """The finished job's outputs; DeadlinePassed while it is unfinished,
-    InferenceFailed when it ended without outputs."""
+    InferenceFailed when it ended without outputs, Unavailable when its worker
+    died before answering (a lane call it may not run again)."""
     if job.status == "succeeded":
         return Answer(card, _outputs(card, job), job.id)
+    if job.status == LOST:
+        raise Unavailable(
+            f"the worker running call {job.id} stopped before answering it, and model "
+            f"{card.ref} is not idempotent (its card), so it was not run again; nothing "
+            "was recorded: send it again",
+            retry_after=1, job_id=str(job.id), error_code=job.error_code,
+        )  # fmt: skip
     raise _outcome_error(job, timeout_s)
+
+
+def lane_late_error(call: Call, withdrawn: bool) -> DeadlinePassed:
+    """A lane call not answered in time: withdrawn unrun, or taken by a worker
+    (then it may have run: its record would be at /jobs/<id>)."""
+    if withdrawn:
+        detail = (f"call {call.job_id} was not answered within {call.timeout_s:g} s: no worker "
+                  f"of model {call.card.ref} took it in time, and it was withdrawn unrun; "
+                  "nothing was recorded")  # fmt: skip
+    else:
+        detail = (
+            f"call {call.job_id} was not answered within {call.timeout_s:g} s; a worker "
+            f"had taken it: if it ran, its record is at GET /jobs/{call.job_id}"
+        )
+    return DeadlinePassed(detail, job_id=str(call.job_id), taken=not withdrawn)
 
 
 def _outputs(card: ModelCard, job: Outcome) -> dict[str, np.ndarray]:

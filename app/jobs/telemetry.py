@@ -56,3 +56,11 @@ def finished(session: Session, claimed: list[ClaimedJob], written: list[Any]) ->
                    "status": row.status, "error_code": row.error_code,
                    "queued_s": queued, "running_s": running},
         )  # fmt: skip
+
+
+def recorded(session: Session, records: list[dict[str, Any]]) -> None:
+    """Record sync calls whose records were just written behind (app.jobs.records)."""
+    for record in records:
+        tenant = tenant_name(session, record["tenant_id"])
+        metrics.JOBS_FINISHED.labels(record["model"], tenant, record["status"]).inc()
+        metrics.JOB_RUNNING_SECONDS.labels(record["model"]).observe(record["compute_seconds"])

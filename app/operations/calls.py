@@ -1,12 +1,13 @@
 """Sync calls: a caller waits for a model's outputs, within a deadline.
 
-A call becomes an ordinary job (the one submission path, ahead of every async job
-of its model), so the workers that own the GPU run it in their micro-batches;
-its answer comes back over this process's reply channel (app.jobs.replies), or
-is read from PostgreSQL. A card with `"execution": "inline"` runs here instead,
-through the same inference function, and its record is written before the
-caller is answered. The HTTP and gRPC doors call these; a gRPC stream follows
-many calls at once.
+A call of a worker-run model travels the sync lane (app.jobs.lane): pushed onto
+its model's Redis list, taken by a worker into a micro-batch, answered over this
+process's reply channel (app.jobs.replies), its record journaled in the same
+step and written behind (app.jobs.records). A card with `"execution": "inline"`
+runs here instead, through the same inference function, its record journaled
+before the caller is answered. A generative model's call (and every call with
+SYNC_LANE off) is an ordinary job, ahead of every async job of its model. The
+HTTP and gRPC doors call these; a gRPC stream follows many calls at once.
 """
 
 from __future__ import annotations
@@ -20,19 +21,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from app.cards import ModelCard
-from app.errors import CallerLeft, DomainError, InferenceFailed
-from app.jobs import staging, sync
-from app.jobs.inserts import JobInserter
+from app.errors import CallerLeft, DomainError, InferenceFailed, QueueFull, Unavailable
+from app.jobs import lane, staging, sync
+from app.jobs.records import RecordWriter
 from app.jobs.replies import Replies
 from app.jobs.sync import TEXT_OUTPUT, Answer, Call, Calls, ended_without_outputs
 from app.jobs.tables import SYNC_PRIORITY
 from app.observability import metrics
 from app.operations.holds import Holds
 from app.operations.jobs import JobOperations
+from app.operations.lane import Recovery
 from app.operations.requests import InferRequest, JobRequest
 from app.operations.submission import Submitter
 from app.platform.database import Database
 from app.runtime.sessions import SessionPool
+from app.runtime.tensors import pack
 from app.tenancy.keys import TenantRef
 
 __all__ = [
@@ -60,10 +63,11 @@ class CallOperations:
         replies: Replies,
         inline: InlineRuns,
         settings: CallSettings,
+        lane_: LaneCalls | None = None,
     ) -> None:
         self.database, self._submitter, self._jobs = database, submitter, jobs
         self._holds, self._replies, self._inline = holds, replies, inline
-        self.settings = settings
+        self.settings, self._lane = settings, lane_
 
     def infer(
         self,
@@ -94,7 +98,7 @@ class CallOperations:
                         if isinstance(ended, DomainError):
                             raise ended
                         return ended
-            self._jobs.cancel_many(tenant, [call.job_id])
+            self.cancel(tenant, [call])
             raise CallerLeft(f"the caller left before job {call.job_id} finished; cancelled")
 
     def start_call(self, tenant: TenantRef, request: InferRequest) -> Call:
@@ -103,13 +107,22 @@ class CallOperations:
         back done). For a door that follows many calls at once (`follow_calls`)."""
         card = self._submitter.card(tenant, request.model, request.version)
         timeout_s = self._timeout(request)
-        give_up_at = time.monotonic() + timeout_s
+        now = time.monotonic()
+        give_up_at = now + timeout_s
         if sync.runs_inline(card):
             arrays = staging.check_inputs(card, request.inputs)
             self._submitter.admit_calls(tenant)
             self.database.end_reads()  # the admission's reads: the run holds no connection
             done = self._inline.run(tenant, card, arrays)
             return Call(card, done.job_id, timeout_s, give_up_at, done)
+        if self._lane is not None and card.generation is None:
+            arrays = staging.check_inputs(card, request.inputs)
+            self._submitter.admit_calls(tenant)
+            self.database.end_reads()
+            [call] = self._lane.send(tenant, [(card, arrays, timeout_s, request)], now)
+            if isinstance(call, DomainError):
+                raise call
+            return call
         job = self._submitter.submit(tenant, card, self._job(card, request))  # holds no reads
         return Call(card, job.id, timeout_s, give_up_at)
 
@@ -122,6 +135,7 @@ class CallOperations:
         started: list[Call | DomainError | None] = [None] * len(requests)
         queued: list[tuple[int, ModelCard, float]] = []
         jobs: list[JobRequest] = []
+        on_lane: list[tuple[int, tuple[ModelCard, Any, float, InferRequest]]] = []
         cards = self._submitter.cards(tenant)
         for index, request in enumerate(requests):
             try:
@@ -129,12 +143,26 @@ class CallOperations:
                 if sync.runs_inline(card):
                     started[index] = self.start_call(tenant, request)
                     continue
+                if self._lane is not None and card.generation is None:
+                    arrays = staging.check_inputs(card, request.inputs)
+                    on_lane.append((index, (card, arrays, self._timeout(request), request)))
+                    continue
             except DomainError as exc:
                 started[index] = exc
                 continue
             queued.append((index, card, self._timeout(request)))
             jobs.append(self._job(card, request))
-        submitted = self._submitter.submit_many(tenant, jobs)
+        if on_lane:
+            assert self._lane is not None
+            try:
+                self._submitter.admit_calls(tenant, len(on_lane))
+                self.database.end_reads()
+                sent = self._lane.send(tenant, [call for _, call in on_lane], now)
+            except DomainError as exc:
+                sent = [exc] * len(on_lane)
+            for (index, _), call in zip(on_lane, sent, strict=True):
+                started[index] = call
+        submitted = self._submitter.submit_many(tenant, jobs) if jobs else []
         for (index, card, timeout_s), job in zip(queued, submitted, strict=True):
             started[index] = (
                 job if isinstance(job, DomainError)
@@ -149,16 +177,21 @@ class CallOperations:
         take them back as they end. Close it when done. `gather_s`: how long to let
         changes gather after the first before reading them (for many calls: fewer
         reads, each answer that much later)."""
-        return Calls(self.database.engine, self._replies.follow(), tenant.id, gather_s)
+        return Calls(self.database.engine, self._replies.follow(), tenant.id, gather_s, self._lane)
 
     def hold(self, tenant: TenantRef) -> Callable[[], None]:
         """One of the tenant's waits, for a door that keeps a caller waiting for
         long (a gRPC stream); TooManyWaits beyond its share. Returns its release."""
         return self._holds.acquire(tenant.id)
 
-    def cancel(self, tenant: TenantRef, job_ids: list[uuid.UUID]) -> int:
-        """Cancel the unfinished jobs of calls whose caller went away."""
-        return self._jobs.cancel_many(tenant, job_ids)
+    def cancel(self, tenant: TenantRef, calls: list[Call]) -> int:
+        """Cancel the calls whose caller went away: a job's, if unfinished; a lane
+        call's, if no worker took it yet (one taken runs, and is recorded)."""
+        on_lane = [call for call in calls if call.lane_entry is not None]
+        if on_lane and self._lane is not None:
+            self._lane.withdraw_all(on_lane)
+        job_ids = [call.job_id for call in calls if call.lane_entry is None and call.job_id]
+        return self._jobs.cancel_many(tenant, job_ids) if job_ids else 0
 
     def _timeout(self, request: InferRequest) -> float:
         """How long a sync call's caller waits: its own timeout, else
@@ -176,13 +209,78 @@ class CallOperations:
         )  # fmt: skip
 
 
+class LaneCalls:
+    """This process's side of the sync lane: push calls, withdraw those whose
+    caller stopped waiting, and now and then settle dead workers' calls."""
+
+    RECOVER_EVERY_S = 1.0
+
+    def __init__(self, lane_: lane.Lane, recovery: Recovery, replies: Replies) -> None:
+        self._lane, self._recovery, self._replies = lane_, recovery, replies
+        self._recovered_at = 0.0
+
+    def send(
+        self,
+        tenant: TenantRef,
+        calls: Sequence[tuple[ModelCard, Any, float, InferRequest]],
+        now: float,
+    ) -> list[Call | DomainError]:
+        """Push checked calls (card, arrays, timeout, request) onto their models'
+        lanes; a model's calls all go, or are all refused with QueueFull."""
+        if not self._replies.listening():
+            raise Unavailable("this process cannot hear answers (Redis?); retry shortly",
+                              retry_after=1)  # fmt: skip
+        sent_at = lane.now()
+        started: list[Call | DomainError] = []
+        by_model: dict[str, list[int]] = {}
+        for card, arrays, timeout_s, request in calls:
+            deadline = sent_at + timeout_s
+            if request.deadline is not None:
+                deadline = min(deadline, request.deadline.timestamp())
+            entry = lane.Entry(
+                uuid.uuid4(), tenant.id, card.name, card.version, self._replies.channel, sent_at,
+                deadline, pack(arrays),
+            )  # fmt: skip
+            by_model.setdefault(card.name, []).append(len(started))
+            started.append(Call(card, entry.id, timeout_s, now + timeout_s,
+                                lane_entry=lane.encode(entry)))  # fmt: skip
+        for model, indexes in by_model.items():
+            entries = [started[i].lane_entry for i in indexes]  # type: ignore[union-attr]
+            if self._lane.push(model, entries):  # type: ignore[arg-type]
+                metrics.JOBS_SUBMITTED.labels(model, tenant.name).inc(len(indexes))
+                continue
+            full = QueueFull(
+                f"the sync lane of model {model} holds {self._lane.bound} calls waiting for "
+                "a worker (SYNC_LANE_MAX_WAITING); nothing was kept: retry shortly",
+                retry_after=1, model=model,
+            )  # fmt: skip
+            for i in indexes:
+                started[i] = full
+        return started
+
+    def withdraw(self, call: Call) -> bool:
+        assert call.lane_entry is not None
+        return self._lane.withdraw(call.card.name, call.lane_entry)
+
+    def withdraw_all(self, calls: list[Call]) -> None:
+        for call in calls:
+            self.withdraw(call)
+
+    def recover(self) -> None:
+        now = time.monotonic()
+        if now - self._recovered_at < self.RECOVER_EVERY_S:
+            return
+        self._recovered_at = now
+        self._recovery.run()
+
+
 class InlineRuns:
     """Calls of inline models, run in this process; each leaves its job record
-    (succeeded or failed), written with the process's other records in one group
-    commit before the caller is answered: the call is in GET /jobs/<id> and
-    /usage like any job."""
+    (succeeded or failed), journaled before the caller is answered and written
+    behind (app.jobs.records): the call is in GET /jobs/<id> and /usage like any
+    job, a moment after its answer."""
 
-    def __init__(self, sessions: Callable[[], SessionPool], records: JobInserter) -> None:
+    def __init__(self, sessions: Callable[[], SessionPool], records: RecordWriter) -> None:
         self._sessions, self._records = sessions, records
 
     def run(self, tenant: TenantRef, card: ModelCard, arrays: dict[str, Any]) -> Answer:
@@ -193,11 +291,11 @@ class InlineRuns:
         except InferenceFailed as exc:
             failure = exc
         error = None if failure is None else (str(failure.extra.get("error_code")), failure.detail)
-        record = staging.record_values(
-            card, arrays, tenant.id, started_at, time.perf_counter() - clock,
-            outputs=outputs, error=error,
+        record = staging.call_record(
+            (card.name, card.version), staging.batch_rows(card, arrays), tenant.id, started_at,
+            time.perf_counter() - clock, outputs=outputs, error=error,
         )  # fmt: skip
-        self._records.insert(record)
+        self._records.journal([record])
         metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
         if failure is not None:
             failure.extra["job_id"] = str(record["id"])

@@ -267,10 +267,10 @@ class Submitter:
         for model, count in by_model.items():
             self._admission.admit(session, model, count)
 
-    def admit_calls(self, tenant: TenantRef) -> None:
-        """A sync call that runs inline: counted against the tenant's rate, never in
-        flight."""
-        self._quotas.admit_jobs(self.database.session(), tenant.id, 0)
+    def admit_calls(self, tenant: TenantRef, calls: int = 1) -> None:
+        """Sync calls that run inline or on the sync lane: counted against the
+        tenant's rate, never in flight (its waits bound them: MAX_WAITS_PER_TENANT)."""
+        self._quotas.admit_jobs(self.database.session(), tenant.id, 0, requests=calls)
 
     def wake_once_committed(self, model: str, job_ids: list[uuid.UUID]) -> None:
         """Once the unit of work committed, wake `model`'s workers for these jobs."""

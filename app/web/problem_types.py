@@ -87,9 +87,11 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
     "sync-timeout": (
         504,
         "Not finished in time",
-        "The request's job did not finish within the call's timeout (SYNC_TIMEOUT_SECONDS, "
-        "or the request's `timeout` parameter). It goes on: GET the Location URL "
-        "(/jobs/<job_id>, with ?wait=30 to wait) for its result.",
+        "The call was not answered within its timeout (SYNC_TIMEOUT_SECONDS, or the "
+        "request's `timeout` parameter). A job goes on: GET the Location URL "
+        "(/jobs/<job_id>, with ?wait=30 to wait) for its result. A sync lane call says "
+        "`taken`: false, no worker took it and it never runs; true, its record (once it "
+        "ran) is at the Location URL.",
     ),
     "too-many-waits": (
         429,
@@ -109,9 +111,9 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
     "queue-full": (
         429,
         "Too many jobs queued for this model",
-        "The model's queue is at its bound (MAX_QUEUED_PER_MODEL). Nothing of this request "
-        "was kept: send it again after Retry-After seconds, computed from how fast the "
-        "model's jobs finish.",
+        "The model's queue is at its bound (MAX_QUEUED_PER_MODEL), or its sync lane holds "
+        "SYNC_LANE_MAX_WAITING calls waiting for a worker. Nothing of this request was kept: "
+        "send it again after Retry-After seconds.",
     ),
     "quota-exceeded": (
         429,
@@ -129,8 +131,9 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
     "service-unavailable": (
         503,
         "Service unavailable",
-        "A dependency (database, broker or file store) did not answer, or the database's "
-        "disk is full (`detail` says which); retry after Retry-After seconds.",
+        "A dependency (database, broker or file store) did not answer, the database's disk "
+        "is full, or the worker running a sync call of a model that is not idempotent "
+        "stopped before answering it (`detail` says which); retry after Retry-After seconds.",
     ),
     "internal-error": (500, "Internal server error", "Retry later; the error was logged."),
 }

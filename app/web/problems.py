@@ -137,7 +137,8 @@ def problem_from_domain_error(exc: DomainError) -> Problem:
     if exc.retry_after is not None:
         headers["Retry-After"] = str(exc.retry_after)
     job_id = exc.extra.get("job_id")
-    if isinstance(exc, InferenceFailed | DeadlinePassed) and job_id:
+    # (not for a lane call withdrawn unrun: it will have no record)
+    if isinstance(exc, InferenceFailed | DeadlinePassed) and job_id and exc.extra.get("taken", 1):
         headers["Location"] = f"/jobs/{job_id}"
     return Problem(exc.code, exc.detail, status=status_of(exc), headers=headers, **exc.extra)
 

@@ -26,11 +26,13 @@ def test_a_full_queue_is_a_429_with_retry_after_at_every_door(
     make_app: Callable[..., Flask],
     clock: FakeClock,
 ) -> None:
-    # Its own queue, which no worker reads: what is admitted stays queued.
+    # Its own queue, which no worker reads: what is admitted stays queued. (Sync calls
+    # travel the sync lane, whose bound is its own: here it holds none.)
     app = make_app(
-        settings.with_overrides(max_queued_per_model=3, jobs_queue=f"full-{uuid.uuid4().hex}"),
+        settings.with_overrides(max_queued_per_model=3, jobs_queue=f"full-{uuid.uuid4().hex}",
+                                sync_lane_max_waiting=0),
         clock=clock,
-    )
+    )  # fmt: skip
     client, auth = app.test_client(), tenant.headers
     accepted = [client.post("/jobs", json={"model": "digits", "inputs": {"pixels": ROW}},
                             headers=auth) for _ in range(3)]  # fmt: skip
@@ -47,7 +49,7 @@ def test_a_full_queue_is_a_429_with_retry_after_at_every_door(
     v2 = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": ROW[0]}]}
     sync = client.post("/v2/models/digits/infer", json=v2, headers=auth)
     assert sync.status_code == 429 and "Retry-After" in sync.headers
-    assert "MAX_QUEUED_PER_MODEL" in sync.json["error"]  # where KServe clients read it
+    assert "SYNC_LANE_MAX_WAITING" in sync.json["error"]  # where KServe clients read it
     batch = client.post("/batches", json={"model": "digits", "inputs": {"pixels": ROW}},
                         headers=auth)  # fmt: skip
     assert batch.status_code == 429

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.http as triton
 from flask import Flask
 from flask.testing import FlaskClient
@@ -21,12 +24,13 @@ from tritonclient.utils import InferenceServerException
 
 from app import create_app
 from app.cards import ModelCard
+from app.jobs.lane import Lane
 from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.runtime.sessions import SessionPool
-from tests.conftest import TenantAuth, wait_for_job
-from tests.support import live_server
+from tests.conftest import TenantAuth, lane_of, wait_for_job, wait_for_record
+from tests.support import live_server, wait_until
 
 RNG = np.random.default_rng(7)
 PIXELS = (RNG.random((5, 64)) * 16).astype(np.float32)
@@ -83,10 +87,15 @@ def test_json_infer_through_the_workers_equals_onnx_runtime(
     assert outputs["label"]["data"] == expected["label"].tolist()
     probabilities = np.asarray(outputs["probabilities"]["data"], dtype=np.float32)
     assert np.array_equal(probabilities.reshape(5, 10), expected["probabilities"])
-    job_id = uuid.UUID(body["parameters"]["job_id"])  # an ordinary job ran it
+    job_id = body["parameters"]["job_id"]  # its record, written behind the answer
+    record = wait_for_record(sync_client, tenant.headers, job_id)
+    assert (
+        record["status"] == "succeeded" and record["outputs"]["label"] == expected["label"].tolist()
+    )
     with database.sessionmaker() as session:
-        job = session.get(Job, job_id)
-        assert job is not None and job.status == "succeeded" and job.tenant_id == tenant.id
+        job = session.get(Job, uuid.UUID(job_id))
+        assert job is not None and job.tenant_id == tenant.id and job.compute_seconds
+        assert job.created_at <= job.started_at <= job.finished_at
 
 
 def test_binary_request_and_response_by_hand(
@@ -191,31 +200,91 @@ def test_non_finite_outputs_fail_the_call_with_422(
     problem = response.json
     assert problem["type"] == "/problems/inference-failed"
     assert problem["error_code"] == "non_finite_output" and problem["error"] == problem["detail"]
-    record = sync_client.get(f"/jobs/{problem['job_id']}", headers=tenant.headers).json
+    record = wait_for_record(sync_client, tenant.headers, problem["job_id"])
     assert record["status"] == "failed" and record["error"]["code"] == "non_finite_output"
 
 
-def test_a_call_that_runs_out_of_time_names_its_job(
-    sync_client: FlaskClient, tenant: TenantAuth, worker: Any
-) -> None:
-    steps = int(1.5 / 2e-6)  # about 1.5 s of work
-    body = {
+def slow_body(seconds: float, timeout_us: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "inputs": [
             {"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.1] * 64},
-            {"name": "steps", "shape": [1], "datatype": "INT64", "data": [steps]},
+            {"name": "steps", "shape": [1], "datatype": "INT64", "data": [int(seconds / 2e-6)]},
         ],
-        "parameters": {"timeout": 200_000},  # microseconds, as Triton's client sends it
     }
+    if timeout_us is not None:
+        body["parameters"] = {"timeout": timeout_us}  # microseconds, as Triton's client sends it
+    return body
+
+
+def test_a_call_that_runs_out_of_time_names_its_record(
+    sync_client: FlaskClient, tenant: TenantAuth, worker: Any
+) -> None:
+    body = slow_body(1.5, timeout_us=200_000)  # about 1.5 s of work, 0.2 s to wait
     response = sync_client.post("/v2/models/slow/infer", json=body, headers=tenant.headers)
     assert response.status_code == 504, response.get_data(as_text=True)
     problem = response.json
-    assert problem["type"] == "/problems/sync-timeout" and problem["job_status"] in (
-        "queued",
-        "running",
-    )
+    assert problem["type"] == "/problems/sync-timeout" and problem["taken"] is True
     assert response.headers["Location"] == f"/jobs/{problem['job_id']}"
-    job = wait_for_job(sync_client, tenant.headers, problem["job_id"])
-    assert job["status"] == "succeeded", "the job outlives the caller that gave up"
+    record = wait_for_record(sync_client, tenant.headers, problem["job_id"])
+    assert record["status"] == "succeeded", "a call a worker took runs, and is recorded"
+
+
+def test_a_call_no_worker_took_in_time_is_withdrawn_and_never_runs(
+    server: str, tenant: TenantAuth, worker: Any, database: Database, settings: Settings
+) -> None:
+    """Both worker children busy with slow calls: a third call waits on the lane,
+    its caller gives up, and it is taken back unrun: no record, no charge."""
+    base = f"http://{server}"
+    busy = [
+        threading.Thread(target=requests.post, args=(f"{base}/v2/models/slow/infer",),
+                         kwargs={"json": slow_body(3.0), "headers": tenant.headers})
+        for _ in range(2)
+    ]  # fmt: skip
+    for thread in busy:
+        thread.start()
+    lane = lane_of(settings)
+    wait_until(lambda: recorded(database, tenant) == 0 and lane.waiting("slow") == 0
+               and taken_slow(lane), "both slow calls to be taken", 30)  # fmt: skip
+    late = requests.post(f"{base}/v2/models/slow/infer", json=slow_body(0.1, 300_000),
+                         headers=tenant.headers, timeout=30)  # fmt: skip
+    for thread in busy:
+        thread.join(30)
+    assert late.status_code == 504, late.text
+    problem = late.json()
+    assert problem["taken"] is False and "withdrawn unrun" in problem["detail"]
+    assert lane.waiting("slow") == 0
+    wait_until(lambda: recorded(database, tenant) == 2, "the two slow calls' records", 30)
+    time.sleep(1.0)  # the writers' next round: still no record of the withdrawn call
+    with database.sessionmaker() as session:
+        assert session.get(Job, uuid.UUID(problem["job_id"])) is None
+
+
+def recorded(database: Database, tenant: TenantAuth) -> int:
+    with database.sessionmaker() as session:
+        query = select(func.count()).select_from(Job).where(Job.tenant_id == tenant.id)
+        return int(session.scalar(query) or 0)
+
+
+def taken_slow(lane: Lane) -> bool:
+    """Whether two entries of `slow` sit in workers' taken lists."""
+    keys = list(lane.client.scan_iter(match="inference:lane:taken:*:slow"))
+    return sum(int(lane.client.llen(key)) for key in keys) == 2
+
+
+def test_a_full_lane_refuses_at_once_with_retry_after(
+    settings: Settings, tenant: TenantAuth, database: Database
+) -> None:
+    """A lane at its bound (SYNC_LANE_MAX_WAITING, here 0): the call is refused at
+    once, 429 queue-full with Retry-After, nothing kept; never left to hang."""
+    full = create_app(settings.model_copy(update={"sync_lane_max_waiting": 0})).test_client()
+    started = time.monotonic()
+    response = full.post("/v2/models/digits/infer", json=v2_body(PIXELS), headers=tenant.headers)
+    assert time.monotonic() - started < 5, "refused at once, not after a wait"
+    assert response.status_code == 429, response.get_data(as_text=True)
+    assert response.json["type"] == "/problems/queue-full"
+    assert "SYNC_LANE_MAX_WAITING" in response.json["detail"]
+    assert int(response.headers["Retry-After"]) >= 1
+    assert recorded(database, tenant) == 0
 
 
 @pytest.mark.parametrize(

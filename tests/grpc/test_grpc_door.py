@@ -5,6 +5,7 @@ its record), errors mapped to status codes, keys, and message size limits."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,10 +29,11 @@ from app.grpc.server import Running
 from app.jobs.tables import Job
 from app.observability import metrics
 from app.platform.database import Database
+from app.platform.settings import Settings
 from app.runtime.sessions import SessionPool
 from app.tenancy.keys import create_operator_key
 from app.tenancy.tables import Tenant
-from tests.conftest import TenantAuth, make_tenant
+from tests.conftest import TenantAuth, lane_of, make_tenant, wait_for_record
 from tests.grpc.conftest import FailsOnce
 from tests.support import wait_until
 
@@ -147,13 +149,18 @@ def test_raw_contents_through_tritonclient_equal_onnx_runtime_and_the_http_door(
         np.asarray(outputs["probabilities"], np.float32).reshape(5, 10),
         result.as_numpy("probabilities"),
     )
-    # A job with its record, seen where the tenant sees every job.
-    job = app.test_client().get(f"/jobs/{job_id}", headers=tenant.headers)
-    assert job.status_code == 200 and job.json["status"] == "succeeded"
-    assert job.json["outputs"]["label"] == expected["label"].tolist()
-    usage = app.test_client().get("/usage", headers=tenant.headers).json
-    [digits] = [m for m in usage["models"] if m["model"] == "digits"]
-    assert digits["jobs"] == 2 and digits["rows"] == 10  # the gRPC call and the HTTP one
+    # Its record, written behind, seen where the tenant sees every job.
+    job = wait_for_record(app.test_client(), tenant.headers, str(job_id))
+    assert job["status"] == "succeeded"
+    assert job["outputs"]["label"] == expected["label"].tolist()
+
+    def usage() -> dict[str, Any] | None:
+        models = app.test_client().get("/usage", headers=tenant.headers).json["models"]
+        found = [m for m in models if m["model"] == "digits"]
+        return found[0] if found and found[0]["jobs"] == 2 else None
+
+    digits = wait_until(usage, "both calls in /usage", 30)  # the gRPC call and the HTTP one
+    assert digits["rows"] == 10
     with database.sessionmaker() as session:
         stored = session.get(Job, job_id)
         assert stored is not None and stored.priority == 10  # ahead of async work, as sync
@@ -310,24 +317,34 @@ def test_a_used_up_quota_is_resource_exhausted_with_when_to_retry(
         assert not session.scalar(select(func.count()).where(Job.tenant_id == tenant.id))
 
 
-def test_a_call_that_outlives_its_deadline_names_its_job_which_expires(
-    stub: pb_grpc.GRPCInferenceServiceStub, tenant: TenantAuth, worker: Any, database: Database
-) -> None:
+def slow_request(seconds: float) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="slow")
     request.inputs.add(name="x", datatype="FP32", shape=[1, 64])
     request.inputs.add(name="steps", datatype="INT64", shape=[1])
     request.raw_input_contents.extend(
-        [np.full((1, 64), 0.1, np.float32).tobytes(), np.array([int(3 / 2e-6)], "<i8").tobytes()]
-    )  # about 3 s of work
-    with pytest.raises(grpc.RpcError) as late:
-        stub.ModelInfer(request, metadata=list(key_of(tenant).items()), timeout=1.0)
+        [np.full((1, 64), 0.1, np.float32).tobytes(),
+         np.array([int(seconds / 2e-6)], "<i8").tobytes()]
+    )  # fmt: skip
+    return request
+
+
+def records_of(database: Database, tenant: TenantAuth) -> list[Job]:
+    with database.sessionmaker() as session:
+        return list(session.scalars(select(Job).where(Job.tenant_id == tenant.id)))
+
+
+def test_a_call_that_outlives_its_deadline_names_its_record(
+    stub: pb_grpc.GRPCInferenceServiceStub, tenant: TenantAuth, worker: Any, database: Database
+) -> None:
+    with pytest.raises(grpc.RpcError) as late:  # about 3 s of work, 1 s to wait
+        stub.ModelInfer(slow_request(3), metadata=list(key_of(tenant).items()), timeout=1.0)
     error = late.value
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     trailing = dict(error.trailing_metadata() or ())
     assert "job-id" in trailing, (error.details(), trailing)  # the server answered in time
-    with database.sessionmaker() as session:
-        job = session.get(Job, uuid.UUID(trailing["job-id"]))
-        assert job is not None and job.deadline_at is not None  # the call's deadline
+    # A worker had taken it: it ran to its end, and its record says so.
+    [record] = wait_until(lambda: records_of(database, tenant), "the call's record", 30)
+    assert str(record.id) == trailing["job-id"] and record.status == "succeeded"
 
 
 def test_an_oversize_request_is_refused_and_the_server_goes_on(
@@ -344,29 +361,28 @@ def test_an_oversize_request_is_refused_and_the_server_goes_on(
     client.close()
 
 
-def test_a_unary_call_the_client_cancels_cancels_its_job(
-    stub: pb_grpc.GRPCInferenceServiceStub, tenant: TenantAuth, database: Database, worker: Any
-) -> None:
-    request = pb.ModelInferRequest(model_name="slow")
-    request.inputs.add(name="x", datatype="FP32", shape=[1, 64])
-    request.inputs.add(name="steps", datatype="INT64", shape=[1])
-    request.raw_input_contents.extend(
-        [np.full((1, 64), 0.1, np.float32).tobytes(), np.array([int(3 / 2e-6)], "<i8").tobytes()]
-    )  # about 3 s of work
-    future = stub.ModelInfer.future(request, metadata=list(key_of(tenant).items()), timeout=60)
-
-    def job() -> Job | None:
-        with database.sessionmaker() as session:
-            return session.scalar(select(Job).where(Job.tenant_id == tenant.id))
-
-    wait_until(job, "the call's job", 10)
+def test_a_unary_call_the_client_cancels_before_a_worker_takes_it_never_runs(
+    stub: pb_grpc.GRPCInferenceServiceStub, tenant: TenantAuth, database: Database, worker: Any,
+    settings: Settings,
+) -> None:  # fmt: skip
+    """Both worker children busy: the third call waits on the lane; its client
+    cancels it, it is taken back, and never runs (no record)."""
+    metadata = list(key_of(tenant).items())
+    busy = [stub.ModelInfer.future(slow_request(2), metadata=metadata, timeout=60)
+            for _ in range(2)]  # fmt: skip
+    lane = lane_of(settings)
+    wait_until(lambda: lane.waiting("slow") == 0 and not records_of(database, tenant),
+               "both slow calls to be taken", 30)  # fmt: skip
+    time.sleep(0.3)
+    future = stub.ModelInfer.future(slow_request(0.1), metadata=metadata, timeout=60)
+    wait_until(lambda: lane.waiting("slow") == 1, "the third call on the lane", 10)
     future.cancel()
-    ended = wait_until(
-        lambda: (found := job()) and found.status not in ("queued", "running") and found,
-        "the job to end",
-        30,
-    )
-    assert ended.status == "cancelled" and ended.cancel_requested_at is not None
+    wait_until(lambda: lane.waiting("slow") == 0, "the cancelled call taken back", 10)
+    for call in busy:
+        assert call.result(timeout=30).outputs
+    wait_until(lambda: len(records_of(database, tenant)) == 2, "the two calls' records", 30)
+    time.sleep(1.0)  # the writers' next round: still no third record
+    assert len(records_of(database, tenant)) == 2
 
 
 def test_calls_are_counted_by_method_and_code(

@@ -16,6 +16,7 @@ from app.jobs.inserts import INSERT_JOBS
 from app.platform.database import Database
 from app.runtime.tensors import pack
 from tests.conftest import STAGED, TenantAuth, make_tenant, wait_for_job
+from tests.support import wait_until
 
 SLOW_STEPS = 500  # about 1 ms of ONNX Runtime a job, one job a call
 
@@ -134,11 +135,16 @@ def test_a_sync_call_goes_ahead_of_queued_async_jobs(
                         "data": [SLOW_STEPS]}]}  # fmt: skip
     response = client.post("/v2/models/slow/infer", json=body, headers=tenant.headers)
     assert response.status_code == 200, response.json
+
+    def record() -> Any:  # the call's, written behind its answer
+        with database.engine.connect() as conn:
+            return conn.execute(
+                sa.text("SELECT started_at FROM jobs WHERE tenant_id = :t AND priority = 10"),
+                {"t": tenant.id},
+            ).one_or_none()
+
+    sync = wait_until(record, "the sync call's record", 30)
     with database.engine.connect() as conn:
-        sync = conn.execute(
-            sa.text("SELECT priority, started_at FROM jobs WHERE tenant_id = :t AND priority = 10"),
-            {"t": tenant.id},
-        ).one()
         after = conn.scalar(
             sa.text(
                 "SELECT count(*) FROM jobs WHERE id = ANY(:ids) "

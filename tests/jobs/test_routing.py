@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -20,6 +22,7 @@ from app.platform.settings import Settings
 from app.repository.registry import ModelRepository
 from app.web.context import container_of, services
 from tests.conftest import RUN_ID, TenantAuth, insert_queued_job
+from tests.support import wait_until
 
 GPU, CPU = f"routing-gpu-{RUN_ID}", f"routing-cpu-{RUN_ID}"
 ROW = {"pixels": [[0.0] * 64]}
@@ -88,20 +91,29 @@ def test_submits_wake_each_models_own_queue(routed: Flask, auth: dict[str, str])
     assert not flags.exists(f"inference:wake:{GPU}:on-gpu")
 
 
-def test_the_sync_door_and_batches_wake_the_models_queue(
+def test_the_sync_door_uses_its_models_queues_lane_and_batches_wake_it(
     routed: Flask, auth: dict[str, str]
 ) -> None:
     client = routed.test_client()
     body = {
         "inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
-        "parameters": {"timeout": 100_000},  # no worker here: it answers 504, job queued
+        "parameters": {"timeout": 1_500_000},  # no worker here: it waits, then answers 504
     }
-    response = client.post("/v2/models/on-gpu/infer", json=body, headers=auth)
-    assert response.status_code == 504, response.get_data(as_text=True)
+    got: dict[str, Any] = {}
+    call = threading.Thread(target=lambda: got.update(
+        response=client.post("/v2/models/on-gpu/infer", json=body, headers=auth)))  # fmt: skip
+    call.start()
+    lanes = redis.Redis.from_url(container_of(routed).settings.redis_url)
+    on_gpu = f"inference:lane:waiting:{GPU}:on-gpu"  # only the GPU queue's workers take it
+    wait_until(lambda: lanes.llen(on_gpu) == 1, "the call on the GPU queue's lane", 10)
+    call.join(10)
+    response = got["response"]
+    assert response.status_code == 504 and response.json["taken"] is False, response.json
+    assert lanes.llen(on_gpu) == 0  # withdrawn once its caller stopped waiting
     rows = {"pixels": [[0.0] * 64] * 3}
     response = client.post("/batches", json={"model": "on-cpu", "inputs": rows}, headers=auth)
     assert response.status_code == 202, response.json
-    assert waiting(routed, GPU) == ["['on-gpu']"]
+    assert waiting(routed, GPU) == []  # the lane needs no wake-up
     assert waiting(routed, CPU) == ["['on-cpu']"]
 
 

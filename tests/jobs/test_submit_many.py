@@ -20,6 +20,7 @@ from app.errors import (
     QuotaExceeded,
     UnknownModel,
 )
+from app.jobs import lane
 from app.jobs.tables import Job
 from app.operations import InferRequest, JobRequest
 from app.platform.database import Database
@@ -124,8 +125,13 @@ def test_start_calls_starts_each_call_or_says_why(
     assert isinstance(bad, UnknownModel)
     assert not isinstance(good, DomainError) and not isinstance(timed, DomainError)
     assert good.job_id and timed.job_id and timed.timeout_s == 2
-    priorities = {job.id: job.priority for job in jobs_of(database, tenant.id)}
-    assert priorities == {good.job_id: 10, timed.job_id: 10}  # ahead of async work
+    # Both on the sync lane, in one push: no job row first (their records come after).
+    assert good.lane_entry and timed.lane_entry and not jobs_of(database, tenant.id)
+    first, second = lane.decode(good.lane_entry), lane.decode(timed.lane_entry)
+    assert (first.id, first.model, first.tenant_id) == (good.job_id, STAGED, tenant.id)
+    assert second.deadline - second.sent_at == pytest.approx(2)
+    with container_of(app).scope():
+        plane.calls.cancel(tenant.ref, [good, timed])  # withdrawn unless a worker took them
 
 
 def test_each_request_counts_toward_the_submit_rate_and_refused_ones_take_none(

@@ -146,3 +146,20 @@ class JobSettings(ServiceSettings):
     max_wait_seconds: float = Field(
         default=60.0, description="The cap on `Prefer: wait=N` and on a sync call's own timeout."
     )
+    sync_lane: Annotated[bool, BeforeValidator(switch)] = Field(
+        default=True,
+        description="Sync calls of worker-run models travel the sync lane (Redis, straight to "
+        "a worker's micro-batch; the record written behind) when 1, true or yes; otherwise "
+        "each is a job row first, like an async job ahead of the queue.",
+    )
+    sync_lane_max_waiting: int = Field(
+        default=1024,
+        description="Sync calls of one model waiting on the lane for a worker; beyond it a "
+        "call is refused at once (429 queue-full, Retry-After), never left to hang.",
+    )
+    sync_lane_lease_seconds: float = Field(
+        default=3.0,
+        description="A worker's lane threads renew their liveness key every third of this; "
+        "once it lapses, the calls it had taken are run once more elsewhere (an idempotent "
+        "model's) or answered 503.",
+    )

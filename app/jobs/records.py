@@ -1,0 +1,159 @@
+"""Sync calls' records, written behind their answers and never lost.
+
+A call answered without a job row first (the sync lane's, an inline model's)
+still leaves its record: a finished job, so GET /jobs/<id>, /usage and the
+statistics show it. The record goes first to a Redis stream, the journal, in
+the same step that answers the call (the lane's answer script; for an inline
+call, one XADD before its caller hears back); then the process's writer thread
+inserts the journaled records in one statement per batch (ON CONFLICT DO
+NOTHING: a record written twice is written once) and deletes them from the
+journal. Records a process left there (it was killed between answering and
+writing) are drained by any writer once older than JOURNAL_GRACE_S: the record
+of an answered call survives the worker's and the API's restart. The journal
+lives as long as Redis' own data (its persistence setting).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import orjson
+import redis
+from sqlalchemy import Table
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from app.jobs.tables import Job
+from app.platform.background import LazyThread
+from app.platform.database import Database
+
+logger = logging.getLogger(__name__)
+
+JOURNAL = "inference:lane:journal"
+JOURNAL_GRACE_S = 5.0  # a journaled record older than this is any writer's to write
+DRAIN_EVERY_S = 1.0
+_DRAIN_COUNT = 256
+_DATES = ("created_at", "started_at", "finished_at")
+
+_JOBS: Table = Job.__table__  # type: ignore[assignment]
+INSERT_RECORDS = insert(_JOBS).on_conflict_do_nothing(index_elements=[_JOBS.c.id])
+
+Record = dict[str, Any]
+
+
+def encode(record: Record) -> bytes:
+    """A JSON head line (dates as ISO 8601), then the packed outputs as they are."""
+    head = {k: v for k, v in record.items() if k != "output_data"}
+    return orjson.dumps(head) + b"\n" + (record.get("output_data") or b"")
+
+
+def decode(payload: bytes) -> Record:
+    head, _, outputs = payload.partition(b"\n")
+    record: Record = orjson.loads(head)
+    record["id"] = uuid.UUID(record["id"])
+    for name in _DATES:
+        if record.get(name) is not None:
+            record[name] = datetime.fromisoformat(record[name])
+    record["output_data"] = outputs if record["status"] == "succeeded" else None
+    return record
+
+
+def journal(client: redis.Redis, records: list[Record]) -> bytes:
+    """Journal records (one stream entry); its id."""
+    fields = {str(index): encode(record) for index, record in enumerate(records)}
+    entry: Any = client.xadd(JOURNAL, fields)  # type: ignore[arg-type]
+    return bytes(entry)
+
+
+class RecordWriter:
+    """One per process: writes journaled records to PostgreSQL on a thread of its
+    own (started on first use, after a fork), many in one statement, and drains
+    what other processes left in the journal. `on_written` is told of each batch
+    written (a worker's metrics)."""
+
+    def __init__(
+        self,
+        database: Database,
+        client: Callable[[], redis.Redis],
+        on_written: Callable[[Session, list[Record]], None] | None = None,
+        grace_s: float = JOURNAL_GRACE_S,
+    ) -> None:
+        self._database, self._client, self._on_written = database, client, on_written
+        self.grace_s = grace_s
+        self._queue: queue.SimpleQueue[tuple[bytes | None, list[Record]]] = queue.SimpleQueue()
+        self._thread = LazyThread(self._run, "records")
+
+    def journal(self, records: list[Record]) -> bytes:
+        """Journal these records now (the call may be answered once this returns),
+        and write them behind."""
+        entry = journal(self._client(), records)
+        self.write_later(entry, records)
+        return entry
+
+    def write_later(self, entry: bytes | None, records: list[Record]) -> None:
+        """Write records journaled as `entry` behind, then delete it (None: records
+        not journaled, in the fault suite alone)."""
+        self._thread.ensure()
+        self._queue.put((entry, records))
+
+    def start(self) -> None:
+        """Start draining the journal now (a worker: before any call reaches it)."""
+        self._thread.ensure()
+
+    def _run(self) -> None:
+        drain_at = 0.0
+        while True:
+            batch: list[tuple[bytes | None, list[Record]]] = []
+            try:
+                batch.append(self._queue.get(timeout=DRAIN_EVERY_S))
+                while len(batch) < _DRAIN_COUNT:
+                    batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                pass
+            if batch:
+                self._write(batch)
+            if time.monotonic() >= drain_at:
+                drain_at = time.monotonic() + DRAIN_EVERY_S
+                self._drain_quietly()
+
+    def _drain_quietly(self) -> None:
+        try:
+            self.drain()
+        except Exception as exc:  # Redis or PostgreSQL away: the next round tries again
+            logger.warning("could not drain the record journal: %s", exc)
+
+    def _write(self, batch: list[tuple[bytes | None, list[Record]]]) -> None:
+        try:
+            entries = [entry for entry, _ in batch if entry is not None]
+            self.write(entries, [r for _, rs in batch for r in rs])
+        except Exception as exc:  # left in the journal: drained once older than the grace
+            logger.warning("could not write %d call record(s) yet: %s", len(batch), exc)
+
+    def write(self, entries: list[bytes], records: list[Record]) -> None:
+        """Insert these records (those already there are kept), then delete their
+        journal entries."""
+        if records:
+            with self._database.separate_unit_of_work() as session:
+                session.connection().execute(INSERT_RECORDS, records)
+                if self._on_written is not None:
+                    self._on_written(session, records)
+        if entries:
+            self._client().xdel(JOURNAL, *entries)
+
+    def drain(self) -> int:
+        """Write the journal's records older than the grace (their writer died or
+        could not write them); how many entries were drained."""
+        oldest = int((time.time() - self.grace_s) * 1000)
+        found: Any = self._client().xrange(JOURNAL, "-", f"{oldest}-0", count=_DRAIN_COUNT)
+        if not found:
+            return 0
+        records = [decode(payload) for _, fields in found for payload in fields.values()]
+        self.write([entry for entry, _ in found], records)
+        logger.info("wrote %d call record(s) left in the journal", len(records))
+        return len(found)

@@ -1,0 +1,194 @@
+"""The sync lane through worker and API deaths: a call whose worker died before
+answering runs once more (an idempotent model) or is answered 503 with nothing
+recorded; an answered call's record, written behind, survives the process that
+answered it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import redis
+import requests
+from flask import Flask
+from sqlalchemy import select
+
+from app.jobs import records, staging
+from app.jobs.tables import Job
+from app.platform.database import Database
+from app.platform.settings import ROOT, Settings
+from tests.conftest import TenantAuth, WorkerProcess, free_port, service_env
+from tests.support import wait_until
+
+pytestmark = pytest.mark.processes
+
+SLOW_ONCE = "slow-once"  # the slow model under a card that says it is not idempotent
+INLINE = "digits-inline"
+
+
+@pytest.fixture(scope="module")
+def lane_models(model_repository: Path) -> Path:
+    """`slow-once` (not idempotent) and `digits-inline` beside the test models."""
+    once = model_repository / SLOW_ONCE / "1"
+    if not once.exists():
+        shutil.copytree(model_repository / "slow" / "1", once)
+        card = json.loads((once / "card.json").read_text())
+        (once / "card.json").write_text(json.dumps({**card, "idempotent": False}))
+    inline = model_repository / INLINE / "1"
+    if not inline.exists():
+        shutil.copytree(model_repository / "digits" / "1", inline)
+        card = json.loads((inline / "card.json").read_text())
+        (inline / "card.json").write_text(json.dumps({**card, "execution": "inline"}))
+    return model_repository
+
+
+@pytest.fixture
+def own_queue(settings: Settings, lane_models: Path) -> Settings:
+    """Settings of a queue of this test's own: its lanes are served by its worker alone."""
+    return settings.with_overrides(jobs_queue=f"lane-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def lane_worker(own_queue: Settings, tmp_path: Path) -> Iterator[WorkerProcess]:
+    process = WorkerProcess(own_queue, tmp_path / "worker.log", concurrency=1,
+                            SYNC_LANE_LEASE_SECONDS="1")  # fmt: skip
+    yield process
+    process.stop()
+
+
+def slow_body(seconds: float) -> dict[str, Any]:
+    return {"inputs": [
+        {"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.1] * 64},
+        {"name": "steps", "shape": [1], "datatype": "INT64", "data": [int(seconds / 2e-6)]},
+    ]}  # fmt: skip
+
+
+def call_in_background(
+    app: Flask, model: str, auth: dict[str, str]
+) -> tuple[threading.Thread, dict[str, Any]]:
+    got: dict[str, Any] = {}
+
+    def call() -> None:
+        response = app.test_client().post(f"/v2/models/{model}/infer", json=slow_body(1.5),
+                                          headers=auth)  # fmt: skip
+        got.update(status=response.status_code, body=response.json, headers=response.headers)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, got
+
+
+def kill_when_taken(settings: Settings, worker: WorkerProcess, model: str) -> int:
+    """SIGKILL the worker child once a call of `model` sits in its taken list."""
+    client = redis.Redis.from_url(settings.redis_url)
+
+    def taken() -> bool:
+        keys = client.scan_iter(match=f"inference:lane:taken:*:{model}")
+        return any(client.llen(key) for key in keys)
+
+    wait_until(taken, f"a call of {model} taken", 30, 0.01)
+    [child] = psutil.Process(worker.proc.pid).children()
+    child.send_signal(signal.SIGKILL)
+    return child.pid
+
+
+def test_a_call_whose_worker_dies_runs_once_more_on_an_idempotent_model(
+    own_queue: Settings, lane_worker: WorkerProcess, make_app: Callable[..., Flask],
+    auth: dict[str, str], database: Database,
+) -> None:  # fmt: skip
+    app = make_app(own_queue)
+    thread, got = call_in_background(app, "slow", auth)
+    killed = kill_when_taken(own_queue, lane_worker, "slow")
+    thread.join(60)
+    assert got["status"] == 200, got
+    job_id = got["body"]["parameters"]["job_id"]
+    record = wait_until(lambda: _record(database, job_id), "the call's record", 30)
+    assert record.status == "succeeded" and record.attempts == 2  # run again, once
+    assert killed not in [p.pid for p in psutil.Process(lane_worker.proc.pid).children()]
+
+
+def test_a_call_whose_worker_dies_on_a_model_not_idempotent_is_answered_503(
+    own_queue: Settings, lane_worker: WorkerProcess, make_app: Callable[..., Flask],
+    auth: dict[str, str], database: Database,
+) -> None:  # fmt: skip
+    app = make_app(own_queue)
+    thread, got = call_in_background(app, SLOW_ONCE, auth)
+    kill_when_taken(own_queue, lane_worker, SLOW_ONCE)
+    thread.join(60)
+    assert got["status"] == 503, got
+    assert "not idempotent" in got["body"]["detail"] and int(got["headers"]["Retry-After"]) >= 1
+    job_id = got["body"]["job_id"]
+    time.sleep(2.0)  # the writers' rounds: nothing is recorded of a call never answered
+    assert _record(database, job_id) is None
+    # The worker's new child serves the lane: the next call is answered.
+    response = app.test_client().post(f"/v2/models/{SLOW_ONCE}/infer", json=slow_body(0.01),
+                                      headers=auth)  # fmt: skip
+    assert response.status_code == 200, response.json
+
+
+def test_a_journaled_record_its_writer_left_is_written_by_a_worker(
+    settings: Settings, worker: Any, database: Database, tenant: TenantAuth
+) -> None:
+    """A process that answered a call and died before writing its record left it in
+    the journal: a live worker's writer writes it once it is older than the grace."""
+    now = datetime.now(UTC)
+    record = staging.call_record(("digits", "1"), 1, tenant.id, now, 0.001,
+                                 outputs={"label": np.array([3])})  # fmt: skip
+    records.journal(redis.Redis.from_url(settings.redis_url), [record])  # and nobody writes it
+    written = wait_until(lambda: _record(database, str(record["id"])), "the record", 30)
+    assert written.status == "succeeded" and written.tenant_id == tenant.id
+
+
+def test_an_inline_calls_record_survives_the_api_killed_right_after_answering(
+    settings: Settings, lane_models: Path, worker: Any, database: Database,
+    auth: dict[str, str],
+) -> None:  # fmt: skip
+    port = free_port()
+    env = service_env(settings, MODEL_REPOSITORY=str(lane_models))
+    api = subprocess.Popen(
+        [sys.executable, "-m", "app.cli.api_server", "--bind", f"127.0.0.1:{port}",
+         "--workers", "1"], cwd=ROOT, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _live(base), "the API", 60)
+        body = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
+                            "data": [1.0] * 64}]}  # fmt: skip
+        response = requests.post(f"{base}/v2/models/{INLINE}/infer", json=body, headers=auth,
+                                 timeout=30)  # fmt: skip
+        os.killpg(api.pid, signal.SIGKILL)  # right after its answer
+    finally:
+        if api.poll() is None:
+            os.killpg(api.pid, signal.SIGKILL)
+        api.wait(10)
+    assert response.status_code == 200, response.text
+    job_id = response.json()["parameters"]["job_id"]
+    record = wait_until(lambda: _record(database, job_id), "the record of the answered call", 30)
+    assert record.status == "succeeded" and record.model == INLINE
+
+
+def _live(base: str) -> bool:
+    try:
+        return requests.get(f"{base}/v2/health/live", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _record(database: Database, job_id: str) -> Job | None:
+    with database.sessionmaker() as session:
+        return session.scalar(select(Job).where(Job.id == uuid.UUID(job_id)))
