@@ -39,20 +39,20 @@ POINTS = ("prefill", "decode", "recorded")
 PAST = 16  # tokens made (or recorded) before a point fires: a retry has text to resume from
 
 
-def _armed(path: Path, point: str) -> bool:
+def armed(path: Path, point: str) -> bool:
     try:
         return path.read_text().strip() == point
     except FileNotFoundError:
         return False
 
 
-def _fire(path: Path, point: str) -> None:
+def fire(path: Path, point: str, where: str = "the decode loop") -> None:
     """SIGKILL this process, unless another one fired this point first."""
     try:
         os.rename(path, path.with_name(path.name + ".fired"))
     except FileNotFoundError:
         return
-    print(f"staged crash in the decode loop at {point} (pid {os.getpid()})", flush=True)
+    print(f"staged crash in {where} at {point} (pid {os.getpid()})", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -64,25 +64,25 @@ def install(path: Path) -> None:
 
     def staged_prefill(self: DecodeEngine, *args: Any, **kwargs: Any) -> list[Emitted]:
         emitted = prefill(self, *args, **kwargs)
-        if _armed(path, "prefill") and any(recorded[s.key] for s in self.decoding):
-            _fire(path, "prefill")
+        if armed(path, "prefill") and any(recorded[s.key] for s in self.decoding):
+            fire(path, "prefill")
         return emitted
 
     def staged_decode(self: DecodeEngine) -> list[Emitted]:
         emitted = decode(self)
-        if _armed(path, "decode") and any(len(s.generated) >= PAST for s in self.decoding):
-            _fire(path, "decode")
+        if armed(path, "decode") and any(len(s.generated) >= PAST for s in self.decoding):
+            fire(path, "decode")
         return emitted
 
     def staged_record(self: Generation, pieces: list[Piece]) -> None:
         record(self, pieces)  # committed
         for piece in pieces:
             recorded[piece.job_id] += len(piece.tokens)
-        if _armed(path, "recorded"):
+        if armed(path, "recorded"):
             held = self.publisher._pending  # the text not yet published, by job
             if any(recorded[p.job_id] >= PAST and p.job_id in held and held[p.job_id].text
                    for p in pieces):  # fmt: skip
-                _fire(path, "recorded")
+                fire(path, "recorded")
 
     DecodeEngine.prefill = staged_prefill  # type: ignore[method-assign]
     DecodeEngine.decode = staged_decode  # type: ignore[method-assign]

@@ -61,6 +61,7 @@ FAULT_CONSUMER = "tests.faults.consumer"
 # A worker given this variable (a file's path) runs from the suite's entry point, which
 # stages crashes in its decode loop at the point the file names (tests.faults.decode_crash).
 DECODE_CRASH_VARIABLE = "FAULTS_DECODE_CRASH_FILE"
+LANE_CRASH_VARIABLE = "FAULTS_LANE_CRASH_FILE"
 STREAM_FAST = {"STREAMS_REFRESH_SECONDS": "0.2", "STREAMS_CLAIM_IDLE_SECONDS": "1.5"}
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -106,6 +107,7 @@ FAST = {
     "RETRY_BACKOFF_SECONDS": "0.2",
     "RETRY_BACKOFF_MAX_SECONDS": "1",
     "BROKER_RESTORE_INTERVAL_SECONDS": "1",
+    "SYNC_LANE_LEASE_SECONDS": "1.5",
 }
 
 
@@ -231,9 +233,10 @@ class FaultStack:
     # Processes -----------------------------------------------------------------
     def start_worker(self, name: str = "worker", concurrency: int = 2, **env: str) -> Service:
         """`env`: variables this worker alone gets (a URL through a proxy the test cuts,
-        DECODE_CRASH_VARIABLE)."""
+        DECODE_CRASH_VARIABLE, LANE_CRASH_VARIABLE)."""
         hostname = f"{name}-{uuid.uuid4().hex[:6]}@%h"
-        entry_point = FAULT_ENTRY_POINT if DECODE_CRASH_VARIABLE in env else self.entry_point
+        staged = DECODE_CRASH_VARIABLE in env or LANE_CRASH_VARIABLE in env
+        entry_point = FAULT_ENTRY_POINT if staged else self.entry_point
         args = worker_command("inference", concurrency, hostname, *QUIET_WORKER, app=entry_point)
         service = Service(name, args, {**self.env, **env}, self.root).start()
         service.wait_for_log(b" ready.")
