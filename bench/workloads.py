@@ -258,14 +258,20 @@ def sync_calls(
     result = load.closed_loop(endpoint, bodies.sync, plan.jobs, clients)
     cpu1 = c.meter.sample()
     span = result.last_answer - result.first_send
+    # One client alone: the latency a lone caller sees, nothing queued before it.
+    alone = load.closed_loop(endpoint, bodies.sync, max(ONE_CLIENT_CALLS, plan.jobs // 4), 1)
     return {
         "workload": "l" if inline else "f",
         "variant": f"{clients} clients, {endpoint.path}",
         "jobs": result.accepted,
         "jobs_per_s": rounded(result.accepted / span if span > 0 else None),
         **result.summary(),
+        "one_client_ms": alone.summary()["post_ms"],
         "cpu_ms_per_job": per_job_ms(cpu0, cpu1, result.accepted),
     }
+
+
+ONE_CLIENT_CALLS = 500
 
 
 STREAM_WINDOW = 16  # requests in flight on each gRPC stream in (i)

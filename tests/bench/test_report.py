@@ -27,8 +27,21 @@ def test_ratios_within_the_run_decide_each_target() -> None:
         _row("textbook", "a", jobs_per_s=200.0),
         _row("bentoml", "a", jobs_per_s=300.0, cpu_ms_per_job={"total": 3.0}),
         _row("celery-noop", "noop", tasks_per_s=800.0),
-        _row("service", "f", jobs_per_s=1000.0, post_ms={"p50": 12.0, "p99": 30.0}),
-        _row("flask-ort", "f", jobs_per_s=2500.0, post_ms={"p50": 5.0, "p99": 9.0}),
+        _row(
+            "service",
+            "f",
+            jobs_per_s=1000.0,
+            post_ms={"p50": 12.0, "p99": 30.0},
+            one_client_ms={"p50": 2.4, "p99": 7.5},
+        ),
+        _row(
+            "flask-ort",
+            "f",
+            jobs_per_s=2500.0,
+            post_ms={"p50": 5.0, "p99": 9.0},
+            one_client_ms={"p50": 0.5, "p99": 1.0},
+        ),
+        _row("service", "h", jobs_per_s=1100.0),
         _row(
             "service",
             "g",
@@ -46,7 +59,11 @@ def test_ratios_within_the_run_decide_each_target() -> None:
     assert t["service CPU per job vs BentoML's task"]["met"] is True
     assert t["sync calls/s vs bare Flask + ORT"]["value"] == 0.4
     assert t["sync calls/s vs bare Flask + ORT"]["met"] is False
-    assert t["sync call p50 ms"]["met"] is False
+    alone = t["sync call p50 over the bare endpoint's"]  # 2.4 - 0.5 ms, within 2 ms
+    assert (alone["value"], alone["met"]) == (1.9, True)
+    late = t["sync call p99 over the bare endpoint's"]  # 7.5 - 1.0 ms: more than 5 ms
+    assert (late["value"], late["met"]) == (6.5, False)
+    assert t["gRPC unary calls/s vs the HTTP sync door's"]["value"] == 1.1
     assert t["batch rows/s vs raw ORT on the same rows"]["met"] is True
     assert "1,000,000 rows" in next(x["target"] for x in t.values() if "(g), " in x["target"])
     assert t["batch: largest RSS of any service process"]["value"] == 480.0
