@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -178,8 +179,13 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         )  # fmt: skip
         assert grpc_run.returncode == 0, grpc_run.stderr + grpc_run.stdout
         digit, job_line = re.search(r"digit: (\d) job: (\S+)", grpc_run.stdout).groups()  # type: ignore[union-attr]
-        grpc_job = requests.get(f"{stack.base}/jobs/{job_line}", timeout=10,
-                                headers={"Authorization": f"Bearer {api_key}"}).json()  # fmt: skip
+
+        def grpc_record() -> dict[str, Any] | None:  # written behind the answer
+            found = requests.get(f"{stack.base}/jobs/{job_line}", timeout=10,
+                                 headers={"Authorization": f"Bearer {api_key}"})  # fmt: skip
+            return found.json() if found.status_code == 200 else None
+
+        grpc_job = wait_until(grpc_record, "the gRPC call's record", 30)
         assert grpc_job["status"] == "succeeded" and grpc_job["outputs"]["label"] == [int(digit)]
         assert "stream: {'row-0': " in grpc_run.stdout and "'row-2': " in grpc_run.stdout
         assert "error" not in grpc_run.stdout

@@ -35,12 +35,6 @@ PREFIX = "inference:lane:"
 WORKERS = PREFIX + "workers"  # set: the worker ids whose lanes' taken lists may hold entries
 LOST = "lost"  # a Reply status: the call's worker died before answering it
 
-# KEYS[1]: the lane; ARGV: the bound, then the entries. All pushed, or none (0).
-_PUSH = """
-local bound = tonumber(ARGV[1])
-if redis.call('LLEN', KEYS[1]) + #ARGV - 1 > bound then return 0 end
-return redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
-"""
 # KEYS[1]: the lane, KEYS[2]: taken; ARGV[1]: at most this many more.
 _TAKE_MORE = """
 local taken = {}
@@ -126,14 +120,21 @@ class Lane:
     def __init__(self, client: redis.Redis, bound: int, route: Callable[[str], str]) -> None:
         """`route`: a model's queue (app.jobs.dispatch.Dispatcher.queue_for)."""
         self.client, self.bound, self._route = client, bound, route
-        self._push = client.register_script(_PUSH)
         self._take_more = client.register_script(_TAKE_MORE)
         self._answer = client.register_script(_ANSWER)
 
     def push(self, model: str, entries: list[bytes]) -> bool:
         """Append these entries to the model's lane, all or none: False when that
-        would take it past its bound."""
-        return bool(self._push(keys=[self.key(model)], args=[self.bound, *entries]))
+        took it past its bound (they are taken out again at once). A plain RPUSH,
+        the cheapest round trip, on the path of every call."""
+        key = self.key(model)
+        if int(self.client.rpush(key, *entries)) <= self.bound:
+            return True
+        pipe = self.client.pipeline(transaction=False)
+        for entry in entries:
+            pipe.lrem(key, -1, entry)  # type: ignore[arg-type]
+        pipe.execute()
+        return False
 
     def withdraw(self, model: str, entry: bytes) -> bool:
         """Take a waiting entry back (its caller stopped waiting); False when a

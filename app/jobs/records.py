@@ -27,6 +27,7 @@ import orjson
 import redis
 from sqlalchemy import Table
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.jobs.tables import Job
@@ -38,6 +39,9 @@ logger = logging.getLogger(__name__)
 JOURNAL = "inference:lane:journal"
 JOURNAL_GRACE_S = 5.0  # a journaled record older than this is any writer's to write
 DRAIN_EVERY_S = 1.0
+# Records handed over within this long of the first share a statement and a commit
+# (they are written behind their answers: nobody waits for them).
+GATHER_S = 0.05
 _DRAIN_COUNT = 256
 _DATES = ("created_at", "started_at", "finished_at")
 
@@ -112,8 +116,9 @@ class RecordWriter:
             batch: list[tuple[bytes | None, list[Record]]] = []
             try:
                 batch.append(self._queue.get(timeout=DRAIN_EVERY_S))
+                until = time.monotonic() + GATHER_S
                 while len(batch) < _DRAIN_COUNT:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=max(0.0, until - time.monotonic())))
             except queue.Empty:
                 pass
             if batch:
@@ -137,14 +142,26 @@ class RecordWriter:
 
     def write(self, entries: list[bytes], records: list[Record]) -> None:
         """Insert these records (those already there are kept), then delete their
-        journal entries."""
+        journal entries. A record the table refuses (its tenant deleted since) is
+        dropped, logged, rather than left to block the journal."""
         if records:
-            with self._database.separate_unit_of_work() as session:
-                session.connection().execute(INSERT_RECORDS, records)
-                if self._on_written is not None:
-                    self._on_written(session, records)
+            try:
+                self._insert(records)
+            except IntegrityError:
+                for record in records:
+                    try:
+                        self._insert([record])
+                    except IntegrityError as exc:
+                        logger.warning("dropped the record of call %s: %s", record["id"],
+                                       exc.orig)  # fmt: skip
         if entries:
             self._client().xdel(JOURNAL, *entries)
+
+    def _insert(self, records: list[Record]) -> None:
+        with self._database.separate_unit_of_work() as session:
+            session.connection().execute(INSERT_RECORDS, records)
+            if self._on_written is not None:
+                self._on_written(session, records)
 
     def drain(self) -> int:
         """Write the journal's records older than the grace (their writer died or

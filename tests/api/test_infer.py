@@ -174,7 +174,7 @@ def test_an_inline_model_runs_in_the_api_and_leaves_its_record(
     outputs = {o["name"]: o["data"] for o in response.json["outputs"]}
     expected = direct(model_repository / "digits" / "1", PIXELS)
     assert outputs["label"] == expected["label"].tolist()
-    record = sync_client.get(f"/jobs/{job_id}", headers=tenant.headers).json
+    record = wait_for_record(sync_client, tenant.headers, job_id)
     assert record["status"] == "succeeded" and record["model"] == INLINE
     assert record["priority"] == 10 and record["attempts"] == 1
     assert record["outputs"]["label"] == expected["label"].tolist()

@@ -143,14 +143,23 @@ def test_a_call_whose_worker_dies_on_a_model_not_idempotent_is_answered_503(
 def test_a_journaled_record_its_writer_left_is_written_by_a_worker(
     settings: Settings, worker: Any, database: Database, tenant: TenantAuth
 ) -> None:
-    """A process that answered a call and died before writing its record left it in
-    the journal: a live worker's writer writes it once it is older than the grace."""
+    """A process that answered calls and died before writing their records left
+    them in the journal: a live worker's writer writes them once older than the
+    grace. One the table refuses (its tenant deleted since) is dropped, not left
+    to block the rest."""
     now = datetime.now(UTC)
-    record = staging.call_record(("digits", "1"), 1, tenant.id, now, 0.001,
-                                 outputs={"label": np.array([3])})  # fmt: skip
-    records.journal(redis.Redis.from_url(settings.redis_url), [record])  # and nobody writes it
-    written = wait_until(lambda: _record(database, str(record["id"])), "the record", 30)
+    good, orphan = (
+        staging.call_record(
+            ("digits", "1"), 1, tenant_id, now, 0.001, outputs={"label": np.array([3])}
+        )
+        for tenant_id in (tenant.id, 2**31 - 7)
+    )
+    client = redis.Redis.from_url(settings.redis_url)
+    entry = records.journal(client, [orphan, good])  # and nobody writes them
+    written = wait_until(lambda: _record(database, str(good["id"])), "the record", 30)
     assert written.status == "succeeded" and written.tenant_id == tenant.id
+    wait_until(lambda: not client.xrange(records.JOURNAL, entry, entry), "the entry gone", 10)
+    assert _record(database, str(orphan["id"])) is None
 
 
 def test_an_inline_calls_record_survives_the_api_killed_right_after_answering(

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.grpc.server import Running
 from tests.conftest import TenantAuth, make_tenant
-from tests.support import LiveServer
+from tests.support import LiveServer, wait_until
 
 RNG = np.random.default_rng(5)
 ROWS = (1, 2, 1)  # three calls of digits, four rows in all
@@ -73,6 +73,13 @@ def test_statistics_count_the_tenants_own_calls_on_both_doors(
     failed = refused(http_client.infer, "digits", [pixels(NON_FINITE)], headers=tenant.headers)
     assert failed.status() == "422"
 
+    def recorded() -> bool:  # the calls' records are written behind their answers
+        [stat] = http_client.get_inference_statistics("digits", headers=tenant.headers)[
+            "model_stats"
+        ]
+        return int(stat["execution_count"]) == len(ROWS) and figure(stat, "fail")[0] == 1
+
+    wait_until(recorded, "every call's record", 30)
     over_http = http_client.get_inference_statistics("digits", headers=tenant.headers)
     over_grpc = triton_client.get_inference_statistics(
         "digits", headers=key_of(tenant), as_json=True
