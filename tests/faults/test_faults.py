@@ -395,8 +395,10 @@ def test_11_sigkill_worker_children_under_grpc_streams(
     """Two ModelStreamInfer streams of 150 requests while worker children are
     killed: each request is answered once, with its outputs (its job taken back from
     the dead child by the lease sweep and run again); without the lease, the jobs of
-    the killed children never end and their requests run out of time."""
-    stack = make_stack("" if guarded else "lease", JOB_MAX_ATTEMPTS="5")
+    the killed children never end and their requests run out of time. On the job
+    path (SYNC_LANE=false, as a generative model's calls always are): the sync
+    lane's own kills are scenario 24."""
+    stack = make_stack("" if guarded else "lease", JOB_MAX_ATTEMPTS="5", SYNC_LANE="false")
     stack.start_all(concurrency=2)
     stack.start_grpc()
     per_stream, answers, lock = 150, Counter[str](), threading.Lock()

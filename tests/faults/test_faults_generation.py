@@ -240,7 +240,11 @@ def test_22_a_client_reconnects_ten_times_during_one_generation(
                        "its worker child killed once")  # fmt: skip
     check(tally, guarded, lambda t: bool(t.duplicate_tokens))
     assert not guarded or not wrong, wrong
-    assert call.events.cuts == CUTS and call.events.connections == CUTS + 1
+    # Cut after each of its first ten events but the last (how many pieces a
+    # generation is recorded in depends on the machine's speed): at least five.
+    events = call.events
+    assert events.cuts == min(CUTS, len(events.event_ids) - 1) >= 5, events.cuts
+    assert events.connections == events.cuts + 1
 
 
 # Scenario 23 ---------------------------------------------------------------------
