@@ -20,7 +20,6 @@ before answering is never run twice unasked, and never left waiting.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -212,7 +211,3 @@ class Lane:
         again = encode(replace(entry, attempt=entry.attempt + 1))
         self.client.lpush(self.key(entry.model), again)
         return again
-
-
-def now() -> float:
-    return time.time()

@@ -230,7 +230,7 @@ class LaneCalls:
         if not self._replies.listening():
             raise Unavailable("this process cannot hear answers (Redis?); retry shortly",
                               retry_after=1)  # fmt: skip
-        sent_at = lane.now()
+        sent_at = time.time()
         started: list[Call | DomainError] = []
         by_model: dict[str, list[int]] = {}
         for card, arrays, timeout_s, request in calls:

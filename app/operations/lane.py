@@ -69,8 +69,9 @@ class Recovery:
     def run(self) -> int:
         """Settle dead workers' calls; how many."""
         settled = 0
-        for worker in self._lane.dead_workers():
-            models = {card.name for card in lane_models(self._repository)}
+        dead = self._lane.dead_workers()
+        models = {card.name for card in lane_models(self._repository)} if dead else set()
+        for worker in dead:
             seized = self._lane.seize(worker, models)
             lost: list[tuple[str, Reply]] = []
             for raw in seized:
@@ -193,7 +194,7 @@ class LaneServer:
     def run(self, lane_: Lane, model: str, taken: list[bytes]) -> None:
         """Run taken calls, answer them and journal their records; the records are
         written behind. A call whose caller stopped waiting is dropped unrun."""
-        now = lane.now()
+        now = time.time()
         entries = [e for e in map(lane.decode, taken) if e.deadline > now]
         by_version: dict[str, list[Entry]] = defaultdict(list)
         for entry in entries:
