@@ -1,7 +1,9 @@
 """A Python client for the inference job service: jobs (submit, wait by
-long-poll or events, cancel, list), sync KServe v2 inference, batches, and
-webhook verification. Needs `requests`; numpy (arrays) and standardwebhooks
-(verify_webhook) when those are used. Imports nothing of the service."""
+long-poll or events, cancel, list), sync KServe v2 inference, batches (files,
+arrays, pandas DataFrames and Parquet; progress bars with tqdm), and webhook
+verification. Needs `requests`, numpy and tqdm; pandas and pyarrow (the
+`parquet` extra) for DataFrames, standardwebhooks (`webhooks`) for
+verify_webhook. Imports nothing of the service."""
 
 from inference_client.client import Client
 from inference_client.errors import ApiError, WaitTimeout, WebhookVerificationError
@@ -16,6 +18,9 @@ from inference_client.resources import (
 )
 from inference_client.webhooks import verify_webhook
 
+# The one place the version is kept: the package's build reads it from here too.
+__version__ = "0.1.0"
+
 __all__ = [
     "ApiError",
     "Batch",
@@ -28,5 +33,6 @@ __all__ = [
     "UploadedFile",
     "WaitTimeout",
     "WebhookVerificationError",
+    "__version__",
     "verify_webhook",
 ]

@@ -11,20 +11,23 @@ outside 2xx raises `ApiError`, a network failure raises `requests`' own error.
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from os import PathLike, fspath
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 import requests
 
+from inference_client import progress as bars
 from inference_client import tensors
 from inference_client.errors import ApiError, WaitTimeout
 from inference_client.resources import (
@@ -49,13 +52,21 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 METADATA_TTL_S = 60.0
 BULK_MAX = 1000  # jobs the service takes in one POST /jobs/bulk
 BACKOFF_FIRST_S = 0.5
+# The service's address and a tenant's key, when `Client()` is not given them.
+URL_VARIABLE, KEY_VARIABLE = "INFERENCE_URL", "INFERENCE_API_KEY"
+DEFAULT_URL = "http://127.0.0.1:8000"
+NPY, JSONL = "application/x-npy", "application/jsonl"
+RESULT_TYPES = {".npy": NPY, ".jsonl": JSONL, ".parquet": "application/vnd.apache.parquet"}
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
     # What `upload` and `batch` take: a file path, the bytes of a file, a numpy
-    # array, rows (a list), or (batch only) inline inputs `{"<input>": rows}`.
-    Source = str | PathLike[str] | bytes | Sequence[Any] | Mapping[str, Any] | npt.NDArray[Any]
+    # array, rows (a list), a pandas DataFrame (typed Any: pandas has no type
+    # hints), or (batch only) inline inputs `{"<input>": rows}`.
+    Source = (
+        str | PathLike[str] | bytes | Sequence[Any] | Mapping[str, Any] | npt.NDArray[Any] | Any
+    )
 
 
 class _Deadline:
@@ -112,15 +123,24 @@ class Client:
 
     def __init__(
         self,
-        base_url: str,
-        api_key: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
         *,
         timeout: float = 30.0,
         session: requests.Session | None = None,
         max_backoff: float = 30.0,
     ) -> None:
-        """`timeout` bounds each request's connect and each read (a waiting call
-        adds its own wait to it); `max_backoff` caps one pause between retries."""
+        """`base_url` and `api_key` default to $INFERENCE_URL (else
+        http://127.0.0.1:8000) and $INFERENCE_API_KEY, so code and the shell name
+        them once; arguments given win. `timeout` bounds each request's connect
+        and each read (a waiting call adds its own wait to it); `max_backoff` caps
+        one pause between retries."""
+        if base_url is None:
+            base_url = os.environ.get(URL_VARIABLE) or DEFAULT_URL
+        if api_key is None:
+            api_key = os.environ.get(KEY_VARIABLE) or None
+        if not api_key:
+            raise ValueError(f"no API key: pass api_key or set {KEY_VARIABLE}")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.max_backoff = max_backoff
@@ -428,33 +448,60 @@ class Client:
 
     # -- batches ---------------------------------------------------------------
 
-    def upload(self, source: Source, *, filename: str | None = None) -> UploadedFile:
-        """POST /files: a path (streamed from disk), the bytes of a file (give
-        `filename`, whose extension says .npy, .jsonl or .csv), a numpy array
-        (sent as .npy) or rows (a list, sent as JSON Lines)."""
+    def upload(
+        self,
+        source: Source,
+        *,
+        filename: str | None = None,
+        columns: Mapping[str, Sequence[str]] | None = None,
+        progress: bool | None = None,
+    ) -> UploadedFile:
+        """POST /files: a path (streamed from disk; .npy, .jsonl, .csv or
+        .parquet), the bytes of a file (give `filename`, whose extension says the
+        format), a numpy array (sent as .npy), a pandas DataFrame (sent as
+        Parquet, a column per model input; `columns={"<input>": [column, ...]}`
+        gathers several columns into one input) or rows (a list, sent as JSON
+        Lines). `progress`: a byte bar on stderr; None shows it only when stderr
+        is a terminal."""
+        from inference_client import frames
+
         if isinstance(source, str | PathLike):
             path = Path(fspath(source))
             with path.open("rb") as file:
-                return self._upload(file, filename or path.name)
+                return self._upload(file, path.stat().st_size, filename or path.name, progress)
         if isinstance(source, bytes | bytearray):
             if filename is None:
-                raise ValueError("name the bytes' format: filename='rows.npy' (or .jsonl, .csv)")
-            return self._upload(bytes(source), filename)
+                raise ValueError("name the bytes' format: filename='rows.npy' "
+                                 "(or .jsonl, .csv, .parquet)")  # fmt: skip
+            return self._sent(bytes(source), filename, progress)
+        if frames.is_frame(source):
+            return self._sent(frames.to_parquet(source, columns), filename or "frame.parquet",
+                              progress)  # fmt: skip
+        if columns is not None:
+            raise TypeError("columns= gathers a DataFrame's columns: give a DataFrame")
         if tensors.is_array(source):
-            return self._upload(tensors.to_npy(source), filename or "rows.npy")
+            return self._sent(tensors.to_npy(source), filename or "rows.npy", progress)
         if isinstance(source, Sequence):
             lines = "".join(json.dumps(tensors.jsonable(row)) + "\n" for row in source)
-            return self._upload(lines.encode(), filename or "rows.jsonl")
-        raise TypeError(f"cannot upload a {type(source).__name__}: give a path, bytes, an array "
-                        "or a list of rows")  # fmt: skip
+            return self._sent(lines.encode(), filename or "rows.jsonl", progress)
+        raise TypeError(f"cannot upload a {type(source).__name__}: give a path, bytes, an array, "
+                        "a DataFrame or a list of rows")  # fmt: skip
 
-    def _upload(self, data: Any, filename: str) -> UploadedFile:
-        return UploadedFile.from_json(
-            self._json(
-                "POST", "/files", params={"filename": filename}, data=data,
-                headers={"Content-Type": "application/octet-stream"},
-            )
-        )  # fmt: skip
+    def _sent(self, data: bytes, filename: str, progress: bool | None) -> UploadedFile:
+        return self._upload(io.BytesIO(data), len(data), filename, progress)
+
+    def _upload(
+        self, file: IO[bytes], size: int, filename: str, progress: bool | None
+    ) -> UploadedFile:
+        with bars.bar(progress, total=size, desc=f"upload {filename}", unit="B",
+                      unit_scale=True, unit_divisor=1024) as shown:  # fmt: skip
+            return UploadedFile.from_json(
+                self._json(
+                    "POST", "/files", params={"filename": filename},
+                    data=bars.CountingReader(file, size, shown),
+                    headers={"Content-Type": "application/octet-stream"},
+                )
+            )  # fmt: skip
 
     def create_batch(
         self,
@@ -512,7 +559,7 @@ class Client:
         with its outputs, or the error of its chunk. 409 while it runs."""
         response = self._request(
             "GET", f"/batches/{quote(batch_id)}/results", stream=True,
-            headers={"Accept": "application/jsonl"},
+            headers={"Accept": JSONL},
         )  # fmt: skip
         return _rows(response)
 
@@ -522,9 +569,60 @@ class Client:
         response = self._request(
             "GET", f"/batches/{quote(batch_id)}/results",
             params={"output": output} if output else None,
-            headers={"Accept": "application/x-npy"},
+            headers={"Accept": NPY},
         )  # fmt: skip
         return tensors.from_npy(response.content)
+
+    def batch_frame(self, batch_id: str, *, index: Any = None) -> Any:
+        """A finished batch's results as a pandas DataFrame (the `parquet`
+        extra), a row per input row in input order (or `index`, e.g. the input
+        frame's), a column per output; a vector output holds a numpy array per
+        row. Read as Parquet; where some rows failed, from JSON Lines instead,
+        with their outputs missing and `error` (the code) and `error_message`
+        columns added. 409 while it runs."""
+        from inference_client import frames
+
+        frames.modules()  # the ImportError that says what to install, before any request
+        try:
+            response = self._request("GET", f"/batches/{quote(batch_id)}/results",
+                                     headers={"Accept": frames.PARQUET})  # fmt: skip
+            frame = frames.from_parquet(response.content)
+        except ApiError as exc:
+            # 409: rows without outputs, which Parquet cannot leave out; 422: outputs
+            # it cannot hold (text). JSON Lines has every row (or says 409 itself).
+            if exc.status not in (409, 422):
+                raise
+            batch = self.get_batch(batch_id)
+            outputs = self.model(batch.model, batch.model_version).get("outputs", [])
+            frame = frames.from_rows(self.batch_results(batch_id), outputs)
+        if index is not None:
+            frame.index = index
+        return frame
+
+    def download_batch_results(
+        self, batch_id: str, path: str | PathLike[str], *, output: str | None = None
+    ) -> Path:
+        """A finished batch's results streamed into a file whose extension says
+        the format: .parquet (a column per output), .npy or .jsonl; .parquet and
+        .npy hold `output` alone if named, and need every row to have succeeded
+        (else 409). The file appears only once complete."""
+        target = Path(fspath(path))
+        accept = RESULT_TYPES.get(target.suffix.lower())
+        if accept is None:
+            raise ValueError(f"name the file .parquet, .npy or .jsonl, not {target.name!r}")
+        partial = target.with_name(f".{target.name}.partial")
+        response = self._request(
+            "GET", f"/batches/{quote(batch_id)}/results", stream=True,
+            params={"output": output} if output else None, headers={"Accept": accept},
+        )  # fmt: skip
+        try:
+            with response, partial.open("wb") as out:
+                for part in response.iter_content(1024 * 1024):
+                    out.write(part)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return target
 
     def batch(
         self,
@@ -536,21 +634,34 @@ class Client:
         on_progress: Callable[[Batch], None] | None = None,
         interval: float = 1.0,
         timeout: float | None = None,
+        columns: Mapping[str, Sequence[str]] | None = None,
+        progress: bool | None = None,
     ) -> BatchResults:
-        """Run a batch to its end: upload `source` (see `upload`; a mapping
-        `{"<input>": rows}` goes inline instead), create the batch, follow it
-        (`on_progress` gets each snapshot) and return its rows, streamed in input
-        order as they are iterated. `.batch` is the finished batch."""
+        """Run a batch to its end: upload `source` (see `upload`: a path, bytes,
+        an array, a pandas DataFrame, rows; a mapping `{"<input>": rows}` goes
+        inline instead), create the batch, follow it (`on_progress` gets each
+        snapshot) and return its results: its rows in input order as they are
+        iterated, or `.to_pandas()` (indexed like a DataFrame source). `.batch`
+        is the finished batch. `progress`: bars on stderr for the upload's bytes
+        and the rows finished; None shows them only when stderr is a terminal."""
+        from inference_client import frames
+
         if isinstance(source, Mapping):
             created = self.create_batch(model, inputs=source, version=version, webhook=webhook)
         else:
-            file = self.upload(source)
+            file = self.upload(source, columns=columns, progress=progress)
             created = self.create_batch(model, file_id=file.id, version=version, webhook=webhook)
         finished = created
-        for finished in self.follow_batch(created.id, interval=interval, timeout=timeout):
-            if on_progress is not None:
-                on_progress(finished)
-        return BatchResults(finished, self.batch_results(created.id))
+        rows = bars.RowsBar(progress, created.id)
+        try:
+            for finished in self.follow_batch(created.id, interval=interval, timeout=timeout):
+                rows.show(finished)
+                if on_progress is not None:
+                    on_progress(finished)
+        finally:
+            rows.close()
+        index = source.index if frames.is_frame(source) else None
+        return BatchResults(finished, client=self, index=index)
 
     # Last: inside the class body, `list` names this method from here on.
     def list(

@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inference_client.client import Client
 
 JOB_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
 BATCH_TERMINAL = frozenset({"succeeded", "partially_succeeded", "failed", "cancelled"})
@@ -231,12 +234,36 @@ class ResultRow:
 
 
 class BatchResults(Iterable[ResultRow]):
-    """A finished batch (`batch`) and its result rows, streamed in input order
-    as they are iterated (once)."""
+    """A finished batch (`batch`) and its results: its rows, streamed in input
+    order as they are iterated, or `to_pandas()`. From `Client.batch` each
+    iteration reads the rows anew; given `rows`, they are iterated once."""
 
-    def __init__(self, batch: Batch, rows: Iterator[ResultRow]) -> None:
+    def __init__(
+        self,
+        batch: Batch,
+        rows: Iterator[ResultRow] | None = None,
+        *,
+        client: Client | None = None,
+        index: Any = None,
+    ) -> None:
+        if rows is None and client is None:
+            raise ValueError("give the rows, or the client to read them with")
         self.batch = batch
-        self._rows = rows
+        self._rows, self._client, self._index = rows, client, index
 
     def __iter__(self) -> Iterator[ResultRow]:
-        return self._rows
+        if self._rows is not None:
+            return self._rows
+        return self._reader().batch_results(self.batch.id)
+
+    def to_pandas(self) -> Any:
+        """The results as a pandas DataFrame: a row per input row, in input order
+        (indexed like the DataFrame the batch was run on), a column per output,
+        and `error` / `error_message` columns where rows failed (see
+        `Client.batch_frame`). Needs the `parquet` extra."""
+        return self._reader().batch_frame(self.batch.id, index=self._index)
+
+    def _reader(self) -> Client:
+        if self._client is None:
+            raise ValueError("these results were given their rows, not a client to read them")
+        return self._client

@@ -1,6 +1,7 @@
 """The Python client against the real service over HTTP: jobs (long-poll and
 event-stream waits, a stream cut mid-way, backoff on 429), sync inference,
-batches, idempotency, problem details, webhook verification."""
+batches, idempotency, problem details, webhook verification, the address and key
+from the environment."""
 
 from __future__ import annotations
 
@@ -411,3 +412,28 @@ print(json.dumps({{"infer": outputs, "job": job.outputs}}))
     assert np.array_equal(np.asarray(answer["infer"]["probabilities"], np.float32),
                           expected["probabilities"])  # fmt: skip
     assert answer["job"] == answer["infer"]
+
+
+def test_the_address_and_key_come_from_the_environment_unless_given(
+    base_url: str, api_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFERENCE_URL", base_url)
+    monkeypatch.setenv("INFERENCE_API_KEY", api_key)
+    with Client() as from_env:
+        assert from_env.base_url == base_url
+        job = from_env.submit("digits", {"pixels": pixels(1)}, cancel_after=3600)
+
+    monkeypatch.setenv("INFERENCE_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("INFERENCE_API_KEY", "ik_not-a-key")
+    with Client(base_url, api_key) as given:  # arguments win
+        assert given.get(job.id).id == job.id  # the same tenant's key: the env's was taken
+    with Client(base_url) as keyed_by_env, pytest.raises(ApiError) as refused:
+        keyed_by_env.submit("digits", {"pixels": pixels(1)})
+    assert refused.value.status == 401
+
+    monkeypatch.delenv("INFERENCE_URL")
+    monkeypatch.delenv("INFERENCE_API_KEY")
+    with Client(api_key=api_key) as local:
+        assert local.base_url == "http://127.0.0.1:8000"
+    with pytest.raises(ValueError, match="INFERENCE_API_KEY"):
+        Client(base_url)
