@@ -1,8 +1,9 @@
 """`manage.py up` (what `make run` runs) end to end, on the embedded default.
 
-Starts the whole service with no DATABASE_URL / REDIS_URL, runs the README's
-walk-through with bash and curl, creates a key from the CLI while it runs,
-stops it with Ctrl-C (SIGINT), starts it again and finds every job.
+Starts the whole service with no DATABASE_URL / REDIS_URL, pastes its banner's
+`export` lines and curl into bash, runs the first-job example with them, creates
+a key from the CLI while it runs, stops it with Ctrl-C (SIGINT), starts it again
+and finds every job. tests/test_examples.py runs every other example.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
 
+from app.platform import embedded
 from app.platform.settings import ROOT
 from inference_client import Client
 from tests.conftest import free_port
 from tests.support import wait_until
 
+EXAMPLES = ROOT / "examples"
 pytestmark = [pytest.mark.stack, pytest.mark.processes]
 
 
@@ -109,25 +111,24 @@ def var_dir() -> Iterator[Path]:
 
 
 def walkthrough_pixels() -> list[list[float]]:
-    """The image the walk-through submits, read from its curl command."""
-    match = re.search(r'"pixels": (\[\[[0-9,]+\]\])', walkthrough())
-    assert match, "the walk-through submits no pixels"
+    """The image the first-job example submits, read from its curl command."""
+    match = re.search(r'"pixels": (\[\[[0-9,]+\]\])', (EXAMPLES / "first_job.sh").read_text())
+    assert match, "examples/first_job.sh submits no pixels"
     pixels: list[list[float]] = json.loads(match.group(1))
     return pixels
 
 
-def walkthrough() -> str:
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- walkthrough.*?-->\s*```bash\n(.*?)```", readme, re.S)
-    assert match, "README.md has no walk-through block"
-    return match.group(1)
+def exports(banner: str) -> dict[str, str]:
+    """The variables the banner's ready-to-paste `export` lines set."""
+    return dict(re.findall(r"^  export (INFERENCE_\w+)=(\S+)$", banner, re.M))
 
 
-def grpc_example() -> str:
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- grpc-example.*?-->\s*```python\n(.*?)```", readme, re.S)
-    assert match, "README.md has no gRPC example"
-    return match.group(1)
+def pasted(banner: str, *lines: str) -> subprocess.CompletedProcess[str]:
+    """The banner's `export` lines and then `lines`, run by bash as a user pastes them."""
+    script = "\n".join([*re.findall(r"^  (export INFERENCE_\w+=\S+)$", banner, re.M), *lines])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERENCE_")}
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
 def children_of(pid: int) -> list[int]:
@@ -135,16 +136,18 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> None:
+def test_make_run_walkthrough_restart_and_cli(var_dir: Path) -> None:
     stack = Stack(var_dir)
     try:
         banner = stack.start()
-        key_match = re.search(r"Your API key \(tenant 'default', shown once\): (ik_\S+)", banner)
-        assert key_match, banner[-3000:]
-        api_key = key_match.group(1)
-        assert re.search(r"webhook signing secret \(shown once\): whsec_\S+", banner), banner
-        assert banner.count("whsec_") == 1
-        assert f"curl -s -X POST {stack.base}/jobs" in banner
+        env = exports(banner)
+        api_key, secret = env["INFERENCE_API_KEY"], env["INFERENCE_WEBHOOK_SECRET"]
+        assert api_key.startswith("ik_") and secret.startswith("whsec_"), banner[-3000:]
+        assert "(tenant 'default', shown once)" in banner and banner.count("whsec_") == 1
+        assert env["INFERENCE_URL"] == stack.base
+        assert f"gRPC (KServe v2, tritonclient.grpc): 127.0.0.1:{stack.grpc_port}" in banner
+        assert env["INFERENCE_GRPC_ADDRESS"] == f"127.0.0.1:{stack.grpc_port}"
+        assert env["INFERENCE_REDIS_URL"] == embedded.redis_url(var_dir)  # the stream door's
         flower, flower_login = _flower(banner)
         assert requests.get(f"{flower}/api/workers", timeout=10).status_code == 401
         assert requests.get(f"{flower}/api/workers", auth=flower_login, timeout=10).ok
@@ -153,42 +156,22 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
         assert stack.proc is not None
         assert len(children_of(stack.proc.pid)) >= 5  # redis, api, worker, beat, flower
 
-        # The README's walk-through, as a user would paste it (with this run's port).
-        script = walkthrough().replace("export API_KEY=ik_...", f"export API_KEY={api_key}")
-        script = script.replace("http://127.0.0.1:8000", stack.base)
-        run = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", script],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        # The banner's "Try it" curl, pasted after its export lines: a queued job.
+        try_it = [line.strip() for line in banner.splitlines()
+                  if line.startswith('  curl -s -X POST "$INFERENCE_URL/jobs"')]  # fmt: skip
+        assert len(try_it) == 1, banner
+        tried = pasted(banner, try_it[0])
+        assert tried.returncode == 0, tried.stderr
+        assert json.loads(tried.stdout)["status"] == "queued", tried.stdout
+
+        # The walk-through, examples/first_job.sh, with the variables the banner set.
+        run = pasted(banner, f"bash {EXAMPLES / 'first_job.sh'}")
         assert run.returncode == 0, run.stderr + run.stdout
-        assert run.stdout.strip().endswith("digit: 0"), run.stdout
-        job = json.loads((tmp_path / "result.json").read_text())
-        assert job["status"] == "succeeded"
-
-        # The README's gRPC example, through Triton's client, against the gRPC door.
-        assert f"gRPC (KServe v2, tritonclient.grpc): 127.0.0.1:{stack.grpc_port}" in banner
-        example = tmp_path / "grpc_example.py"
-        example.write_text(grpc_example())
-        grpc_run = subprocess.run(
-            [sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True,
-            timeout=60, env={**os.environ, "API_KEY": api_key,
-                             "GRPC_TARGET": f"127.0.0.1:{stack.grpc_port}"},
-        )  # fmt: skip
-        assert grpc_run.returncode == 0, grpc_run.stderr + grpc_run.stdout
-        digit, job_line = re.search(r"digit: (\d) job: (\S+)", grpc_run.stdout).groups()  # type: ignore[union-attr]
-
-        def grpc_record() -> dict[str, Any] | None:  # written behind the answer
-            found = requests.get(f"{stack.base}/jobs/{job_line}", timeout=10,
-                                 headers={"Authorization": f"Bearer {api_key}"})  # fmt: skip
-            return found.json() if found.status_code == 200 else None
-
-        grpc_job = wait_until(grpc_record, "the gRPC call's record", 30)
-        assert grpc_job["status"] == "succeeded" and grpc_job["outputs"]["label"] == [int(digit)]
-        assert "stream: {'row-0': " in grpc_run.stdout and "'row-2': " in grpc_run.stdout
-        assert "error" not in grpc_run.stdout
+        assert run.stdout.endswith("status: succeeded\ndigit: 0\n"), run.stdout
+        job_id = re.search(r"^job: (\S+)$", run.stdout, re.M).group(1)  # type: ignore[union-attr]
+        owner = {"Authorization": f"Bearer {api_key}"}
+        job = requests.get(f"{stack.base}/jobs/{job_id}", headers=owner, timeout=10).json()
+        assert job["status"] == "succeeded" and job["outputs"]["label"] == [0]
 
         # create-api-key against the embedded database of the running service.
         cli = subprocess.run(
@@ -228,9 +211,10 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path, tmp_path: Path) -> 
 
         # Start again: nothing lost, no second key printed, the old keys still work.
         banner = stack.start()
-        assert "Your API key" not in banner and "create-api-key" in banner
+        assert "create-api-key" in banner and "whsec_" not in banner
+        unsecret = {k: v for k, v in env.items() if k.endswith(("_URL", "_ADDRESS"))}
+        assert exports(banner) == unsecret  # all but the key and the secret, printed once
         assert _flower(banner) == (flower, flower_login)  # the same login after a restart
-        owner = {"Authorization": f"Bearer {api_key}"}
         again = requests.get(f"{stack.base}/jobs/{job['id']}", headers=owner, timeout=10).json()
         assert again == job
         assert stack.stop() == 0

@@ -309,7 +309,6 @@ class Launcher:
 
     def _announce(self, ready: bool) -> None:
         base = f"http://{self.host}:{self.port}"
-        key = self.first_key or "<your API key>"
         status = "ready" if ready else f"started, but {base}/v2/health/ready does not say ready"
         if self.flower_auth_made:
             user, _, password = self.flower_auth.partition(":")
@@ -327,18 +326,32 @@ class Launcher:
             f"Flower {self._flower_url()}  ({login})",
         ]
         if self.first_key:
-            lines.append(f"Your API key (tenant 'default', shown once): {self.first_key}")
-            lines.append(f"Its webhook signing secret (shown once): {self.first_secret}")
+            lines.append(
+                "Your API key and webhook signing secret (tenant 'default', shown once), "
+                "ready to paste into your shell:"
+            )
         else:
-            lines.append("Create an API key: python manage.py create-api-key --tenant NAME")
+            lines.append(
+                "Create an API key: python manage.py create-api-key --tenant NAME, then "
+                "export INFERENCE_API_KEY=<the key> beside these lines:"
+            )
+        lines.append(f"  export INFERENCE_URL={base}")
+        if self.first_key:
+            lines.append(f"  export INFERENCE_API_KEY={self.first_key}")
+            lines.append(f"  export INFERENCE_WEBHOOK_SECRET={self.first_secret}")
+        if grpc:
+            lines.append(f"  export INFERENCE_GRPC_ADDRESS={grpc}")
+        logs = self.settings.logs_url  # the stream door's Redis, unless it holds a password
+        if logs and _redact(logs) == logs and "password=" not in logs:
+            lines.append(f"  export INFERENCE_REDIS_URL={logs}")
         lines += [
-            "Try it:",
-            f"  curl -s -X POST {base}/jobs -H 'Authorization: Bearer {key}' "
+            "Try it (the examples in examples/ read the same variables):",
+            '  curl -s -X POST "$INFERENCE_URL/jobs" -H "Authorization: Bearer $INFERENCE_API_KEY" '
             "-H 'Content-Type: application/json' "
             '-d \'{"model": "digits", "inputs": {"pixels": [[0,0,5,13,9,1,0,0,0,0,13,15,'
             "10,15,5,0,0,3,15,2,0,11,8,0,0,4,12,0,0,8,8,0,0,5,8,0,0,9,8,0,0,4,11,0,1,12,7,0,"
             "0,2,14,5,10,12,0,0,0,0,6,13,10,0,0,0]]}}'",
-            f"  curl -s {base}/jobs/<id> -H 'Authorization: Bearer {key}'",
+            '  curl -s "$INFERENCE_URL/jobs/<id>" -H "Authorization: Bearer $INFERENCE_API_KEY"',
             "Press Ctrl-C to stop.",
             "",
         ]
