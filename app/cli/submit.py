@@ -4,6 +4,9 @@ a user's script would send it."""
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,15 @@ def submit(
     import numpy as np
     import requests
 
-    from inference_client import ApiError, Client, WaitTimeout
+    try:
+        from inference_client import ApiError, Client, WaitTimeout
+    except ModuleNotFoundError as exc:
+        if exc.name != "inference_client":
+            raise
+        raise click.ClickException(  # installed with pip: the client is its own package
+            "submit sends with the Python client: pip install ./inference_client "
+            "(from a checkout of the service)"
+        ) from None
 
     if not api_key:
         raise click.UsageError("give --api-key or set INFERENCE_API_KEY")
@@ -113,30 +124,58 @@ def _submit_rows(
     timeout: float | None,
 ) -> None:
     """Print each row's job (waited for with --wait) or its problem, a JSON line each;
-    exit 1 unless every row was accepted (and, with --wait, succeeded)."""
+    exit 1 unless every row was accepted (and, with --wait, succeeded). Rows go in
+    bulks of BULK_MAX, a bar counting them (and then the jobs waited for) on stderr."""
     import requests
 
     from inference_client import ApiError, Job, WaitTimeout
+    from inference_client.client import BULK_MAX
 
+    outcomes: list[Any] = []
     try:
-        outcomes = client.submit_many(model, rows, version=version, priority=priority)
+        with _progress(len(rows), "submit", "row") as bar:
+            for start in range(0, len(rows), BULK_MAX):
+                bulk = rows[start : start + BULK_MAX]
+                outcomes += client.submit_many(model, bulk, version=version, priority=priority)
+                bar.update(len(bulk))
     except ApiError as exc:
         raise click.ClickException(f"{exc.status} {exc.title}: {exc.detail}") from None
     except (requests.RequestException, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     ok = True
-    for outcome in outcomes:
-        if isinstance(outcome, ApiError):
-            ok = False
-            click.echo(json.dumps(outcome.problem))
-            continue
-        job = outcome
-        if wait:
-            try:
-                job = client.wait(job.id, timeout=timeout)
-            except WaitTimeout as exc:
-                job = exc.last if isinstance(exc.last, Job) else job
-            ok = ok and job.succeeded
-        click.echo(json.dumps(job.raw))
+    with _progress(len(outcomes) if wait else 0, "wait", "job") as bar:
+        for outcome in outcomes:
+            if isinstance(outcome, ApiError):
+                ok = False
+                _print(json.dumps(outcome.problem))
+            else:
+                job = outcome
+                if wait:
+                    try:
+                        job = client.wait(job.id, timeout=timeout)
+                    except WaitTimeout as exc:
+                        job = exc.last if isinstance(exc.last, Job) else job
+                    ok = ok and job.succeeded
+                _print(json.dumps(job.raw))
+            bar.update()
     if not ok:
         raise SystemExit(1)
+
+
+@contextmanager
+def _progress(total: int, desc: str, unit: str) -> Iterator[Any]:
+    """A bar on stderr, so stdout stays one JSON line a row for a pipe; drawn only
+    when stderr is a terminal (tqdm's disable=None), and not for under two rows."""
+    from tqdm import tqdm
+
+    quiet = None if total > 1 else True
+    with tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet) as bar:
+        yield bar
+
+
+def _print(line: str) -> None:
+    """A line on stdout, any bar on the terminal cleared first and drawn again after."""
+    from tqdm import tqdm
+
+    with tqdm.external_write_mode(file=sys.stdout):
+        click.echo(line)

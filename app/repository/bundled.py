@@ -26,9 +26,11 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -300,7 +302,7 @@ def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> lis
     With `cuda`, also `model.cuda.onnx` where the card's build names other weights
     for the CUDA provider (`cuda_weights`: the chat model in float16, since ONNX
     Runtime's CUDA attention takes no float32); sessions on CUDA load that file."""
-    built = []
+    todo = []
     for card_path in sorted(BUNDLED.glob("*/*/card.json")):
         source = card_path.parent
         target = root / source.parent.name / source.name
@@ -311,21 +313,40 @@ def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> lis
             variants["model.cuda.onnx"] = {**card, "build": {**card["build"], "weights": weights}}
         missing = {name: variant for name, variant in variants.items()
                    if force or not (target / name).is_file()}  # fmt: skip
-        if not missing and (target / "card.json").is_file():
-            continue
-        if target.resolve() != source.resolve():
-            target.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(card_path, target / "card.json")
-        for name, variant in missing.items():
-            started = time.monotonic()
-            model_bytes, facts = BUILDERS[variant["build"]["builder"]](variant, target)
-            _write_atomically(target / name, model_bytes)
-            logger.info(
-                "built %s/%s %s in %s in %.1f s (%s)",
-                source.parent.name, source.name, name, target, time.monotonic() - started, facts,
-            )  # fmt: skip
-        built.append(target)
+        if missing or not (target / "card.json").is_file():
+            todo.append((card_path, target, missing))
+    built = []
+    with _progress(len(todo)) as bar:
+        for card_path, target, missing in todo:
+            source = card_path.parent
+            bar.set_postfix_str(f"{source.parent.name}/{source.name}")
+            if target.resolve() != source.resolve():
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(card_path, target / "card.json")
+            for name, variant in missing.items():
+                started = time.monotonic()
+                model_bytes, facts = BUILDERS[variant["build"]["builder"]](variant, target)
+                _write_atomically(target / name, model_bytes)
+                logger.info(
+                    "built %s/%s %s in %s in %.1f s (%s)", source.parent.name, source.name,
+                    name, target, time.monotonic() - started, facts,
+                )  # fmt: skip
+            built.append(target)
+            bar.update()
     return built
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Any]:
+    """A bar of the models to build on stderr (building the chat model takes a
+    while); drawn only when stderr is a terminal, log lines printed above it."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    quiet = None if total else True  # None: tqdm asks whether stderr is a terminal
+    bar = tqdm(total=total, desc="models build", unit="model", file=sys.stderr, disable=quiet)
+    with bar, logging_redirect_tqdm() if not bar.disable else nullcontext():
+        yield bar
 
 
 def _with_metadata(model: Any, facts: dict[str, str]) -> bytes:
