@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test test-fast test-faults lint format models clean-var browser bench
+.PHONY: run test test-fast test-faults lint format models clean-var browser bench docs docs-build
 
 $(VENV)/.runtime: requirements.txt requirements-build.txt requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ run: $(VENV)/.runtime
 	$(PY) manage.py up
 
 ## test: lint, type-check and the test suite on real PostgreSQL, Redis and workers
-test: $(VENV)/.dev browser lint
+test: $(VENV)/.dev browser lint docs-build
 	$(PY) -m pytest -m "not faults"
 
 ## test-fast: the inner loop: the tests that start no worker, server or browser process
@@ -40,6 +40,14 @@ test-fast: $(VENV)/.dev
 ## test-faults: kill workers, Redis, PostgreSQL mid-run; writes docs/reliability.md
 test-faults: $(VENV)/.dev
 	$(PY) -m pytest -m faults tests/faults
+
+## docs: the documentation site at http://127.0.0.1:8008, rebuilt as pages change
+docs: $(VENV)/.dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8008
+
+# A broken link, an anchor that is not there or a page left out of the nav fails.
+docs-build: $(VENV)/.dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

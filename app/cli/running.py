@@ -94,24 +94,13 @@ def db_revision(message: str) -> None:
 
 
 @click.command("settings")
-@click.option("--write", is_flag=True, help="Put the table in README.md")
-def settings_table(write: bool) -> None:
+def settings_table() -> None:
     """Every environment variable the service reads, with its default and what it
-    does, as the README's Markdown table (made from app/platform/settings.py)."""
-    from app.cli.settings_reference import in_readme, markdown
-    from app.platform.settings import ROOT
+    does, as a Markdown table (made from app/platform/settings/; the site's
+    settings reference is this table)."""
+    from app.cli.settings_reference import markdown
 
-    table = markdown()
-    if not write:
-        click.echo(table)
-        return
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    current = in_readme(text)
-    if current is None:
-        raise click.ClickException("README.md has no settings table markers to replace")
-    readme.write_text(text.replace(current, table))
-    click.echo("README.md: settings table written")
+    click.echo(markdown())
 
 
 COMMANDS = (up, worker, grpc, db, settings_table)

@@ -98,13 +98,12 @@ def order(scenario: str) -> tuple[int, str]:
     return (int(number) if number.isdigit() else 0, scenario)
 
 
-TABLE_CELLS, README_CELLS = 13, 10
+TABLE_CELLS = 13
 TOKEN_CELLS = 2  # dup. tokens, missing tokens: just before recovery, newer than the rest
 
 
 def earlier_rows(text: str, cells: int) -> dict[tuple[str, str], str]:
-    """The table rows of an earlier run (`cells` columns), by (scenario, guard); the
-    README's short table has no guard column: its rows are keyed (scenario, "on").
+    """The table rows of an earlier run (`cells` columns), by (scenario, guard).
     A row written before the token columns gets them empty."""
     rows: dict[tuple[str, str], str] = {}
     for line in text.splitlines():
@@ -162,40 +161,3 @@ def write(path: Path) -> None:
         lines.append(rows[key])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
-    write_readme(path.parent.parent / "README.md")
-
-
-README_BEGIN = "<!-- reliability: the guard-on rows of docs/reliability.md -->"
-README_END = "<!-- /reliability -->"
-
-
-def write_readme(readme: Path) -> None:
-    """The README's short table: each scenario with its guards on, as this run saw it
-    (rows of scenarios it left out kept as they were)."""
-    text = readme.read_text()
-    start, end = text.find(README_BEGIN), text.find(README_END)
-    if start < 0 or end < 0:
-        return
-    ran = {t.scenario for t in TALLIES.values() if t.guard == "on"}
-    kept = earlier_rows(text[start:end], README_CELLS)
-    kept = {key: row for key, row in kept.items() if key[0] not in ran}
-    rows = [
-        f"Last run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, every guard on:",
-        "",
-        *_carried(kept),
-        "| scenario | jobs | completed | lost | dup. exec. | dup. results | illegal "
-        "| dup. tokens | missing tokens | recovery (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    table = {scenario: row for (scenario, _), row in kept.items()}
-    for t in TALLIES.values():
-        if t.guard != "on":
-            continue
-        recovery = "" if t.recovery_s is None else f"{t.recovery_s:g}"
-        table[t.scenario] = (
-            f"| {t.scenario} | {t.jobs} | {t.completed} | {t.lost} | {t.duplicate_executions} | "
-            f"{t.duplicate_results} | {t.illegal_transitions} | {_tokens(t)} | {recovery} |"
-        )
-    rows += [table[scenario] for scenario in sorted(table, key=order)]
-    block = "\n".join([README_BEGIN, *rows, README_END])
-    readme.write_text(text[:start] + block + text[end + len(README_END) :])
