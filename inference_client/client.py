@@ -275,12 +275,15 @@ class Client:
         priority: int | None = None,
         idempotency_keys: Iterable[str] | None = None,
         per_request: int = BULK_MAX,
+        on_bulk: Callable[[int], object] | None = None,
     ) -> builtins.list[Job | ApiError]:
         """POST /jobs/bulk: a job for each of `inputs` (each as `submit` takes it),
         in bulks of up to `per_request` (the service takes 1,000). Returns, in order,
         each input's Job, or the ApiError that refused that input alone (a bad input
-        never refuses the others). `idempotency_keys`, one per input, make a retry
-        of the whole call safe: each input's job is made once."""
+        never refuses the others; its problem's `index` is the input's place).
+        `idempotency_keys`, one per input, make a retry of the whole call safe: each
+        input's job is made once. `on_bulk` is called with each bulk's size once it
+        was answered (a progress bar's update)."""
         items: builtins.list[dict[str, Any]] = []
         keys = iter(idempotency_keys) if idempotency_keys is not None else None
         for each in inputs:
@@ -302,8 +305,12 @@ class Client:
             body = self._json("POST", "/jobs/bulk", json={"jobs": items[start : start + step]})
             for answer in body["jobs"]:
                 is_problem = isinstance(answer.get("status"), int)
+                if is_problem and isinstance(answer.get("index"), int):
+                    answer["index"] += start  # the input's place, not its place in this bulk
                 outcomes.append(ApiError.from_problem(answer, method="POST", url=url)
                                 if is_problem else Job.from_json(answer))  # fmt: skip
+            if on_bulk is not None:
+                on_bulk(len(body["jobs"]))
         return outcomes
 
     def _job_inputs(self, model: str, version: str | None, inputs: Any) -> Any:

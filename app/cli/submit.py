@@ -125,19 +125,15 @@ def _submit_rows(
 ) -> None:
     """Print each row's job (waited for with --wait) or its problem, a JSON line each;
     exit 1 unless every row was accepted (and, with --wait, succeeded). Rows go in
-    bulks of BULK_MAX, a bar counting them (and then the jobs waited for) on stderr."""
+    bulks of 1,000, a bar counting them (and then the jobs waited for) on stderr."""
     import requests
 
     from inference_client import ApiError, Job, WaitTimeout
-    from inference_client.client import BULK_MAX
 
-    outcomes: list[Any] = []
     try:
         with _progress(len(rows), "submit", "row") as bar:
-            for start in range(0, len(rows), BULK_MAX):
-                bulk = rows[start : start + BULK_MAX]
-                outcomes += client.submit_many(model, bulk, version=version, priority=priority)
-                bar.update(len(bulk))
+            outcomes = client.submit_many(model, rows, version=version, priority=priority,
+                                          on_bulk=bar.update)  # fmt: skip
     except ApiError as exc:
         raise click.ClickException(f"{exc.status} {exc.title}: {exc.detail}") from None
     except (requests.RequestException, ValueError) as exc:

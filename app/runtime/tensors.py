@@ -220,7 +220,8 @@ def _to_array(spec: TensorSpec, value: Any, declared_shape: Any) -> np.ndarray:
                 f"has values outside {spec.datatype}'s range ({limits.min} to {limits.max}); "
                 f"expected a {expected}"
             )
-    converted = array if array.dtype == object else array.astype(dtype, copy=False)
+    with np.errstate(over="ignore"):  # a value too large becomes inf, refused just below
+        converted = array if array.dtype == object else array.astype(dtype, copy=False)
     if dtype.kind == "f" and not np.isfinite(converted).all():
         raise ValueError(f"contains NaN, infinity or a value too large for {spec.datatype}")
     return converted
