@@ -1,6 +1,7 @@
-"""The README's Redis ACL rule for a tenant's producers and readers, run as
-written (read out of README.md, so the two cannot drift apart) on the two Redis
-servers the service meets: the run's (7.x) and the embedded one (6.2)."""
+"""The stream door reference's Redis ACL rule for a tenant's producers and readers,
+run as written (read out of docs/reference/streams.md, so the two cannot drift
+apart) on the two Redis servers the service meets: the run's (7.x) and the
+embedded one (6.2)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from app.bindings.names import full_name, tenant_prefix
 from app.platform.settings import ROOT, Settings
 from tests.conftest import RUN_ID
 
-README = ROOT / "README.md"
-TENANT, PREFIX = "acme", "streams"  # the README's tenant, under the default STREAMS_PREFIX
+PAGE = ROOT / "docs" / "reference" / "streams.md"
+TENANT, PREFIX = "acme", "streams"  # the page's tenant, under the default STREAMS_PREFIX
 
 
-def readme_rules() -> dict[str, str]:
-    """The README's `ACL SETUSER` lines, by the user each makes."""
-    lines = [line.strip() for line in README.read_text().splitlines()]
+def documented_rules() -> dict[str, str]:
+    """The page's `ACL SETUSER` lines, by the user each makes."""
+    lines = [line.strip() for line in PAGE.read_text().splitlines()]
     rules = {line.split()[2]: line for line in lines if line.startswith("ACL SETUSER ")}
     assert set(rules) == {"acme-producer", "acme-reader"}, rules
     return rules
@@ -47,10 +48,10 @@ def connect(server: dict[str, Any], **auth: str) -> redis.Redis:
     return redis.Redis(host=server["host"], port=server["port"], **auth)
 
 
-def test_the_readme_acl_rule_keeps_producers_and_readers_in_their_tenants_logs(
+def test_the_documented_acl_rule_keeps_producers_and_readers_in_their_tenants_logs(
     server: dict[str, Any],
 ) -> None:
-    rules = readme_rules()
+    rules = documented_rules()
     # The rule's pattern is the prefix the service names the tenant's logs with.
     assert f"~{tenant_prefix(PREFIX, TENANT)}*" in rules["acme-producer"].split()
     assert Settings.model_fields["streams_prefix"].default == PREFIX
