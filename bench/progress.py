@@ -1,28 +1,22 @@
-"""The benchmark's progress: one bar over its contenders on stderr (each runs for
-minutes, one after another), drawn only when stderr is a terminal, so a run logged
-to a file or CI reads as before. Log lines and notes are printed above the bar."""
+"""The benchmark's progress: one bar over its contenders (each runs for minutes, one
+after another), as app.observability.progress draws bars: on stderr, only when it is
+a terminal, log lines and notes printed above it."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
+from app.observability import progress
 
 
 @contextmanager
 def contenders(total: int, desc: str = "bench") -> Iterator[Any]:
     """A bar of `total` contenders: `set_postfix_str` names the one running,
-    `update()` counts it done; disable=None asks whether stderr is a terminal."""
-    bar = tqdm(total=total, desc=desc, unit="contender", file=sys.stderr, disable=None)
-    with bar, logging_redirect_tqdm() if not bar.disable else nullcontext():
+    `update()` counts it done."""
+    with progress.bar(total, desc, "contender", at_least=0) as bar:
         yield bar
 
 
-def note(line: str) -> None:
-    """A line on stdout, as print() writes it, any bar cleared first and drawn again."""
-    with tqdm.external_write_mode(file=sys.stdout):
-        print(line, flush=True)
+note = progress.echo

@@ -4,13 +4,12 @@ a user's script would send it."""
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
+
+from app.observability import progress
 
 
 @click.command()
@@ -131,7 +130,7 @@ def _submit_rows(
     from inference_client import ApiError, Job, WaitTimeout
 
     try:
-        with _progress(len(rows), "submit", "row") as bar:
+        with progress.bar(len(rows), "submit", "row", at_least=2) as bar:
             outcomes = client.submit_many(model, rows, version=version, priority=priority,
                                           on_bulk=bar.update)  # fmt: skip
     except ApiError as exc:
@@ -139,11 +138,11 @@ def _submit_rows(
     except (requests.RequestException, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     ok = True
-    with _progress(len(outcomes) if wait else 0, "wait", "job") as bar:
+    with progress.bar(len(outcomes) if wait else 0, "wait", "job", at_least=2) as bar:
         for outcome in outcomes:
             if isinstance(outcome, ApiError):
                 ok = False
-                _print(json.dumps(outcome.problem))
+                progress.echo(json.dumps(outcome.problem))
             else:
                 job = outcome
                 if wait:
@@ -152,26 +151,7 @@ def _submit_rows(
                     except WaitTimeout as exc:
                         job = exc.last if isinstance(exc.last, Job) else job
                     ok = ok and job.succeeded
-                _print(json.dumps(job.raw))
+                progress.echo(json.dumps(job.raw))
             bar.update()
     if not ok:
         raise SystemExit(1)
-
-
-@contextmanager
-def _progress(total: int, desc: str, unit: str) -> Iterator[Any]:
-    """A bar on stderr, so stdout stays one JSON line a row for a pipe; drawn only
-    when stderr is a terminal (tqdm's disable=None), and not for under two rows."""
-    from tqdm import tqdm
-
-    quiet = None if total > 1 else True
-    with tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet) as bar:
-        yield bar
-
-
-def _print(line: str) -> None:
-    """A line on stdout, any bar on the terminal cleared first and drawn again after."""
-    from tqdm import tqdm
-
-    with tqdm.external_write_mode(file=sys.stdout):
-        click.echo(line)

@@ -26,14 +26,13 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.observability import progress
 from app.platform.settings import ROOT
 
 logger = logging.getLogger(__name__)
@@ -316,7 +315,7 @@ def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> lis
         if missing or not (target / "card.json").is_file():
             todo.append((card_path, target, missing))
     built = []
-    with _progress(len(todo)) as bar:
+    with progress.bar(len(todo), "models build", "model") as bar:
         for card_path, target, missing in todo:
             source = card_path.parent
             bar.set_postfix_str(f"{source.parent.name}/{source.name}")
@@ -334,19 +333,6 @@ def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> lis
             built.append(target)
             bar.update()
     return built
-
-
-@contextmanager
-def _progress(total: int) -> Iterator[Any]:
-    """A bar of the models to build on stderr (building the chat model takes a
-    while); drawn only when stderr is a terminal, log lines printed above it."""
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
-    quiet = None if total else True  # None: tqdm asks whether stderr is a terminal
-    bar = tqdm(total=total, desc="models build", unit="model", file=sys.stderr, disable=quiet)
-    with bar, logging_redirect_tqdm() if not bar.disable else nullcontext():
-        yield bar
 
 
 def _with_metadata(model: Any, facts: dict[str, str]) -> bytes:
