@@ -186,12 +186,32 @@ def test_a_stale_metrics_file_is_gone_when_its_child_starts_again(tmp_path: Path
     assert list(folder.iterdir()) == []
 
 
-def test_a_worker_metrics_port_in_use_is_refused_before_anything_starts() -> None:
-    with socket.socket() as taken:
+def _taken_port_after_a_free_one() -> tuple[socket.socket, int]:
+    """A listening socket on port N where N - 1 is free: the inference worker's
+    port stays free so that the check reaches the webhooks worker's (N)."""
+    for _ in range(50):
+        taken = socket.socket()
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        subject = Launcher(Settings(worker_metrics_port=port - 1), port=free_port())
+        port: int = taken.getsockname()[1]
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port - 1))
+            except OSError:
+                taken.close()
+                continue
+        return taken, port
+    raise AssertionError("no port N with N - 1 free in 50 tries")
+
+
+def test_a_worker_metrics_port_in_use_is_refused_before_anything_starts() -> None:
+    taken, port = _taken_port_after_a_free_one()
+    with taken:
+        subject = Launcher(
+            Settings(worker_metrics_port=port - 1, grpc_port=0),
+            port=free_port(),
+            flower_port=free_port(),
+        )
         with pytest.raises(LaunchError, match=rf"webhooks worker's metrics port .*:{port}"):
             subject._check_ports()
 
