@@ -167,6 +167,50 @@ def test_a_journaled_record_its_writer_left_is_written_by_a_worker(
     assert _record(database, str(orphan["id"])) is None
 
 
+def test_two_writers_draining_the_same_records_at_once_do_not_deadlock(
+    settings: Settings, database: Database, tenant: TenantAuth
+) -> None:
+    """Once a dead process's entries pass the grace, every live writer drains them
+    at once: the same rows, each writer in the order it read them. Inserted in
+    one order (by id) they wait on each other instead of deadlocking."""
+    client = redis.Redis.from_url(settings.redis_url)
+    writers = [records.RecordWriter(database, lambda: client) for _ in range(2)]
+    now = datetime.now(UTC)
+    for _ in range(5):
+        made = [
+            staging.call_record(("digits", "1"), 1, tenant.id, now, 0.001,
+                                outputs={"label": np.array([i % 10])})
+            for i in range(400)
+        ]  # fmt: skip
+        failures: list[BaseException] = []
+        start = threading.Barrier(2)
+        threads = [
+            threading.Thread(target=_write_at_once, args=(start, failures, writer, these))
+            for writer, these in zip(writers, (made, made[::-1]), strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert failures == []
+        with database.sessionmaker() as session:
+            ids = [record["id"] for record in made]
+            assert len(session.scalars(select(Job.id).where(Job.id.in_(ids))).all()) == len(made)
+
+
+def _write_at_once(
+    start: threading.Barrier,
+    failures: list[BaseException],
+    writer: records.RecordWriter,
+    these: list[records.Record],
+) -> None:
+    start.wait()
+    try:
+        writer.write([], these)
+    except BaseException as exc:
+        failures.append(exc)
+
+
 def test_an_inline_calls_record_survives_the_api_killed_right_after_answering(
     settings: Settings, lane_models: Path, worker: Any, database: Database,
     auth: dict[str, str],
