@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -119,13 +120,13 @@ class RecordWriter:
         self.grace_s = grace_s
         self._queue: queue.SimpleQueue[tuple[bytes | None, list[Record]]] = queue.SimpleQueue()
         self._thread = LazyThread(self._run, "records")
+        self._group = GroupJournal(lambda rs: journal(self._client(), rs), self.write_later)
 
     def journal(self, records: list[Record]) -> bytes:
         """Journal these records now (the call may be answered once this returns),
-        and write them behind."""
-        entry = journal(self._client(), records)
-        self.write_later(entry, records)
-        return entry
+        and write them behind. Calls of this process journaling at once share one
+        XADD (see GroupJournal)."""
+        return self._group.journal(records)
 
     def write_later(self, entry: bytes | None, records: list[Record]) -> None:
         """Write records journaled as `entry` behind, then delete it (None: records
@@ -215,3 +216,69 @@ class RecordWriter:
         self.write([entry for entry, _ in found], records)
         logger.info("wrote %d call record(s) left in the journal", len(records))
         return len(found)
+
+
+class _Hand:
+    """One caller's records waiting in a GroupJournal."""
+
+    __slots__ = ("done", "entry", "error", "lead", "records")
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records, self.done = records, threading.Event()
+        self.entry: bytes | None = None
+        self.error: BaseException | None = None
+        self.lead = False
+
+
+class GroupJournal:
+    """Group commit for the journal: the first caller journals what the callers
+    waiting by then handed over, all in one XADD, and the next waiting caller
+    leads the next round. Under 16 clients an inline call's own XADD was an
+    eighth of the API's Python time; a caller still returns only once its own
+    records are in Redis, and the group's records are written behind together
+    (one entry, deleted once all of them are written)."""
+
+    def __init__(
+        self,
+        append: Callable[[list[Record]], bytes],
+        write_later: Callable[[bytes | None, list[Record]], None],
+    ) -> None:
+        self._append, self._write_later = append, write_later
+        self._lock = threading.Lock()
+        self._waiting: list[_Hand] = []
+        self._leading = False
+
+    def journal(self, records: list[Record]) -> bytes:
+        mine = _Hand(records)
+        with self._lock:
+            self._waiting.append(mine)
+            mine.lead = not self._leading
+            self._leading = True
+        if not mine.lead:
+            mine.done.wait()
+        if mine.lead:  # first, or handed the lead while waiting
+            self._round()
+        if mine.error is not None:
+            raise mine.error
+        assert mine.entry is not None
+        return mine.entry
+
+    def _round(self) -> None:
+        with self._lock:
+            hands, self._waiting = self._waiting, []
+        records = [record for hand in hands for record in hand.records]
+        entry, error = None, None
+        try:
+            entry = self._append(records)
+            self._write_later(entry, records)
+        except BaseException as exc:  # each caller of the group hears it
+            error = exc
+        for hand in hands:
+            hand.entry, hand.error, hand.lead = entry, error, False
+            hand.done.set()
+        with self._lock:
+            if self._waiting:
+                self._waiting[0].lead = True
+                self._waiting[0].done.set()
+            else:
+                self._leading = False
