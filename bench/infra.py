@@ -152,15 +152,22 @@ class Servers:
             conn.close()
 
     def postgres_pid(self) -> int | None:
-        """The postmaster: the parent of any backend (same machine only)."""
+        """The postmaster: the parent of any backend (same machine only), read
+        while the backend is alive (once its connection closed it may be gone,
+        and the run would leave PostgreSQL's CPU out)."""
         import psutil
 
-        row = self._admin_row("SELECT pg_backend_pid()")
-        assert row is not None
+        conn = self._admin()
         try:
-            return int(psutil.Process(row[0]).ppid())
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                row = cur.fetchone()
+                assert row is not None
+                return int(psutil.Process(row[0]).ppid())
         except psutil.Error:
             return None
+        finally:
+            conn.close()
 
     def postgres_version(self) -> str:
         row = self._admin_row("SHOW server_version")
