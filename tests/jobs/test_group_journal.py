@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from app.jobs import records, staging
-from app.jobs.records import Record, GroupJournal
+from app.jobs.records import GroupJournal, Record
 from app.platform.settings import Settings
 from tests.support import wait_until
 
