@@ -156,14 +156,17 @@ class Lane:
 
     def take(self, worker: str, model: str, most: int, wait_s: int) -> list[bytes]:
         """Up to `most` entries of the model's lane, moved to the worker's taken
-        list; waits up to `wait_s` for the first."""
+        list; waits up to `wait_s` for the first. What waits already is taken in
+        one step; only an empty lane blocks, and the entry that ends the wait is
+        taken alone (the next take gathers what came meanwhile): no round trip
+        between a lone call's arrival and its run."""
         taken, waiting = taken_key(worker, model), self.key(model)
+        if most > 1:
+            found: Any = self._take_more(keys=[waiting, taken], args=[most])
+            if found:
+                return list(found)
         first: Any = self.client.blmove(waiting, taken, wait_s, "LEFT", "RIGHT")
-        if first is None:
-            return []
-        if most <= 1:
-            return [first]
-        return [first, *self._take_more(keys=[waiting, taken], args=[most - 1])]
+        return [] if first is None else [first]
 
     def answer(
         self, worker: str, model: str, calls: list[tuple[str, bytes, bytes]], journal: bool = True
