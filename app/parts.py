@@ -24,14 +24,11 @@ if TYPE_CHECKING:
     from celery import Celery
     from prometheus_client.registry import Collector
 
+    from app.execution.dispatch import Dispatcher
+    from app.execution.runner import Runner
     from app.jobs.admission import Admission
-    from app.jobs.dispatch import Dispatcher
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
-    from app.jobs.lane import Lane
-    from app.jobs.records import RecordWriter
-    from app.jobs.replies import Replies, Reply
-    from app.jobs.runner import Runner
     from app.operations.holds import Holds
     from app.operations.lane import LaneServer
     from app.platform.database import Database
@@ -40,6 +37,9 @@ if TYPE_CHECKING:
     from app.repository.registry import ModelRepository
     from app.runtime.sessions import SessionPool
     from app.status.board import StatusBoard
+    from app.sync.lane import Lane
+    from app.sync.records import RecordWriter
+    from app.sync.replies import Replies, Reply
     from app.tenancy.keys import KeyCache
     from app.tenancy.quotas import Quotas
 
@@ -148,7 +148,7 @@ class Parts(Lazy):
 
     @made
     def dispatcher(self) -> Dispatcher:
-        from app.jobs.dispatch import Dispatcher
+        from app.execution.dispatch import Dispatcher
 
         settings, repository = self.settings, self.repository
         # Each model's wake-ups go to the queue its card names (or DEFAULT_MODEL_QUEUE).
@@ -170,14 +170,14 @@ class Parts(Lazy):
         """The records of sync calls answered without a job row first (inline, or
         on the sync lane): journaled in Redis, written behind."""
         from app.jobs import telemetry
-        from app.jobs.records import RecordWriter
+        from app.sync.records import RecordWriter
 
         return RecordWriter(self.database, lambda: self._reply_redis, telemetry.recorded)
 
     @made
     def lane(self) -> Lane:
-        """The sync lane's Redis side (app.jobs.lane)."""
-        from app.jobs.lane import Lane
+        """The sync lane's Redis side (app.sync.lane)."""
+        from app.sync.lane import Lane
 
         dispatcher = self.dispatcher
         return Lane(self._reply_redis, self.settings.sync_lane_max_waiting, dispatcher.queue_for)
@@ -185,9 +185,9 @@ class Parts(Lazy):
     @made
     def lane_server(self) -> LaneServer:
         """A worker child's lane threads (started after the fork)."""
-        from app.jobs.lane import Lane
         from app.operations.lane import LaneServer
         from app.platform.broker import redis_client
+        from app.sync.lane import Lane
 
         url, settings, dispatcher = self.settings.redis_url, self.settings, self.dispatcher
         return LaneServer(
@@ -199,21 +199,21 @@ class Parts(Lazy):
     @made
     def replies(self) -> Replies:
         """This process's reply channel: sync calls' answers from the workers."""
-        from app.jobs.replies import Replies
         from app.platform.broker import redis_client
+        from app.sync.replies import Replies
 
         url = self.settings.redis_url
         return Replies(lambda: redis_client(url))
 
     @made
     def _reply_redis(self) -> Any:
-        """The worker's client for publishing answers (app.jobs.replies)."""
+        """The worker's client for publishing answers (app.sync.replies)."""
         from app.platform.broker import redis_client
 
         return redis_client(self.settings.redis_url)
 
     def _publish_replies(self, replies: list[tuple[str, Reply]]) -> None:
-        from app.jobs.replies import publish
+        from app.sync.replies import publish
 
         publish(self._reply_redis, replies)
 
@@ -253,7 +253,7 @@ class Parts(Lazy):
     @made
     def runner(self) -> Runner:
         """What runs claimed jobs: the models, their sessions, leases kept meanwhile."""
-        from app.jobs.runner import Runner, RunSettings
+        from app.execution.runner import Runner, RunSettings
         from app.operations.execution import renew_leases
 
         settings = RunSettings.of(self.settings)
@@ -306,7 +306,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """Periodic work, declared as data. Beat only sends these, on the control queue
     (never behind inference jobs), one pending message of each at most; the control
     worker runs them (see app.platform.periodic)."""
-    from app.jobs.dispatch import PURGE_TASK, SWEEP_TASK
+    from app.execution.dispatch import PURGE_TASK, SWEEP_TASK
     from app.platform.periodic import periodic
     from app.schedules.firing import TICK_TASK
     from app.webhooks.delivery import SWEEP_TASK as WEBHOOK_SWEEP_TASK

@@ -34,7 +34,6 @@ from flask.testing import FlaskClient
 from app import create_app
 from app.cli.launcher import beat_command, control_worker_command, worker_command
 from app.container import Container
-from app.jobs.lane import Lane
 from app.jobs.representation import stored_outputs
 from app.jobs.tables import Job
 from app.platform import embedded
@@ -44,6 +43,7 @@ from app.platform.migrate import upgrade
 from app.platform.settings import ROOT, Settings
 from app.repository.bundled import ensure_models
 from app.runtime.tensors import pack
+from app.sync.lane import Lane
 from app.tenancy.keys import TenantRef, create_api_key
 from app.tenancy.tables import Tenant
 from app.web.context import container_of
@@ -462,7 +462,7 @@ def wait_for_record(
     client: FlaskClient, headers: dict[str, str], job_id: str, timeout: float = 30
 ) -> dict[str, Any]:
     """Poll GET /jobs/<id> until a sync call's record, written behind its answer
-    (app.jobs.records), is there."""
+    (app.sync.records), is there."""
 
     def written() -> dict[str, Any] | None:
         response = client.get(f"/jobs/{job_id}", headers=headers)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
 
     from app.container import Container
-    from app.jobs.runner import Runner
+    from app.execution.runner import Runner
     from app.jobs.transitions import Outcome
 
 T = TypeVar("T")

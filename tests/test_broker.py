@@ -11,7 +11,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from app.jobs.dispatch import Dispatcher
+from app.execution.dispatch import Dispatcher
 from app.platform.broker import closed_channels_raise_connection_errors, make_celery
 from app.platform.settings import Settings
 from tests.faults.proxy import Proxy

@@ -27,7 +27,7 @@ from celery import Celery
 from flask import Flask
 
 from app import create_app
-from app.jobs import dispatch
+from app.execution import dispatch
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.web.context import container_of

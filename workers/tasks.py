@@ -48,7 +48,7 @@ def _sweeping(task: Task, name: str) -> Iterator[Container]:
 
 @shared_task(name=DRAIN_TASK, bind=True, max_retries=8)
 def drain(self: Task, model: str) -> int:
-    """A wake-up for `model`: run its queued jobs (see app.jobs.dispatch). It claims
+    """A wake-up for `model`: run its queued jobs (see app.execution.dispatch). It claims
     that model's jobs only. One that came on a queue other than the model's card
     names (a waker that read a stale card, or none) is passed on to that queue,
     not run here: a CPU worker never runs a GPU model's jobs. Passing on counts

@@ -1,3 +1,2 @@
-"""Jobs: their rows (staged, read, claimed, finished, swept), the one runner every
-door's jobs reach, wake-ups for the workers and sync calls' reply channel.
-Nothing here commits: the operations own the transactions."""
+"""Jobs: their rows (staged, read, claimed, finished, swept) and what is counted
+over them. Nothing here commits: the operations own the transactions."""

@@ -36,7 +36,7 @@ class Webhook:
 class Terms:
     """How a new job runs, besides its inputs: its priority (SYNC_PRIORITY for a
     sync call), deadline, webhook, attempt cap, and a sync call's reply channel
-    (app.jobs.replies)."""
+    (app.sync.replies)."""
 
     priority: int = 0
     deadline: datetime | None = None

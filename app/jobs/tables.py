@@ -168,7 +168,7 @@ class Job(Base):
     input_key: Mapped[str | None] = mapped_column(Text)
     output_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # A sync call's job: the Redis channel its worker publishes the answer on, once
-    # the record is committed (app.jobs.replies); NULL for every other job.
+    # the record is committed (app.sync.replies); NULL for every other job.
     reply_to: Mapped[str | None] = mapped_column(Text)
     # A line of a batch in OpenAI's Batch format: its `custom_id` and, for a line
     # refused before it ran, `refused` ("line": not a request; "request": a body

@@ -59,7 +59,7 @@ def finished(session: Session, claimed: list[ClaimedJob], written: list[Any]) ->
 
 
 def recorded(session: Session, records: list[dict[str, Any]]) -> None:
-    """Record sync calls whose records were just written behind (app.jobs.records)."""
+    """Record sync calls whose records were just written behind (app.sync.records)."""
     for record in records:
         tenant = tenant_name(session, record["tenant_id"])
         metrics.JOBS_FINISHED.labels(record["model"], tenant, record["status"]).inc()

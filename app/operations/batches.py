@@ -23,10 +23,10 @@ from app.batches.creation import BATCH_EVENTS, SPLIT_TASK, Chunking
 from app.batches.representation import BatchSchema, describe
 from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch
 from app.errors import InvalidRequest, UnknownModel
+from app.execution.dispatch import Dispatcher
 from app.jobs import staging
 from app.jobs.admission import Admission
 from app.jobs.chunks import settle
-from app.jobs.dispatch import Dispatcher
 from app.operations.requests import BatchRequest
 from app.platform.database import Database, transactional
 from app.platform.filestore import FileStore

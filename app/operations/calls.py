@@ -1,9 +1,9 @@
 """Sync calls: a caller waits for a model's outputs, within a deadline.
 
-A call of a worker-run model travels the sync lane (app.jobs.lane): pushed onto
+A call of a worker-run model travels the sync lane (app.sync.lane): pushed onto
 its model's Redis list, taken by a worker into a micro-batch, answered over this
-process's reply channel (app.jobs.replies), its record journaled in the same
-step and written behind (app.jobs.records). A card with `"execution": "inline"`
+process's reply channel (app.sync.replies), its record journaled in the same
+step and written behind (app.sync.records). A card with `"execution": "inline"`
 runs here instead, through the same inference function, its record journaled
 before the caller is answered. A generative model's call (and every call with
 SYNC_LANE off) is an ordinary job, ahead of every async job of its model. The
@@ -22,10 +22,7 @@ from typing import Any
 
 from app.cards import ModelCard
 from app.errors import CallerLeft, DomainError, InferenceFailed, QueueFull, Unavailable
-from app.jobs import lane, staging, sync
-from app.jobs.records import RecordWriter
-from app.jobs.replies import Replies
-from app.jobs.sync import TEXT_OUTPUT, Answer, Call, Calls, ended_without_outputs
+from app.jobs import staging
 from app.jobs.tables import SYNC_PRIORITY
 from app.observability import metrics
 from app.operations.holds import Holds
@@ -36,6 +33,11 @@ from app.operations.submission import Submitter
 from app.platform.database import Database
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import pack
+from app.sync import calls as sync
+from app.sync import lane
+from app.sync.calls import TEXT_OUTPUT, Answer, Call, Calls, ended_without_outputs
+from app.sync.records import RecordWriter
+from app.sync.replies import Replies
 from app.tenancy.keys import TenantRef
 
 __all__ = [
@@ -277,7 +279,7 @@ class LaneCalls:
 class InlineRuns:
     """Calls of inline models, run in this process; each leaves its job record
     (succeeded or failed), journaled before the caller is answered and written
-    behind (app.jobs.records): the call is in GET /jobs/<id> and /usage like any
+    behind (app.sync.records): the call is in GET /jobs/<id> and /usage like any
     job, a moment after its answer."""
 
     def __init__(self, sessions: Callable[[], SessionPool], records: RecordWriter) -> None:

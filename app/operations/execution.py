@@ -2,7 +2,7 @@
 
 `drain` serves a wake-up for one model: it claims that model's queued jobs in
 batches (one UPDATE ... SKIP LOCKED each), runs each batch through the one job
-runner (app.jobs.runner), and writes every outcome in one UPDATE. `execute` does
+runner (app.execution.runner), and writes every outcome in one UPDATE. `execute` does
 the same for jobs named by id. The claim, the finish and the settle of a batch's
 chunks are each a unit of work; no transaction is held while a model runs
 (except a read of a chunk's rows kept in PostgreSQL), and sync callers are
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from app.execution.dispatch import DRAIN_TASK, PURGE_TASK, SWEEP_TASK, Dispatcher
+from app.execution.runner import Runner
 from app.jobs import claims, telemetry
 from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
-from app.jobs.dispatch import DRAIN_TASK, PURGE_TASK, SWEEP_TASK, Dispatcher
 from app.jobs.guards import Guards
-from app.jobs.runner import Runner
 from app.jobs.transitions import Outcome, finish_rows
 from app.platform.database import Database, transactional
 from app.platform.settings import Settings
@@ -78,7 +78,7 @@ class Execution:
 
     def taken(self, model: str, queue: str | None) -> None:
         """A wake-up for `model` was taken (from `queue`): jobs committed from now on
-        need a new one (app.jobs.dispatch)."""
+        need a new one (app.execution.dispatch)."""
         self._dispatcher.taken(model, queue)
 
     def drain(self, model: str) -> int:
@@ -178,6 +178,6 @@ class Execution:
 
 def renew_leases(database: Database, lease_s: float, jobs: list[ClaimedJob]) -> None:
     """Extend the leases of jobs still running: the lease keeper's thread, a unit of
-    work of its own beside any task's (app.jobs.leases)."""
+    work of its own beside any task's (app.execution.leases)."""
     with database.separate_unit_of_work() as session:
         claims.renew_leases(session, jobs, lease_s)

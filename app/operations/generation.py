@@ -33,6 +33,8 @@ from functools import partial
 from typing import Any
 
 from app.cards import ModelCard
+from app.execution.dispatch import Dispatcher
+from app.execution.runner import Runner
 from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
 from app.generation.requests import stored_request
@@ -40,9 +42,7 @@ from app.generation.sharing import Holder, Waiter, preemptions
 from app.jobs import claims, telemetry
 from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
-from app.jobs.dispatch import Dispatcher
 from app.jobs.outputs import Piece, Recorder, record, recorded_tokens
-from app.jobs.runner import Runner
 from app.jobs.transitions import Outcome, finish_rows
 from app.observability import metrics
 from app.operations.decode_loop import (

@@ -1,11 +1,11 @@
-"""The workers' side of the sync lane (app.jobs.lane), and recovering calls whose
+"""The workers' side of the sync lane (app.sync.lane), and recovering calls whose
 worker died.
 
 In each worker child, one thread per model the child serves takes that model's
 calls from its lane in micro-batches, runs them through the one inference
 function (`app.runtime.engine.infer`, as every job's), answers them and
 journals their records in one Redis step, then leaves the records to the
-process's writer (app.jobs.records): no PostgreSQL on the answering path. A
+process's writer (app.sync.records): no PostgreSQL on the answering path. A
 housekeeping thread keeps the child's liveness key and recovers the calls of
 dead workers (`Recovery`, which an API process waiting on a call runs too).
 """
@@ -28,15 +28,16 @@ import redis
 
 from app.cards import ModelCard
 from app.errors import UnknownModel
-from app.jobs import lane, records, replies, staging
+from app.jobs import staging
 from app.jobs.guards import ALL_ON, Guards
-from app.jobs.lane import Entry, Lane
-from app.jobs.records import RecordWriter
-from app.jobs.replies import Reply
 from app.repository.registry import ModelRepository
 from app.runtime import engine
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import unpack
+from app.sync import lane, records, replies
+from app.sync.lane import Entry, Lane
+from app.sync.records import RecordWriter
+from app.sync.replies import Reply
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy.orm import Session
 
 from app.batches import retention as batch_retention
+from app.execution.dispatch import Dispatcher
 from app.jobs import idempotency, retention, transitions
-from app.jobs.dispatch import Dispatcher
 from app.jobs.guards import ALL_ON, Guards
 from app.jobs.retention import Rule
 from app.platform.database import Database

@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session
 
 from app.cards import ModelCard
 from app.errors import DomainError
+from app.execution.dispatch import Dispatcher
 from app.jobs import idempotency, reads, staging, transitions
 from app.jobs.admission import Admission
-from app.jobs.dispatch import Dispatcher
 from app.jobs.idempotency import BulkKeys, Checked
 from app.jobs.inserts import JobInserter
 from app.jobs.staging import Terms

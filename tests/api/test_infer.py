@@ -24,11 +24,11 @@ from tritonclient.utils import InferenceServerException
 
 from app import create_app
 from app.cards import ModelCard
-from app.jobs.lane import Lane
 from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.runtime.sessions import SessionPool
+from app.sync.lane import Lane
 from tests.conftest import TenantAuth, lane_of, wait_for_job, wait_for_record
 from tests.support import live_server, wait_until
 

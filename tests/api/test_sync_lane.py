@@ -27,10 +27,11 @@ import requests
 from flask import Flask
 from sqlalchemy import select
 
-from app.jobs import records, staging
+from app.jobs import staging
 from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
+from app.sync import records
 from tests.conftest import TenantAuth, WorkerProcess, free_port, service_env
 from tests.support import wait_until
 

@@ -17,7 +17,7 @@ import redis
 import sqlalchemy as sa
 
 from app import create_app
-from app.jobs.dispatch import SWEEP_TASK
+from app.execution.dispatch import SWEEP_TASK
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.schedules.firing import TICK_TASK

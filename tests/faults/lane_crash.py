@@ -1,7 +1,7 @@
 """Staged crashes of a worker's sync lane, for the fault suite's worker entry point.
 
 With FAULTS_LANE_CRASH_FILE naming a file, `install()` wraps two points of the
-lane (app.jobs.lane.Lane); a worker child that reaches the point named in that
+lane (app.sync.lane.Lane); a worker child that reaches the point named in that
 file SIGKILLs itself there, as the OOM killer would. The file is renamed
 (`<file>.fired`) first, atomically, so a point fires once however many threads
 reach it; the test writes the file again to arm the next one.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.jobs.lane import Lane
+from app.sync.lane import Lane
 from tests.faults.decode_crash import armed, fire
 
 CRASH_FILE_VARIABLE = "FAULTS_LANE_CRASH_FILE"

@@ -101,7 +101,7 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
         woken.append(model)
         return True
 
-    monkeypatch.setattr("app.jobs.dispatch.Dispatcher.wake", wake)
+    monkeypatch.setattr("app.execution.dispatch.Dispatcher.wake", wake)
     # Its own app on a clock that stands still: no cached reading expires mid-test.
     container = container_of(make_app(clock=clock))
     engine = container.parts.database.engine  # the operations', and their job writer's

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import redis
 
-from app.jobs import records, staging
-from app.jobs.records import GroupJournal, Record
+from app.jobs import staging
 from app.platform.settings import Settings
+from app.sync import records
+from app.sync.records import GroupJournal, Record
 from tests.support import wait_until
 
 

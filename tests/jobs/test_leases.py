@@ -6,8 +6,8 @@ import threading
 import time
 import uuid
 
+from app.execution.leases import LeaseKeeper
 from app.jobs.claims import ClaimedJob
-from app.jobs.leases import LeaseKeeper
 
 
 def jobs(n: int) -> list[ClaimedJob]:

@@ -17,9 +17,9 @@ import pytest
 from flask import Flask
 from sqlalchemy import select, text
 
+from app.execution.runner import Runner
 from app.jobs import claims, transitions
 from app.jobs.guards import ALL_ON, Guards
-from app.jobs.runner import Runner
 from app.jobs.tables import DeadLetter
 from app.operations.maintenance import Maintenance, MaintenanceSettings
 from app.platform.database import Database

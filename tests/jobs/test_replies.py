@@ -15,11 +15,12 @@ from flask import Flask
 from sqlalchemy import text
 
 from app.cards import ModelCard
-from app.jobs import replies, sync
-from app.jobs.replies import Replies, Reply
 from app.platform.broker import redis_client
 from app.platform.database import Database
 from app.runtime.tensors import pack, unpack
+from app.sync import calls as sync
+from app.sync import replies
+from app.sync.replies import Replies, Reply
 from app.web.context import services
 from tests.conftest import TenantAuth, insert_queued_job, load_job
 from tests.support import execute

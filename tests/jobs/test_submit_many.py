@@ -20,10 +20,10 @@ from app.errors import (
     QuotaExceeded,
     UnknownModel,
 )
-from app.jobs import lane
 from app.jobs.tables import Job
 from app.operations import InferRequest, JobRequest
 from app.platform.database import Database
+from app.sync import lane
 from app.tenancy.tables import Tenant
 from app.web.context import container_of
 from tests.conftest import STAGED, TenantAuth, make_tenant

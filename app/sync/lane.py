@@ -6,7 +6,7 @@ model's lane, a Redis list bounded by SYNC_LANE_MAX_WAITING (full: the call is
 refused at once). A worker's lane thread moves entries atomically from the lane
 to its own `taken` list (BLMOVE, then a script for the rest of a micro-batch),
 runs them, and in one script publishes each answer and journals the record of
-each call whose caller's process heard it (app.jobs.records), emptying `taken`.
+each call whose caller's process heard it (app.sync.records), emptying `taken`.
 So at every moment an entry is in exactly one place: waiting, taken by a live
 worker, or answered with its record journaled.
 
@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import redis
 
-from app.jobs.records import JOURNAL
+from app.sync.records import JOURNAL
 
 PREFIX = "inference:lane:"
 WORKERS = PREFIX + "workers"  # set: the worker ids whose lanes' taken lists may hold entries
@@ -117,7 +117,7 @@ class Lane:
     workers (take, keep alive, recover)."""
 
     def __init__(self, client: redis.Redis, bound: int, route: Callable[[str], str]) -> None:
-        """`route`: a model's queue (app.jobs.dispatch.Dispatcher.queue_for)."""
+        """`route`: a model's queue (app.execution.dispatch.Dispatcher.queue_for)."""
         self.client, self.bound, self._route = client, bound, route
         self._take_more = client.register_script(_TAKE_MORE)
         self._answer = client.register_script(_ANSWER)

@@ -1,6 +1,6 @@
 """The sync door's pieces: run one request now and answer with its outputs.
 
-A worker-run model's call travels the sync lane (app.jobs.lane): the workers
+A worker-run model's call travels the sync lane (app.sync.lane): the workers
 that own the GPU run it in a micro-batch and answer over this process's reply
 channel, its record written behind. A generative model's call (and every call
 with SYNC_LANE off) becomes an ordinary job, submitted like any other, and
@@ -26,13 +26,13 @@ from sqlalchemy import Engine, bindparam, text
 
 from app.cards import ModelCard
 from app.errors import DeadlinePassed, DomainError, InferenceFailed, Unavailable
-from app.jobs.lane import LOST
-from app.jobs.replies import Follower
 from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import UUIDS
 from app.runtime import engine
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import from_json, unpack
+from app.sync.lane import LOST
+from app.sync.replies import Follower
 
 INLINE = "inline"
 # A generative model's output: its text, by KServe's name (Triton's vLLM backend's).
@@ -104,7 +104,7 @@ Ended = Answer | DomainError
 class Calls:
     """Many sync calls of one caller followed at once (a gRPC stream's, or the
     one call of a unary request). Their answers come over Redis, straight from
-    the workers (app.jobs.replies); a call not answered so within CHECK_S, or
+    the workers (app.sync.replies); a call not answered so within CHECK_S, or
     whose caller's time ran out, is read from PostgreSQL (one query for all that
     are due). Reads only; it owns no transaction.
 

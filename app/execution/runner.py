@@ -28,11 +28,10 @@ from sqlalchemy.orm import Session
 
 from app.cards import ModelCard
 from app.errors import UnknownModel
+from app.execution.leases import LeaseKeeper
 from app.jobs.chunks import read_range, result_key
 from app.jobs.claims import ClaimedJob
 from app.jobs.guards import Guards
-from app.jobs.leases import LeaseKeeper
-from app.jobs.replies import Reply
 from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import Outcome
 from app.platform.filestore import FileStore
@@ -49,6 +48,7 @@ from app.runtime.tensors import (
     unpack,
     unpack_apart,
 )
+from app.sync.replies import Reply
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Runner:
     on_time_limit: Callable[[list[ClaimedJob]], None] | None = None
     # The safety guards this path keeps (all on; the fault suite turns some off).
     guards: Guards = field(default_factory=Guards)
-    # Sends sync calls' answers to their callers' channels (app.jobs.replies), after
+    # Sends sync calls' answers to their callers' channels (app.sync.replies), after
     # the commit; None where nobody waits so (tests of the execute path alone).
     reply: Callable[[list[tuple[str, Reply]]], None] | None = None
     leases: LeaseKeeper = field(init=False)
@@ -141,7 +141,7 @@ class Runner:
 
     def _leases_renewed(self, jobs: list[ClaimedJob]) -> AbstractContextManager[None]:
         """Renew the jobs' leases every third of their length while they run, and
-        enforce the time limit (app.jobs.leases)."""
+        enforce the time limit (app.execution.leases)."""
         settings = self.settings
         return self.leases.holding(
             jobs, settings.lease_s / 3, settings.time_limit_s, self.on_time_limit

@@ -40,7 +40,7 @@ CHANNEL_PREFIX = "inference:replies:"
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A finished job as its caller's answer needs it (app.jobs.sync.Outcome)."""
+    """A finished job as its caller's answer needs it (app.sync.calls.Outcome)."""
 
     id: uuid.UUID
     status: str
