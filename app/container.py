@@ -119,15 +119,16 @@ class Container(Lazy):
     def calls(self) -> CallOperations:
         """Sync calls (the HTTP and gRPC inference doors)."""
         from app.operations.calls import CallOperations, CallSettings, InlineRuns, LaneCalls
-        from app.operations.lane import Recovery
+        from app.sync.recovery import Recovery
 
         parts, settings = self.parts, self.settings
         inline = InlineRuns(lambda: parts.sessions, parts.records)
-        timing = CallSettings(settings.sync_timeout_seconds, settings.max_wait_seconds)
-        lane = None
-        if settings.sync_lane:
-            recovery = Recovery(parts.lane, parts.repository)
-            lane = LaneCalls(parts.lane, recovery, parts.replies)
+        timing = CallSettings(
+            settings.sync_timeout_seconds, settings.max_wait_seconds, settings.sync_lane
+        )
+        lane = LaneCalls(
+            parts.lane, Recovery(parts.lane), parts.replies, parts.dispatcher.queue_for
+        )
         return CallOperations(
             parts.database, self._submitter, self.jobs, parts.holds, parts.replies, inline,
             timing, lane,

@@ -179,8 +179,7 @@ class Parts(Lazy):
         """The sync lane's Redis side (app.sync.lane)."""
         from app.sync.lane import Lane
 
-        dispatcher = self.dispatcher
-        return Lane(self._reply_redis, self.settings.sync_lane_max_waiting, dispatcher.queue_for)
+        return Lane(self._reply_redis, self.settings.sync_lane_max_waiting)
 
     @made
     def lane_server(self) -> LaneServer:
@@ -189,9 +188,9 @@ class Parts(Lazy):
         from app.platform.broker import redis_client
         from app.sync.lane import Lane
 
-        url, settings, dispatcher = self.settings.redis_url, self.settings, self.dispatcher
+        url, settings = self.settings.redis_url, self.settings
         return LaneServer(
-            lambda: Lane(redis_client(url), settings.sync_lane_max_waiting, dispatcher.queue_for),
+            lambda: Lane(redis_client(url), settings.sync_lane_max_waiting),
             self.repository, self.runner.sessions, self.records, settings.sync_lane_lease_seconds,
             self.guards,
         )  # fmt: skip

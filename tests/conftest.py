@@ -43,6 +43,7 @@ from app.platform.migrate import upgrade
 from app.platform.settings import ROOT, Settings
 from app.repository.bundled import ensure_models
 from app.runtime.tensors import pack
+from app.sync import lane
 from app.sync.lane import Lane
 from app.tenancy.keys import TenantRef, create_api_key
 from app.tenancy.tables import Tenant
@@ -398,13 +399,19 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
         )
         process_started()
-        self._wait_ready()
+        self._wait_ready(None if control else (settings.redis_url, settings.model_queue))
 
-    def _wait_ready(self, timeout: float = 60) -> None:
+    def _wait_ready(self, serving: tuple[str, str] | None, timeout: float = 60) -> None:
+        """Until the worker says it is ready and, for an inference worker, a child
+        serves its queue (the lane refuses calls of a queue no worker serves)."""
+        client = redis_client(serving[0]) if serving else None
+
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError("worker did not start:\n" + self.log_path.read_text()[-3000:])
-            return b" ready." in self.log_path.read_bytes()
+            if b" ready." not in self.log_path.read_bytes():
+                return False
+            return client is None or bool(client.exists(lane.serving_key(serving[1])))  # type: ignore[index]
 
         wait_until(ready, lambda: "worker ready:\n" + self.log_path.read_text()[-3000:], timeout)
 
@@ -453,9 +460,31 @@ def control_worker(
     process.stop()
 
 
-def lane_of(settings: Settings) -> Lane:
+class LaneView:
+    """The sync lane of the test run's queue, counted per model."""
+
+    def __init__(self, settings: Settings, queue: str | None = None) -> None:
+        self.client = redis_client(settings.redis_url)
+        self.queue = queue or settings.model_queue
+        self.lane = Lane(self.client, 16)
+
+    def waiting(self, model: str) -> int:
+        """Calls of `model` waiting on the lane for a worker."""
+        return self._count([lane.lane_key(self.queue)], model)
+
+    def taken(self, model: str) -> int:
+        """Calls of `model` in workers' taken lists."""
+        keys = self.client.scan_iter(match=lane.taken_key("*", self.queue))
+        return self._count(list(keys), model)
+
+    def _count(self, keys: list[Any], model: str) -> int:
+        entries = [e for key in keys for e in self.client.lrange(key, 0, -1)]
+        return sum(1 for entry in entries if lane.decode(entry).model == model)
+
+
+def lane_of(settings: Settings) -> LaneView:
     """The sync lane as the test run's processes see it (models on their queue)."""
-    return Lane(redis_client(settings.redis_url), 16, lambda _model: settings.model_queue)
+    return LaneView(settings)
 
 
 def wait_for_record(

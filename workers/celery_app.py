@@ -103,24 +103,18 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
         # A hard time limit: ORT holds the thread in C code, so the child is
         # killed; Celery starts a new one and the job's lease brings it back.
         runner.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)
-        # Only the models whose queue this worker serves (-Q): a CPU worker never
-        # holds a GPU model's session, a GPU worker no CPU model's.
-        # A generative model's session is the decode loop's own, made when a loop
-        # first runs in this child (app.operations.generation), not a second copy here.
-        served = celery.amqp.queues.consume_from
-        mine = []
+        # The queues this child serves (-Q), but the control worker's: their lanes,
+        # whatever models they hold now or later (app.operations.lane).
+        served = set(celery.amqp.queues.consume_from or settings.inference_queues)
+        queues = sorted(served - {settings.control_queue, settings.webhooks_queue})
+        if not queues:
+            return
+        # Warm: the sessions of the models on those queues now (a CPU worker never
+        # holds a GPU model's session, a GPU worker no CPU model's). A generative
+        # model's session is the decode loop's own, made when a loop first runs in
+        # this child (app.operations.generation), not a second copy here.
         for card in runner.repository.all():
-            if card.generation is not None:
-                continue
-            if not served or (card.queue or settings.model_queue) in served:
+            if card.generation is None and (card.queue or settings.model_queue) in queues:
                 runner.sessions.get(card)
                 pipeline.load(card)
-                mine.append(card)
-        if settings.sync_lane and mine:
-            # Sync calls of these models come over Redis straight to this child's
-            # lane threads (app.operations.lane).
-            from app.operations.lane import lane_models
-
-            names = {card.name for card in mine}
-            lanes = [card for card in lane_models(runner.repository) if card.name in names]
-            container.parts.lane_server.start(lanes)
+        container.parts.lane_server.start(queues, take=settings.sync_lane)

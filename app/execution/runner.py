@@ -2,7 +2,7 @@
 sync calls, batch chunks, beat's runs), whatever decides how the answer returns.
 
 `Runner.run` groups claimed jobs by model version, reads each one's inputs, runs
-each group through the one inference function (`app.runtime.engine.infer`, one
+each group the one way a model runs on a micro-batch (`app.execution.runs`, one
 ONNX Runtime call for many jobs where the model allows) and says what each
 attempt came to; a bad row fails only its own job. While they run, the lease
 keeper renews their leases, so only a worker that died loses them. Writing the
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 import traceback
 import uuid
 from collections import defaultdict
@@ -28,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from app.cards import ModelCard
 from app.errors import UnknownModel
+from app.execution import runs
 from app.execution.leases import LeaseKeeper
 from app.jobs.chunks import read_range, result_key
 from app.jobs.claims import ClaimedJob
@@ -37,8 +37,6 @@ from app.jobs.transitions import Outcome
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.repository.registry import ModelRepository
-from app.runtime.engine import NonFiniteOutput, infer
-from app.runtime.engine import rows as engine_rows
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import (
     from_json,
@@ -51,15 +49,6 @@ from app.runtime.tensors import (
 from app.sync.replies import Reply
 
 logger = logging.getLogger(__name__)
-
-# Errors worth another attempt: the device (GPU or host) ran out of memory, which
-# ORT reports from its allocator ("Failed to allocate memory") or from CUDA.
-_TRANSIENT_MARKERS = (
-    "failed to allocate memory",
-    "out of memory",
-    "cudaerrormemoryallocation",
-    "cuda failure",
-)
 
 
 @dataclass(frozen=True)
@@ -164,16 +153,9 @@ def backoff_delay(settings: RunSettings, attempt: int) -> float:
 def _run_group(
     session: Session, runner: Runner, model: str, version: str, jobs: list[ClaimedJob]
 ) -> list[Outcome]:
-    try:
-        card = runner.repository.resolve_rescanning(model, version)
-    except UnknownModel as exc:  # unloaded, or out of its version policy, since submit
-        return [_failed(job, "model_unavailable", exc) for job in jobs]
-    try:
-        runner.sessions.get(card)
-    except Exception as exc:  # file missing, corrupt, or not what its card says
-        if not _transient(exc):
-            logger.error("model %s cannot serve, failing %d job(s): %s", card.ref, len(jobs), exc)
-            return [_failed(job, "model_invalid", exc) for job in jobs]
+    card = runs.resolve(runner.repository, model, version)
+    if isinstance(card, runs.Failed):  # unloaded, or out of its version policy, since submit
+        return [_failed(job, card) for job in jobs]
     outcomes: dict[uuid.UUID, Outcome] = {}
     runnable, requests = [], []
     for job in jobs:
@@ -181,34 +163,23 @@ def _run_group(
             requests.append(_inputs(session, runner.store, card, job))
             runnable.append(job)
         except (KeyError, TypeError, ValueError) as exc:  # checked at submit; changed since?
-            outcomes[job.id] = _failed(job, "invalid_input", exc)
+            outcomes[job.id] = _failed(job, runs.Failed("invalid_input", exc))
         except OSError as exc:  # the file store did not answer: the chunk's rows are kept
             outcomes[job.id] = _store_error(runner, job, exc)
-    started = time.perf_counter()
-    results = infer(runner.sessions, card, requests)
-    elapsed = time.perf_counter() - started
-    sizes = [_rows(card, request) for request in requests]
-    total = sum(sizes) or 1
-    for job, result, size in zip(runnable, results, sizes, strict=True):
+    for job, ran in zip(runnable, runs.run_card(runner.sessions, card, requests), strict=True):
         try:
             outcome = (
-                _after_error(runner.settings, runner.guards, job, result)
-                if isinstance(result, Exception)
-                else _succeeded(runner.store, job, result)
+                _after_error(runner.settings, runner.guards, job, ran)
+                if isinstance(ran, runs.Failed)
+                else _succeeded(runner.store, job, ran.outputs)
             )
         except OSError as exc:  # its result part could not be written (a full disk)
             outcome = _store_error(runner, job, exc)
         # What the job cost: its rows' share of the call (one figure per job, summed
         # per tenant by GET /usage).
-        outcomes[job.id] = replace(
-            outcome, batch_share=size / total, compute_seconds=elapsed * size / total
-        )
+        share, compute_s = (ran.share, ran.compute_s) if isinstance(ran, runs.Ran) else (0.0, 0.0)
+        outcomes[job.id] = replace(outcome, batch_share=share, compute_seconds=compute_s)
     return [outcomes[job.id] for job in jobs]
-
-
-def _rows(card: ModelCard, request: dict[str, np.ndarray]) -> int:
-    """Rows the request adds to its micro-batch (1 for a model without a batch axis)."""
-    return max(1, engine_rows(request)) if card.batching.max_batch_size > 0 else 1
 
 
 def _succeeded(store: FileStore, job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:
@@ -255,14 +226,13 @@ def _rows_in_file(
     return parse_inputs(card, unpack_apart(header, data))
 
 
-def _after_error(settings: RunSettings, guards: Guards, job: ClaimedJob, exc: Exception) -> Outcome:
-    if isinstance(exc, NonFiniteOutput):
-        logger.warning("job %s failed: %s", job.id, exc)
-        return _failed(job, "non_finite_output", exc)
-    if not _transient(exc):
-        logger.warning("job %s failed: %s", job.id, exc)
-        return _failed(job, "inference_error", exc)
-    return _retry(settings, guards, job, exc, "resource_exhausted")
+def _after_error(
+    settings: RunSettings, guards: Guards, job: ClaimedJob, failed: runs.Failed
+) -> Outcome:
+    if not failed.transient:
+        logger.warning("job %s failed: %s", job.id, failed.detail)
+        return _failed(job, failed)
+    return _retry(settings, guards, job, failed.error, "resource_exhausted")
 
 
 def _store_error(runner: Runner, job: ClaimedJob, exc: OSError) -> Outcome:
@@ -278,7 +248,7 @@ def _retry(
 ) -> Outcome:
     if job.attempt >= job.max_attempts and guards.cap:
         logger.warning("job %s failed after %d attempts: %s", job.id, job.attempt, exc)
-        return _failed(job, "retries_exhausted", exc)
+        return _failed(job, runs.Failed("retries_exhausted", exc))
     delay = backoff_delay(settings, job.attempt)
     logger.info("job %s: transient error, retry in %.1fs: %s", job.id, delay, exc)
     return Outcome(
@@ -293,17 +263,14 @@ def _retry(
     )
 
 
-def _transient(exc: Exception) -> bool:
-    return any(marker in str(exc).lower() for marker in _TRANSIENT_MARKERS)
-
-
-def _failed(job: ClaimedJob, code: str, exc: Exception) -> Outcome:
+def _failed(job: ClaimedJob, failed: runs.Failed) -> Outcome:
+    exc = failed.error
     return Outcome(
         job.id,
         job.attempt,
         "failed",
-        error_code=code,
-        error_message=f"{type(exc).__name__}: {exc}",
+        error_code=failed.code,
+        error_message=failed.detail,
         error_class=type(exc).__name__,
         traceback="".join(traceback.format_exception(exc)),
     )

@@ -22,21 +22,21 @@ from typing import Any
 
 from app.cards import ModelCard
 from app.errors import CallerLeft, DomainError, InferenceFailed, QueueFull, Unavailable
+from app.execution import runs
 from app.jobs import staging
 from app.jobs.tables import SYNC_PRIORITY
 from app.observability import metrics
 from app.operations.holds import Holds
 from app.operations.jobs import JobOperations
-from app.operations.lane import Recovery
 from app.operations.requests import InferRequest, JobRequest
 from app.operations.submission import Submitter
 from app.platform.database import Database
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import pack
-from app.sync import calls as sync
 from app.sync import lane
 from app.sync.calls import TEXT_OUTPUT, Answer, Call, Calls, ended_without_outputs
 from app.sync.records import RecordWriter
+from app.sync.recovery import Recovery
 from app.sync.replies import Replies
 from app.tenancy.keys import TenantRef
 
@@ -49,10 +49,12 @@ __all__ = [
 @dataclass(frozen=True)
 class CallSettings:
     """How long a caller waits: SYNC_TIMEOUT_SECONDS unless the call says, never
-    more than MAX_WAIT_SECONDS."""
+    more than MAX_WAIT_SECONDS; and whether worker-run models' calls travel the
+    sync lane (SYNC_LANE)."""
 
     timeout_s: float
     max_wait_s: float
+    lane: bool = True
 
 
 class CallOperations:
@@ -65,7 +67,7 @@ class CallOperations:
         replies: Replies,
         inline: InlineRuns,
         settings: CallSettings,
-        lane_: LaneCalls | None = None,
+        lane_: LaneCalls,
     ) -> None:
         self.database, self._submitter, self._jobs = database, submitter, jobs
         self._holds, self._replies, self._inline = holds, replies, inline
@@ -111,13 +113,14 @@ class CallOperations:
         timeout_s = self._timeout(request)
         now = time.monotonic()
         give_up_at = now + timeout_s
-        if sync.runs_inline(card):
+        route = self.route(card)
+        if route == lane.INLINE:
             arrays = staging.check_inputs(card, request.inputs)
             self._submitter.admit_calls(tenant)
             self.database.end_reads()  # the admission's reads: the run holds no connection
             done = self._inline.run(tenant, card, arrays)
             return Call(card, done.job_id, timeout_s, give_up_at, done)
-        if self._lane is not None and card.generation is None:
+        if route == lane.LANE:
             arrays = staging.check_inputs(card, request.inputs)
             self._submitter.admit_calls(tenant)
             self.database.end_reads()
@@ -125,8 +128,13 @@ class CallOperations:
             if isinstance(call, DomainError):
                 raise call
             return call
+        self._lane.check_served(card)
         job = self._submitter.submit(tenant, card, self._job(card, request))  # holds no reads
         return Call(card, job.id, timeout_s, give_up_at)
+
+    def route(self, card: ModelCard) -> str:
+        """How a sync call of `card` travels (app.sync.lane.route)."""
+        return lane.route(card, self.settings.lane)
 
     def start_calls(
         self, tenant: TenantRef, requests: Sequence[InferRequest]
@@ -142,20 +150,21 @@ class CallOperations:
         for index, request in enumerate(requests):
             try:
                 card = cards(request.model, request.version)
-                if sync.runs_inline(card):
+                route = self.route(card)
+                if route == lane.INLINE:
                     started[index] = self.start_call(tenant, request)
                     continue
-                if self._lane is not None and card.generation is None:
+                if route == lane.LANE:
                     arrays = staging.check_inputs(card, request.inputs)
                     on_lane.append((index, (card, arrays, self._timeout(request), request)))
                     continue
+                self._lane.check_served(card)
             except DomainError as exc:
                 started[index] = exc
                 continue
             queued.append((index, card, self._timeout(request)))
             jobs.append(self._job(card, request))
         if on_lane:
-            assert self._lane is not None
             try:
                 self._submitter.admit_calls(tenant, len(on_lane))
                 self.database.end_reads()
@@ -190,7 +199,7 @@ class CallOperations:
         """Cancel the calls whose caller went away: a job's, if unfinished; a lane
         call's, if no worker took it yet (one taken runs, and is recorded)."""
         on_lane = [call for call in calls if call.lane_entry is not None]
-        if on_lane and self._lane is not None:
+        if on_lane:
             self._lane.withdraw_all(on_lane)
         job_ids = [call.job_id for call in calls if call.lane_entry is None and call.job_id]
         return self._jobs.cancel_many(tenant, job_ids) if job_ids else 0
@@ -212,13 +221,19 @@ class CallOperations:
 
 
 class LaneCalls:
-    """This process's side of the sync lane: push calls, withdraw those whose
-    caller stopped waiting, and now and then settle dead workers' calls."""
+    """This process's side of the sync lane: push calls onto their queues' lanes,
+    refuse at once those no live worker can take, withdraw those whose caller
+    stopped waiting, and now and then settle dead workers' calls."""
 
     RECOVER_EVERY_S = 1.0
 
-    def __init__(self, lane_: lane.Lane, recovery: Recovery, replies: Replies) -> None:
+    def __init__(
+        self, lane_: lane.Lane, recovery: Recovery, replies: Replies,
+        queue_for: Callable[[str], str],
+    ) -> None:  # fmt: skip
+        """`queue_for`: a model's queue (app.execution.dispatch.Dispatcher.queue_for)."""
         self._lane, self._recovery, self._replies = lane_, recovery, replies
+        self._queue_for = queue_for
         self._recovered_at = 0.0
 
     def send(
@@ -227,42 +242,66 @@ class LaneCalls:
         calls: Sequence[tuple[ModelCard, Any, float, InferRequest]],
         now: float,
     ) -> list[Call | DomainError]:
-        """Push checked calls (card, arrays, timeout, request) onto their models'
-        lanes; a model's calls all go, or are all refused with QueueFull."""
+        """Push checked calls (card, arrays, timeout, request) onto their queues'
+        lanes; a queue's calls all go, or are all refused: Unavailable when no
+        worker serves the queue, QueueFull when its lane is at its bound."""
         if not self._replies.listening():
             raise Unavailable("this process cannot hear answers (Redis?); retry shortly",
                               retry_after=1)  # fmt: skip
         sent_at = time.time()
         started: list[Call | DomainError] = []
-        by_model: dict[str, list[int]] = {}
+        by_queue: dict[str, list[int]] = {}
         for card, arrays, timeout_s, request in calls:
             deadline = sent_at + timeout_s
             if request.deadline is not None:
                 deadline = min(deadline, request.deadline.timestamp())
+            queue = self._queue_for(card.name)
             entry = lane.Entry(
-                uuid.uuid4(), tenant.id, card.name, card.version, self._replies.channel, sent_at,
-                deadline, pack(arrays),
+                uuid.uuid4(), tenant.id, card.name, card.version, queue, self._replies.channel,
+                sent_at, deadline, pack(arrays), lane.batch_limit(card), lane.idempotent(card),
             )  # fmt: skip
-            by_model.setdefault(card.name, []).append(len(started))
+            by_queue.setdefault(queue, []).append(len(started))
             started.append(Call(card, entry.id, timeout_s, now + timeout_s,
-                                lane_entry=lane.encode(entry)))  # fmt: skip
-        for model, indexes in by_model.items():
+                                lane_entry=lane.encode(entry), lane_queue=queue))  # fmt: skip
+        for queue, indexes in by_queue.items():
             entries = [started[i].lane_entry for i in indexes]  # type: ignore[union-attr]
-            if self._lane.push(model, entries):  # type: ignore[arg-type]
-                metrics.JOBS_SUBMITTED.labels(model, tenant.name).inc(len(indexes))
+            pushed = self._lane.push(queue, entries)  # type: ignore[arg-type]
+            if pushed >= 0:
+                for i in indexes:
+                    metrics.JOBS_SUBMITTED.labels(started[i].card.name, tenant.name).inc()  # type: ignore[union-attr]
                 continue
-            full = QueueFull(
-                f"the sync lane of model {model} holds {self._lane.bound} calls waiting for "
-                "a worker (SYNC_LANE_MAX_WAITING); nothing was kept: retry shortly",
-                retry_after=1, model=model,
+            models = sorted({started[i].card.ref for i in indexes})  # type: ignore[union-attr]
+            refusal = (
+                self._unserved(queue, models) if pushed == lane.NOT_SERVED
+                else QueueFull(
+                    f"the sync lane of queue {queue} (model {', '.join(models)}) holds "
+                    f"{self._lane.bound} calls waiting for a worker (SYNC_LANE_MAX_WAITING); "
+                    "nothing was kept: retry shortly",
+                    retry_after=1, model=models[0], queue=queue,
+                )
             )  # fmt: skip
             for i in indexes:
-                started[i] = full
+                started[i] = refusal
         return started
 
+    def check_served(self, card: ModelCard) -> None:
+        """Unavailable, at once, when no live worker serves `card`'s queue (a call
+        that would otherwise wait its whole timeout for a worker that cannot come)."""
+        queue = self._queue_for(card.name)
+        if not self._lane.served(queue):
+            raise self._unserved(queue, [card.ref])
+
+    def _unserved(self, queue: str, models: list[str]) -> Unavailable:
+        return Unavailable(
+            f"no live worker serves queue {queue!r} of model {', '.join(models)} now, so "
+            "nothing would answer this call; nothing was kept: retry shortly, or start a "
+            f"worker for the queue (WORKER_QUEUES={queue})",
+            retry_after=1, model=models[0], queue=queue,
+        )  # fmt: skip
+
     def withdraw(self, call: Call) -> bool:
-        assert call.lane_entry is not None
-        return self._lane.withdraw(call.card.name, call.lane_entry)
+        assert call.lane_entry is not None and call.lane_queue is not None
+        return self._lane.withdraw(call.lane_queue, call.lane_entry)
 
     def withdraw_all(self, calls: list[Call]) -> None:
         for call in calls:
@@ -286,21 +325,17 @@ class InlineRuns:
         self._sessions, self._records = sessions, records
 
     def run(self, tenant: TenantRef, card: ModelCard, arrays: dict[str, Any]) -> Answer:
-        started_at, clock = datetime.now(UTC), time.perf_counter()
-        outputs, failure = None, None
-        try:
-            outputs = sync.run_inline(self._sessions(), card, arrays).outputs
-        except InferenceFailed as exc:
-            failure = exc
-        error = None if failure is None else (str(failure.extra.get("error_code")), failure.detail)
+        started_at = datetime.now(UTC)
+        [outcome] = runs.run_card(self._sessions(), card, [arrays])
+        outputs, error, compute_s = runs.result(outcome)
         record = staging.call_record(
             (card.name, card.version), staging.batch_rows(card, arrays), tenant.id, started_at,
-            time.perf_counter() - clock, outputs=outputs, error=error,
+            compute_s, outputs=outputs, error=error,
         )  # fmt: skip
         self._records.journal([record])
         metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
-        if failure is not None:
-            failure.extra["job_id"] = str(record["id"])
-            raise failure
+        if error is not None:
+            code, detail = error
+            raise InferenceFailed(detail, error_code=code, job_id=str(record["id"]))
         assert outputs is not None
         return Answer(card, outputs, record["id"])

@@ -1,16 +1,13 @@
-"""The sync door's pieces: run one request now and answer with its outputs.
+"""A caller's sync calls followed to their answers, and what each answer becomes.
 
 A worker-run model's call travels the sync lane (app.sync.lane): the workers
 that own the GPU run it in a micro-batch and answer over this process's reply
 channel, its record written behind. A generative model's call (and every call
-with SYNC_LANE off) becomes an ordinary job, submitted like any other, and
-outlives a caller that gave up: DeadlinePassed names it, and its result can be
-read at /jobs/<id>.
-
-A card with `"execution": "inline"` (small CPU models) runs in the calling
-process instead, through the same inference function; its record (a finished
-job, without inputs) is written after it ran, before the caller is answered.
-The call operations (`app.operations.calls`) compose these.
+with SYNC_LANE off) is an ordinary job, submitted like any other, and outlives a
+caller that gave up: DeadlinePassed names it, and its result can be read at
+/jobs/<id>. An inline model's call is answered before it is followed. The call
+operations (`app.operations.calls`) compose these; `app.sync.lane.route` says
+which way a call goes.
 """
 
 from __future__ import annotations
@@ -28,13 +25,10 @@ from app.cards import ModelCard
 from app.errors import DeadlinePassed, DomainError, InferenceFailed, Unavailable
 from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import UUIDS
-from app.runtime import engine
-from app.runtime.sessions import SessionPool
 from app.runtime.tensors import from_json, unpack
 from app.sync.lane import LOST
 from app.sync.replies import Follower
 
-INLINE = "inline"
 # A generative model's output: its text, by KServe's name (Triton's vLLM backend's).
 TEXT_OUTPUT = "text_output"
 
@@ -86,6 +80,7 @@ class Call:
     give_up_at: float
     done: Answer | None = None
     lane_entry: bytes | None = None
+    lane_queue: str | None = None  # the queue whose lane it was pushed onto
 
 
 class LaneWatch(Protocol):
@@ -219,25 +214,6 @@ def _ended(call: Call, job: Outcome) -> Ended:
         return exc
 
 
-def runs_inline(card: ModelCard) -> bool:
-    return card.extra.get("execution") == INLINE
-
-
-def run_inline(pool: SessionPool, card: ModelCard, arrays: dict[str, np.ndarray]) -> Answer:
-    """Run checked inputs in this process; InferenceFailed when the model cannot."""
-    try:
-        pool.get(card)
-    except Exception as exc:  # its file is missing, corrupt or unlike its card
-        detail = f"model {card.ref} cannot serve: {type(exc).__name__}: {exc}"
-        raise failed("model_invalid", detail) from None
-    [result] = engine.infer(pool, card, [arrays])
-    if isinstance(result, Exception):
-        non_finite = isinstance(result, engine.NonFiniteOutput)
-        code = "non_finite_output" if non_finite else "inference_error"
-        raise failed(code, f"{type(result).__name__}: {result}")
-    return Answer(card, result, None)
-
-
 def answer(card: ModelCard, job: Outcome, timeout_s: float) -> Answer:
     """The finished job's outputs; DeadlinePassed while it is unfinished,
     InferenceFailed when it ended without outputs, Unavailable when its worker
@@ -310,8 +286,3 @@ def ended_without_outputs(
     extra: dict[str, Any] = {"error_code": error_code or status, "job_id": str(job_id),
                              "job_status": status}  # fmt: skip
     return InferenceFailed(detail, **extra)
-
-
-def failed(code: str, detail: str) -> InferenceFailed:
-    """An inline call's failure (its record, once written, is named in `job_id`)."""
-    return InferenceFailed(detail, error_code=code)

@@ -1,46 +1,75 @@
 """The sync lane: sync calls handed from the API to the workers over Redis.
 
-A call worker-run models answer is not a job row first: the API pushes an entry
-(its id, tenant, model, deadline, reply channel and packed inputs) onto its
-model's lane, a Redis list bounded by SYNC_LANE_MAX_WAITING (full: the call is
-refused at once). A worker's lane thread moves entries atomically from the lane
-to its own `taken` list (BLMOVE, then a script for the rest of a micro-batch),
-runs them, and in one script publishes each answer and journals the record of
-each call whose caller's process heard it (app.sync.records), emptying `taken`.
-So at every moment an entry is in exactly one place: waiting, taken by a live
-worker, or answered with its record journaled.
+A call of a worker-run model is not a job row first: the API pushes an entry
+(its id, tenant, model, version, queue, deadline, reply channel and packed
+inputs) onto its queue's lane, one Redis list per queue whatever models the
+queue holds, bounded by SYNC_LANE_MAX_WAITING (full: the call is refused at
+once), and only while a worker serves the queue (none: refused at once, 503).
+Each worker child has one consumer per queue it serves: it moves entries
+atomically from the lane to its own `taken` list (BLMOVE, then a script for the
+rest of a micro-batch), runs them, and in one script publishes each answer and
+journals the record of each call whose caller's process heard it
+(app.sync.records), emptying `taken`. So at every moment an entry is in exactly
+one place: waiting, taken by a live worker, or answered with its record
+journaled. A model added while the service runs travels the lane of its queue at
+once: nothing on the workers' side is per model.
 
-A worker's lane threads keep a liveness key (SYNC_LANE_LEASE_SECONDS). Whoever
-finds a registered worker without one (another worker, or an API process whose
-call waits too long) takes its `taken` lists with RENAME, so only one does, and
-puts each entry back at the front of its lane once (its model idempotent: the
-card says) or answers it `lost` (503, retry later): a call whose worker died
-before answering is never run twice unasked, and never left waiting.
+A worker child keeps a liveness key (SYNC_LANE_LEASE_SECONDS) and, for each queue
+it serves, the queue's `serving` key. Whoever finds a registered worker without
+its liveness key (another worker, or an API process whose call waits too long)
+takes its `taken` lists with RENAME, so only one does, and puts each entry back
+at the front of its lane once (the entry says whether its model is idempotent,
+so even a call of a model removed since is settled) or answers it `lost` (503,
+retry later): a call whose worker died before answering is never run twice
+unasked, and never left waiting.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 import redis
 
+from app.cards import ModelCard
 from app.sync.records import JOURNAL
 
 PREFIX = "inference:lane:"
-WORKERS = PREFIX + "workers"  # set: the worker ids whose lanes' taken lists may hold entries
+WORKERS = PREFIX + "workers:queues"  # hash: worker id -> the queues it takes from
 LOST = "lost"  # a Reply status: the call's worker died before answering it
+MOST_CALLS = 64  # a micro-batch takes at most this many calls
 
-# KEYS[1]: the lane, KEYS[2]: taken; ARGV[1]: at most this many more.
-_TAKE_MORE = """
-local taken = {}
-for _ = 1, tonumber(ARGV[1]) do
+# How a sync call of a model travels (`route`).
+INLINE, LANE, JOB = "inline", "lane", "job"
+
+NOT_SERVED, FULL = -1, -2  # what the push script answers instead of the lane's length
+
+# KEYS[1]: the lane, KEYS[2]: its queue's serving key; ARGV[1]: the bound, then
+# the entries. All pushed, or none: NOT_SERVED when no worker serves the queue,
+# FULL when they would take the lane past its bound.
+_PUSH = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+if redis.call('LLEN', KEYS[1]) + #ARGV - 1 > tonumber(ARGV[1]) then return -2 end
+local length = 0
+for i = 2, #ARGV, 512 do
+  length = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 511, #ARGV)))
+end
+return length
+"""
+# KEYS[1]: the lane, KEYS[2]: taken; ARGV[1]: at most this many. Each entry opens
+# with the most calls its model's micro-batch takes: the take ends there (a model
+# that does not batch is taken one call at a time, so other workers take the next).
+_TAKE = """
+local taken, most = {}, tonumber(ARGV[1])
+while #taken < most do
   local entry = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
   if not entry then break end
   taken[#taken + 1] = entry
+  local limit = tonumber(string.match(entry, '^(%d+) '))
+  if limit and limit < most then most = limit end
 end
 return taken
 """
@@ -64,6 +93,26 @@ return {entry, unpack(heard)}
 """
 
 
+def route(card: ModelCard, lane_on: bool) -> str:
+    """How a sync call of `card` travels, the one rule every door and process
+    follows: INLINE (run in the calling process: `"execution": "inline"`), LANE
+    (worker-run, not generative, with SYNC_LANE on), else JOB (a job row first)."""
+    if card.extra.get("execution") == INLINE:
+        return INLINE
+    return LANE if lane_on and card.generation is None else JOB
+
+
+def idempotent(card: ModelCard) -> bool:
+    """Whether a call may run again after its worker died: the card's `idempotent`
+    (a model is a pure function of its inputs unless its card says otherwise)."""
+    return bool(card.extra.get("idempotent", True))
+
+
+def batch_limit(card: ModelCard) -> int:
+    """The most calls of `card` one micro-batch takes."""
+    return max(1, min(MOST_CALLS, card.batching.max_batch_size))
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One sync call on its way to a worker."""
@@ -72,40 +121,50 @@ class Entry:
     tenant_id: int
     model: str
     version: str
+    queue: str
     reply_to: str
     sent_at: float  # epoch seconds: the record's created_at
     deadline: float  # epoch seconds: its caller stops waiting then
     inputs: bytes  # packed arrays (app.runtime.tensors.pack)
+    limit: int = 1  # the most calls of its model a micro-batch takes
+    idempotent: bool = True  # may run again if its worker dies
     attempt: int = 1
 
 
 def encode(entry: Entry) -> bytes:
-    """A JSON head line, then the packed inputs as they are."""
+    """Its micro-batch limit, a JSON head line, then the packed inputs as they are."""
     head = {
         "id": str(entry.id), "tenant": entry.tenant_id, "model": entry.model,
-        "version": entry.version, "reply_to": entry.reply_to, "sent_at": entry.sent_at,
-        "deadline": entry.deadline, "attempt": entry.attempt,
+        "version": entry.version, "queue": entry.queue, "reply_to": entry.reply_to,
+        "sent_at": entry.sent_at, "deadline": entry.deadline, "idempotent": entry.idempotent,
+        "attempt": entry.attempt,
     }  # fmt: skip
-    return orjson.dumps(head) + b"\n" + entry.inputs
+    return b"%d " % entry.limit + orjson.dumps(head) + b"\n" + entry.inputs
 
 
 def decode(payload: bytes) -> Entry:
-    head, _, inputs = payload.partition(b"\n")
+    limit, _, rest = payload.partition(b" ")
+    head, _, inputs = rest.partition(b"\n")
     f = orjson.loads(head)
     return Entry(
-        uuid.UUID(f["id"]), f["tenant"], f["model"], f["version"], f["reply_to"],
-        f["sent_at"], f["deadline"], inputs, f["attempt"],
+        uuid.UUID(f["id"]), f["tenant"], f["model"], f["version"], f["queue"], f["reply_to"],
+        f["sent_at"], f["deadline"], inputs, int(limit), f["idempotent"], f["attempt"],
     )  # fmt: skip
 
 
-def lane_key(queue: str, model: str) -> str:
-    """A model's lane, under the queue its card names: only the workers serving
-    that queue take from it (as only they take its wake-ups)."""
-    return f"{PREFIX}waiting:{queue}:{model}"
+def lane_key(queue: str) -> str:
+    """A queue's lane: only the workers serving that queue take from it (as only
+    they take its wake-ups)."""
+    return f"{PREFIX}waiting:{queue}"
 
 
-def taken_key(worker: str, model: str) -> str:
-    return f"{PREFIX}taken:{worker}:{model}"
+def serving_key(queue: str) -> str:
+    """Set (with the lease as its lifetime) by every worker child serving `queue`."""
+    return f"{PREFIX}serving:{queue}"
+
+
+def taken_key(worker: str, queue: str) -> str:
+    return f"{PREFIX}taken:{worker}:{queue}"
 
 
 def alive_key(worker: str) -> str:
@@ -114,90 +173,91 @@ def alive_key(worker: str) -> str:
 
 class Lane:
     """The lane's Redis side, for the API (push, withdraw, recover) and the
-    workers (take, keep alive, recover)."""
+    workers (take, answer, keep alive, recover)."""
 
-    def __init__(self, client: redis.Redis, bound: int, route: Callable[[str], str]) -> None:
-        """`route`: a model's queue (app.execution.dispatch.Dispatcher.queue_for)."""
-        self.client, self.bound, self._route = client, bound, route
-        self._take_more = client.register_script(_TAKE_MORE)
+    def __init__(self, client: redis.Redis, bound: int) -> None:
+        self.client, self.bound = client, bound
+        self._push = client.register_script(_PUSH)
+        self._take = client.register_script(_TAKE)
         self._answer = client.register_script(_ANSWER)
 
-    def push(self, model: str, entries: list[bytes]) -> bool:
-        """Append these entries to the model's lane, all or none: False when that
-        took it past its bound (they are taken out again at once). A plain RPUSH,
-        the cheapest round trip, on the path of every call."""
-        key = self.key(model)
-        if int(self.client.rpush(key, *entries)) <= self.bound:
-            return True
-        pipe = self.client.pipeline(transaction=False)
-        for entry in entries:
-            pipe.lrem(key, -1, entry)  # type: ignore[arg-type]
-        pipe.execute()
-        return False
+    def push(self, queue: str, entries: list[bytes]) -> int:
+        """Append these entries to the queue's lane, all or none, in one round trip:
+        the lane's length, NOT_SERVED when no worker serves the queue, FULL when
+        they would take it past its bound."""
+        found: Any = self._push(keys=[lane_key(queue), serving_key(queue)],
+                                args=[self.bound, *entries])  # fmt: skip
+        return int(found)
 
-    def withdraw(self, model: str, entry: bytes) -> bool:
+    def withdraw(self, queue: str, entry: bytes) -> bool:
         """Take a waiting entry back (its caller stopped waiting); False when a
         worker has taken it already."""
-        return bool(self.client.lrem(self.key(model), 1, entry))  # type: ignore[arg-type]
+        return bool(self.client.lrem(lane_key(queue), 1, entry))  # type: ignore[arg-type]
 
-    def waiting(self, model: str) -> int:
-        return int(self.client.llen(self.key(model)))
+    def waiting(self, queue: str) -> int:
+        return int(self.client.llen(lane_key(queue)))
 
-    def key(self, model: str) -> str:
-        return lane_key(self._route(model), model)
+    def served(self, queue: str) -> bool:
+        """Whether a live worker serves `queue` now."""
+        return bool(self.client.exists(serving_key(queue)))
 
     # The workers' side.
 
-    def register(self, worker: str, lease_s: float) -> None:
+    def register(self, worker: str, queues: Iterable[str], lease_s: float) -> None:
+        """Say this worker is alive and serves these queues, for one lease."""
+        queues = list(queues)
+        lease_ms = int(lease_s * 1000)
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(alive_key(worker), b"1", px=int(lease_s * 1000))
-        pipe.sadd(WORKERS, worker)
+        pipe.set(alive_key(worker), b"1", px=lease_ms)
+        pipe.hset(WORKERS, worker, " ".join(queues))
+        for queue in queues:
+            pipe.set(serving_key(queue), b"1", px=lease_ms)
         pipe.execute()
 
-    def take(self, worker: str, model: str, most: int, wait_s: int) -> list[bytes]:
-        """Up to `most` entries of the model's lane, moved to the worker's taken
+    def take(self, worker: str, queue: str, most: int, wait_s: int) -> list[bytes]:
+        """Up to `most` entries of the queue's lane, moved to the worker's taken
         list; waits up to `wait_s` for the first. What waits already is taken in
         one step; only an empty lane blocks, and the entry that ends the wait is
         taken alone (the next take gathers what came meanwhile): no round trip
         between a lone call's arrival and its run."""
-        taken, waiting = taken_key(worker, model), self.key(model)
-        if most > 1:
-            found: Any = self._take_more(keys=[waiting, taken], args=[most])
-            if found:
-                return list(found)
+        waiting, taken = lane_key(queue), taken_key(worker, queue)
+        found: Any = self._take(keys=[waiting, taken], args=[most])
+        if found:
+            return list(found)
         first: Any = self.client.blmove(waiting, taken, wait_s, "LEFT", "RIGHT")
         return [] if first is None else [first]
 
     def answer(
-        self, worker: str, model: str, calls: list[tuple[str, bytes, bytes]], journal: bool = True
+        self, worker: str, queue: str, calls: list[tuple[str, bytes, bytes]], journal: bool = True
     ) -> tuple[bytes | None, list[int]]:
         """Answer taken calls, each (reply channel, answer, record), and journal the
         records of those heard, in one step; the journal entry and the indexes of
         the calls heard (a caller's process gone hears nothing: no record).
         `journal` False (the fault suite's guard off): nothing is journaled."""
         args = [b"1" if journal else b"0", *(part for call in calls for part in call)]
-        found = self._answer(keys=[taken_key(worker, model), JOURNAL], args=args)
+        found = self._answer(keys=[taken_key(worker, queue), JOURNAL], args=args)
         return (found[0] or None), [int(n) - 1 for n in found[1:]]
 
-    def dead_workers(self) -> list[str]:
-        """Registered workers whose liveness key is gone."""
-        members: Any = self.client.smembers(WORKERS)
-        workers = [w.decode() for w in members]
+    def dead_workers(self) -> dict[str, list[str]]:
+        """Registered workers whose liveness key is gone, with their queues."""
+        members: Any = self.client.hgetall(WORKERS)
+        workers = {w.decode(): q.decode().split() for w, q in members.items()}
         if not workers:
-            return []
+            return {}
         pipe = self.client.pipeline(transaction=False)
         for worker in workers:
             pipe.exists(alive_key(worker))
-        return [w for w, alive in zip(workers, pipe.execute(), strict=True) if not alive]
+        alive = pipe.execute()
+        return {w: q for (w, q), up in zip(workers.items(), alive, strict=True) if not up}
 
-    def seize(self, worker: str, models: Iterable[str]) -> list[bytes]:
+    def seize(self, worker: str, queues: Iterable[str]) -> list[bytes]:
         """The entries a dead worker had taken, now this caller's alone (RENAME:
         of two callers, one gets each list); the worker is forgotten."""
         seized: list[bytes] = []
-        for model in models:
+        for queue in queues:
             mine = f"{PREFIX}seized:{uuid.uuid4().hex}"
             try:
-                self.client.rename(taken_key(worker, model), mine)
+                self.client.rename(taken_key(worker, queue), mine)
             except redis.ResponseError:  # no such list: nothing taken, or seized already
                 continue
             pipe = self.client.pipeline(transaction=True)
@@ -205,12 +265,17 @@ class Lane:
             pipe.delete(mine)
             seized += pipe.execute()[0]
         if not self.client.exists(alive_key(worker)):
-            self.client.srem(WORKERS, worker)
+            self.client.hdel(WORKERS, worker)
         return seized
 
     def put_back(self, entry: Entry) -> bytes:
         """An entry of a dead worker, at the front of its lane for its second and
         last attempt (past the bound: it was admitted already)."""
         again = encode(replace(entry, attempt=entry.attempt + 1))
-        self.client.lpush(self.key(entry.model), again)
+        self.client.lpush(lane_key(entry.queue), again)
         return again
+
+    def forget(self, worker: str) -> None:
+        """A worker stopping: its liveness key goes at once, so whatever it still
+        had taken is recovered now rather than once its lease lapsed."""
+        self.client.delete(alive_key(worker))

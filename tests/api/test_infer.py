@@ -28,8 +28,7 @@ from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.runtime.sessions import SessionPool
-from app.sync.lane import Lane
-from tests.conftest import TenantAuth, lane_of, wait_for_job, wait_for_record
+from tests.conftest import LaneView, TenantAuth, lane_of, wait_for_job, wait_for_record
 from tests.support import live_server, wait_until
 
 RNG = np.random.default_rng(7)
@@ -265,14 +264,13 @@ def recorded(database: Database, tenant: TenantAuth) -> int:
         return int(session.scalar(query) or 0)
 
 
-def taken_slow(lane: Lane) -> bool:
+def taken_slow(lane: LaneView) -> bool:
     """Whether two entries of `slow` sit in workers' taken lists."""
-    keys = list(lane.client.scan_iter(match="inference:lane:taken:*:slow"))
-    return sum(int(lane.client.llen(key)) for key in keys) == 2
+    return lane.taken("slow") == 2
 
 
 def test_a_full_lane_refuses_at_once_with_retry_after(
-    settings: Settings, tenant: TenantAuth, database: Database
+    settings: Settings, tenant: TenantAuth, database: Database, worker: Any
 ) -> None:
     """A lane at its bound (SYNC_LANE_MAX_WAITING, here 0): the call is refused at
     once, 429 queue-full with Retry-After, nothing kept; never left to hang."""

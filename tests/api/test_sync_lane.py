@@ -32,7 +32,7 @@ from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.sync import records
-from tests.conftest import TenantAuth, WorkerProcess, free_port, service_env
+from tests.conftest import LaneView, TenantAuth, WorkerProcess, free_port, service_env
 from tests.support import wait_until
 
 pytestmark = pytest.mark.processes
@@ -95,13 +95,8 @@ def call_in_background(
 
 def kill_when_taken(settings: Settings, worker: WorkerProcess, model: str) -> int:
     """SIGKILL the worker child once a call of `model` sits in its taken list."""
-    client = redis.Redis.from_url(settings.redis_url)
-
-    def taken() -> bool:
-        keys = client.scan_iter(match=f"inference:lane:taken:*:{model}")
-        return any(client.llen(key) for key in keys)
-
-    wait_until(taken, f"a call of {model} taken", 30, 0.01)
+    lane = LaneView(settings)
+    wait_until(lambda: lane.taken(model) > 0, f"a call of {model} taken", 30, 0.01)
     [child] = psutil.Process(worker.proc.pid).children()
     child.send_signal(signal.SIGKILL)
     return child.pid

@@ -15,6 +15,7 @@ from flask import Flask
 from sqlalchemy import text
 
 from app.cards import ModelCard
+from app.execution import runs
 from app.platform.broker import redis_client
 from app.platform.database import Database
 from app.runtime.tensors import pack, unpack
@@ -57,7 +58,9 @@ def digits() -> ModelCard:
 
 def real_outputs(card: ModelCard) -> dict[str, np.ndarray]:
     arrays = {"pixels": np.asarray(PIXELS, dtype=np.float32)}
-    return sync.run_inline(services().parts.runner.sessions, card, arrays).outputs
+    [ran] = runs.run_card(services().parts.runner.sessions, card, [arrays])
+    assert isinstance(ran, runs.Ran), ran
+    return ran.outputs
 
 
 def call(card: ModelCard, job_id: uuid.UUID, timeout_s: float = 30.0) -> sync.Call:

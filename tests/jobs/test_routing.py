@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from app.cli.launcher import Launcher, inference_queues
 from app.platform.database import Database
 from app.platform.settings import Settings
 from app.repository.registry import ModelRepository
+from app.sync import lane
+from app.sync.lane import Lane
 from app.web.context import container_of, services
 from tests.conftest import RUN_ID, TenantAuth, insert_queued_job
 from tests.support import wait_until
@@ -55,6 +58,7 @@ def routed(settings: Settings, repository: Path) -> Iterator[Flask]:
     client.delete(default, GPU, CPU)
     client.delete(*client.keys("inference:wake:*-routing*:*") or ["none"])
     client.delete(*client.keys(f"inference:wake:routing-*-{RUN_ID}:*") or ["none"])
+    client.delete(lane.serving_key(GPU), lane.lane_key(GPU))
 
 
 def waiting(app: Flask, queue: str) -> list[str]:
@@ -97,15 +101,23 @@ def test_the_sync_door_uses_its_models_queues_lane_and_batches_wake_it(
     client = routed.test_client()
     body = {
         "inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
-        "parameters": {"timeout": 1_500_000},  # no worker here: it waits, then answers 504
+        "parameters": {"timeout": 1_500_000},
     }
+    # No worker serves the GPU queue: refused at once, naming the model and its queue.
+    refused = client.post("/v2/models/on-gpu/infer", json=body, headers=auth)
+    assert refused.status_code == 503 and refused.json["queue"] == GPU, refused.json
+    assert "on-gpu:1" in refused.json["detail"] and int(refused.headers["Retry-After"]) >= 1
+    # The test plays a GPU worker that registers and never takes: the call waits on
+    # the GPU queue's lane (only that queue's workers take it), then answers 504.
+    lanes = redis.Redis.from_url(container_of(routed).settings.redis_url)
+    Lane(lanes, 16).register(f"test-gpu-{uuid.uuid4().hex[:6]}", [GPU], 30.0)
     got: dict[str, Any] = {}
     call = threading.Thread(target=lambda: got.update(
         response=client.post("/v2/models/on-gpu/infer", json=body, headers=auth)))  # fmt: skip
     call.start()
-    lanes = redis.Redis.from_url(container_of(routed).settings.redis_url)
-    on_gpu = f"inference:lane:waiting:{GPU}:on-gpu"  # only the GPU queue's workers take it
+    on_gpu = lane.lane_key(GPU)
     wait_until(lambda: lanes.llen(on_gpu) == 1, "the call on the GPU queue's lane", 10)
+    assert lane.decode(lanes.lindex(on_gpu, 0)).model == "on-gpu"  # type: ignore[arg-type]
     call.join(10)
     response = got["response"]
     assert response.status_code == 504 and response.json["taken"] is False, response.json
