@@ -5,6 +5,7 @@ others'."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -18,6 +19,7 @@ from app.errors import (
     InvalidRequest,
     QueueFull,
     QuotaExceeded,
+    Unavailable,
     UnknownModel,
 )
 from app.jobs.tables import Job
@@ -109,9 +111,13 @@ def test_staged_rows_commit_with_the_jobs_or_not_at_all(
 
 
 def test_start_calls_starts_each_call_or_says_why(
-    app: Flask, database: Database, tenant: TenantAuth
+    make_app: Callable[..., Flask], database: Database, tenant: TenantAuth
 ) -> None:
+    app = make_app(jobs_queue=f"calls-{uuid.uuid4().hex[:8]}")  # a queue no real worker takes
     plane = container_of(app)
+    queue = plane.settings.model_queue
+    # The test plays a worker that serves the queue (and takes nothing).
+    lane.Lane(plane.parts.lane.client, 16).register(f"test-{queue}", [queue], 30.0)
     with container_of(app).scope():
         calls = plane.calls.start_calls(
             tenant.ref,
@@ -130,8 +136,25 @@ def test_start_calls_starts_each_call_or_says_why(
     first, second = lane.decode(good.lane_entry), lane.decode(timed.lane_entry)
     assert (first.id, first.model, first.tenant_id) == (good.job_id, STAGED, tenant.id)
     assert second.deadline - second.sent_at == pytest.approx(2)
+    assert lane.decode(plane.parts.lane.client.lindex(lane.lane_key(queue), 0)).id == good.job_id  # type: ignore[arg-type]
     with container_of(app).scope():
-        plane.calls.cancel(tenant.ref, [good, timed])  # withdrawn unless a worker took them
+        plane.calls.cancel(tenant.ref, [good, timed])
+    assert plane.parts.lane.waiting(queue) == 0  # both withdrawn: no worker took them
+
+
+def test_start_calls_refuses_at_once_when_no_worker_serves_the_queue(
+    make_app: Callable[..., Flask], database: Database, tenant: TenantAuth
+) -> None:
+    app = make_app(jobs_queue=f"calls-{uuid.uuid4().hex[:8]}")
+    plane = container_of(app)
+    queue = plane.settings.model_queue
+    with plane.scope():
+        calls = plane.calls.start_calls(tenant.ref, [InferRequest(STAGED, ROW)] * 2)
+    assert all(isinstance(call, Unavailable) for call in calls), calls
+    refusal = calls[0]
+    assert isinstance(refusal, Unavailable) and refusal.extra["queue"] == queue
+    assert f"{STAGED}:1" in refusal.detail and (refusal.retry_after or 0) >= 1
+    assert plane.parts.lane.waiting(queue) == 0 and jobs_of(database, tenant.id) == []
 
 
 def test_each_request_counts_toward_the_submit_rate_and_refused_ones_take_none(
