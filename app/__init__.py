@@ -45,5 +45,6 @@ def create_app(settings: Settings | None = None, container: Container | None = N
     # Made now, not by the first requests at once.
     for name in ("jobs", "calls", "tenants", "status"):
         getattr(container, name)
+    container.parts.follow_repository()
     register_api(app)
     return app

@@ -77,7 +77,10 @@ class Container(Lazy):
             self.parts.database.after_fork()
 
     def close(self) -> None:
-        """Close the connection pool (tests and commands that make many containers)."""
+        """Close the connection pool and stop following the repository (tests and
+        commands that make many containers)."""
+        if self.parts.built("reconciler"):
+            self.parts.reconciler.stop()
         if self.parts.built("database"):
             self.parts.database.engine.dispose()
 
@@ -102,7 +105,9 @@ class Container(Lazy):
         from app.operations.jobs import JobOperations
 
         parts = self.parts
-        return JobOperations(parts.database, self._submitter, parts.holds, parts.events)
+        return JobOperations(
+            parts.database, self._submitter, parts.holds, parts.events, parts.records.write_now
+        )
 
     @made
     def completions(self) -> Completions:
@@ -190,7 +195,8 @@ class Container(Lazy):
         """Model cards, readiness, and the model repository's control."""
         from app.operations.models import ModelOperations
 
-        return ModelOperations(self.parts.database, self.parts.repository)
+        parts = self.parts
+        return ModelOperations(parts.database, parts.repository, parts.announce_repository)
 
     @made
     def tenants(self) -> TenantOperations:
@@ -235,10 +241,12 @@ class Container(Lazy):
         from app.operations.generation import Generation, GenerationSettings
 
         parts = self.parts
-        return Generation(
+        generation = Generation(
             parts.database, parts.runner, parts.dispatcher, lambda: parts._reply_redis,
             GenerationSettings.of(self.settings), self.settings.ort_provider,
         )  # fmt: skip
+        parts.reconciler.hold(generation.engines.retain)
+        return generation
 
     @made
     def maintenance(self) -> Maintenance:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from app.platform.database import Database
     from app.platform.filestore import FileStore
     from app.platform.logstreams import LogEngine
+    from app.repository.generation import Reconciler
     from app.repository.registry import ModelRepository
     from app.runtime.sessions import SessionPool
     from app.status.board import StatusBoard
@@ -128,6 +129,32 @@ class Parts(Lazy):
             settings.model_state_cache_seconds,
             clock=self.clock,
         )
+
+    @made
+    def reconciler(self) -> Reconciler:
+        """Follows the repository generation (app.repository.generation): what this
+        process holds per model version is closed once the version stops serving."""
+        from app.generation import formats
+        from app.platform.broker import redis_client
+        from app.repository.generation import Reconciler
+        from app.runtime import pipeline
+
+        url = self.settings.redis_url
+        reconciler = Reconciler(self.repository, lambda: redis_client(url))
+        reconciler.hold(pipeline.retain)
+        reconciler.hold(formats.retain)
+        return reconciler
+
+    def follow_repository(self) -> None:
+        """Follow the repository's changes in this serving process (the API, a worker
+        child, the gRPC door, the stream consumer), after any fork."""
+        self.reconciler.follow()
+
+    def announce_repository(self) -> None:
+        """Tell every process the repository changed (app.repository.generation)."""
+        from app.repository.generation import announce
+
+        announce(self._reply_redis)
 
     @made
     def events(self) -> EventBus:
@@ -247,7 +274,12 @@ class Parts(Lazy):
         from app.runtime.sessions import SessionPool
 
         settings = self.settings
-        return SessionPool(settings.ort_provider, settings.ort_intra_op_threads)
+        sessions = SessionPool(
+            settings.ort_provider, settings.ort_intra_op_threads,
+            max_loaded=settings.max_loaded_models,
+        )  # fmt: skip
+        self.reconciler.hold(sessions.retain)
+        return sessions
 
     @made
     def runner(self) -> Runner:

@@ -213,7 +213,7 @@ def make_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
 
     yield make
     for app in made:
-        container_of(app).parts.database.engine.dispose()
+        container_of(app).close()
 
 
 @pytest.fixture

@@ -96,6 +96,7 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
     def _after_fork(**_: Any) -> None:
         # Fresh database connections and ONNX Runtime sessions in each worker child.
         container.after_fork()
+        container.parts.follow_repository()
         runner = container.parts.runner
         runner.sessions.device_id = device_for(
             getattr(current_process(), "index", 0) or 0, settings.cuda_devices
@@ -113,8 +114,11 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
         # holds a GPU model's session, a GPU worker no CPU model's). A generative
         # model's session is the decode loop's own, made when a loop first runs in
         # this child (app.operations.generation), not a second copy here.
-        for card in runner.repository.all():
-            if card.generation is None and (card.queue or settings.model_queue) in queues:
-                runner.sessions.get(card)
-                pipeline.load(card)
+        mine = [
+            card for card in runner.repository.all()
+            if card.generation is None and (card.queue or settings.model_queue) in queues
+        ]  # fmt: skip
+        for card in mine[: settings.max_loaded_models or None]:  # within MAX_LOADED_MODELS
+            runner.sessions.get(card)
+            pipeline.load(card)
         container.parts.lane_server.start(queues, take=settings.sync_lane)

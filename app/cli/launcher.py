@@ -232,11 +232,12 @@ class Launcher:
         self.settings = embedded.resolve_urls(self.settings)
         logger.info("database: %s", _redact(self.settings.database_url))
         logger.info("redis:    %s", _redact(self.settings.redis_url))
+        # The tables first: the model repository reads its shared states when made.
+        upgrade(self.settings.database_url)
         container = Container(self.settings)
         try:
             for path in container.models.build_bundled():
                 logger.info("built model in %s", path)
-            upgrade(self.settings.database_url)
             with container.scope():
                 first = container.tenants.first_key()  # the tenant `default`, on a fresh machine
             self.first_key, self.first_secret = (

@@ -20,3 +20,10 @@ def chat_format(card: ModelCard) -> ChatFormat:
         if key not in _formats:
             _formats[key] = ChatFormat(path, card.generation)
         return _formats[key]
+
+
+def retain(serving: set[str]) -> None:
+    """Forget the formats of versions that no longer serve (and of replaced files)."""
+    with _lock:
+        for key in [key for key in _formats if key[0] not in serving]:
+            del _formats[key]

@@ -32,7 +32,6 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
-from app.cards import ModelCard
 from app.execution.dispatch import Dispatcher
 from app.execution.runner import Runner
 from app.generation.formats import chat_format
@@ -56,7 +55,8 @@ from app.operations.decode_loop import (
     take_lock,
 )
 from app.platform.database import Database, transactional
-from app.runtime.decode import DecodeEngine, Emitted, Sequence
+from app.runtime.decode import Emitted, Sequence
+from app.runtime.engines import EnginePool
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import InvalidInputs
 from app.tenancy.tokens import TokenMeter
@@ -90,22 +90,12 @@ class Generation:
     ) -> None:
         self.database, self.runner, self.settings = database, runner, settings
         self._dispatcher, self._redis = dispatcher, redis
-        self._sessions = SessionPool(provider, settings.threads)
-        self._engines: dict[str, DecodeEngine] = {}
+        self.engines = EnginePool(
+            SessionPool(provider, settings.threads), settings.slots, settings.prefill_tokens
+        )
         self.publisher = PiecePublisher(lambda: self._redis())
         self.recorder = Recorder()  # the text recorded in pieces (app.jobs.outputs)
         self.meter = LoopMeter(TokenMeter(lambda: self._redis(), settings.database))
-
-    def engine(self, card: ModelCard) -> DecodeEngine:
-        """The process's decode engine for this model version (its cache made once)."""
-        if card.ref not in self._engines:
-            assert card.generation is not None
-            self._engines[card.ref] = DecodeEngine(
-                self._sessions.get(card), slots=self.settings.slots,
-                context=card.generation.context_length, stop_tokens=card.generation.stop_tokens,
-                prefill_tokens=self.settings.prefill_tokens,
-            )  # fmt: skip
-        return self._engines[card.ref]
 
     def drain(self, model: str) -> int:
         """Decode `model`'s queued jobs until none is left for DRAIN_LINGER_MS (new
@@ -123,12 +113,14 @@ class Generation:
             # see the new jobs only at its next timed claim (CLAIM_EVERY_S).
             self._dispatcher.pass_to_loop(model)
             return 0
-        loop = Loop(card, self.engine(card))
         try:
-            return self._loop(model, loop, lock, token)
-        except BaseException:
-            self._let_go(loop)
-            raise
+            with self.engines.running(card) as engine:
+                loop = Loop(card, engine)
+                try:
+                    return self._loop(model, loop, lock, token)
+                except BaseException:
+                    self._let_go(loop)
+                    raise
         finally:
             if self._redis().get(lock) == token.encode():
                 self._redis().delete(lock)

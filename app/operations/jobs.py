@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from sqlalchemy.orm import Session, undefer
 
-from app.errors import Conflict, DomainError
+from app.errors import Conflict, DomainError, NotFound
 from app.jobs import outputs, reads, transitions
 from app.jobs.events import EventBus, events_after
 from app.jobs.outputs import OUTPUT
@@ -35,13 +36,35 @@ __all__ = [
     "deadline",
 ]
 
+T = TypeVar("T")
+
 
 class JobOperations:
     def __init__(
-        self, database: Database, submitter: Submitter, holds: Holds, events: EventBus
+        self,
+        database: Database,
+        submitter: Submitter,
+        holds: Holds,
+        events: EventBus,
+        journaled: Callable[[uuid.UUID, int], bool] | None = None,
     ) -> None:
+        """`journaled(job_id, tenant_id)`: writes a sync call's record still in the
+        journal now (app.sync.records.RecordWriter.write_now); whether there was one."""
         self.database, self._submitter, self._holds = database, submitter, holds
         self._waiter = Waiter(events, database.end_reads)
+        self._journaled = journaled
+
+    def _found(self, tenant: TenantRef, job_id: uuid.UUID, read: Callable[[], T]) -> T:
+        """`read()`, once more after writing the job's record if it was still in the
+        journal: a sync call's id is readable as soon as its caller has it, though
+        its record is written behind."""
+        try:
+            return read()
+        except NotFound:
+            if self._journaled is None or not self._journaled(job_id, tenant.id):
+                raise
+        self.database.end_reads()  # a fresh snapshot: the record was committed since
+        return read()
 
     def submit(self, tenant: TenantRef, request: JobRequest) -> Job:
         """Check the inputs against the model, store the job, then wake its workers.
@@ -68,7 +91,9 @@ class JobOperations:
 
     def get(self, tenant: TenantRef, job_id: uuid.UUID) -> Job:
         """The tenant's job with its outputs; another tenant's is NotFound."""
-        return self._so_far(reads.get(self.database.session(), tenant.id, job_id))
+        job = self._found(tenant, job_id, lambda: reads.get(self.database.session(), tenant.id,
+                                                             job_id))  # fmt: skip
+        return self._so_far(job)
 
     def wait(self, tenant: TenantRef, job_id: uuid.UUID, wait: Wait) -> Job:
         """The job after waiting (holding one of the tenant's waits) for its next
@@ -76,13 +101,10 @@ class JobOperations:
         if wait.seconds <= 0:
             return self.get(tenant, job_id)
         session = self.database.session()
+        wait_for = reads.wait_for_change if wait.until == "change" else reads.wait_until_finished
         with self._holds.holding(tenant.id):
-            if wait.until == "change":
-                job = reads.wait_for_change(session, self._waiter, tenant.id, job_id, wait.seconds)
-            else:
-                job = reads.wait_until_finished(
-                    session, self._waiter, tenant.id, job_id, wait.seconds
-                )
+            job = self._found(tenant, job_id, lambda: wait_for(
+                session, self._waiter, tenant.id, job_id, wait.seconds))  # fmt: skip
         return self._so_far(job)
 
     def _so_far(self, job: Job) -> Job:
@@ -130,9 +152,8 @@ class JobOperations:
         a stream resumed after event `after` has nothing left to send (the job
         finished and its terminal event was sent); otherwise one of the tenant's
         waits, held until the returned release is called (when the stream ends)."""
-        session = self.database.session()
-        reads.get(session, tenant.id, job_id)
-        due = reads.events_due(session, job_id, after)
+        self._found(tenant, job_id, lambda: reads.get(self.database.session(), tenant.id, job_id))
+        due = reads.events_due(self.database.session(), job_id, after)
         self.database.end_reads()  # the stream reads in sessions of its own
         return self._holds.acquire(tenant.id) if due else None
 

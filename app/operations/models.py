@@ -20,7 +20,7 @@ from app.repository import control, intake
 from app.repository.bundled import ensure_models
 from app.repository.intake import Added, check_ref
 from app.repository.registry import PUBLIC, ModelRepository, VersionStatus
-from app.repository.states import READY, State, set_states
+from app.repository.states import READY, State, forget_states, set_states
 from app.tenancy.keys import TenantRef
 
 __all__ = [
@@ -40,8 +40,15 @@ _CHUNK = 1024 * 1024
 
 
 class ModelOperations:
-    def __init__(self, database: Database, repository: ModelRepository) -> None:
+    def __init__(
+        self,
+        database: Database,
+        repository: ModelRepository,
+        announce: Callable[[], None] | None = None,
+    ) -> None:
+        """`announce`: tells every process the repository changed (its generation)."""
         self.database, self.repository = database, repository
+        self._announce = announce
 
     def model(self, tenant: str | None, name: str, version: str | None = None) -> ModelCard:
         """The card the caller may see: `tenant` a tenant's name, PUBLIC for an
@@ -137,7 +144,7 @@ class ModelOperations:
             self._record(name, {added.card.version: State(READY)})
         except SQLAlchemyError as exc:  # the files are in place: processes rescan anyway
             logger.warning("could not record %s as READY in the database: %s", added.card.ref, exc)
-        self.repository.sync(force=True)
+        self._changed()
         return added
 
     def add_upload(
@@ -165,16 +172,43 @@ class ModelOperations:
         reason, and InvalidModel names them."""
         states = control.checked_states(self.repository, name)
         self._record(name, states)
-        self.repository.sync(force=True)
+        self._changed()
         if (failed := control.load_failures(name, states)) is not None:
             raise failed
         return control.statuses_of(self.repository, name)
 
-    def unload(self, name: str) -> list[VersionStatus]:
-        """Stop serving every version of `name`."""
-        self._record(name, control.unloaded_states(self.repository, name))
-        self.repository.sync(force=True)
+    def unload(self, name: str, version: str | None = None) -> list[VersionStatus]:
+        """Stop serving every version of `name` (or only `version`): new calls get
+        404 at once in every process, calls and jobs already running on it finish,
+        then its sessions and caches are closed everywhere; queued jobs of it fail
+        `model_unavailable` when a worker reaches them."""
+        self._record(name, control.unloaded_states(self.repository, name, version))
+        self._changed()
         return control.statuses_of(self.repository, name)
+
+    def remove(self, name: str, version: str | None = None) -> list[VersionStatus]:
+        """Take every version of `name` (or only `version`) out of the repository:
+        its files are deleted, its shared states forgotten, and every process stops
+        serving it as for `unload`; the versions left. UnknownModel when absent."""
+        removed = control.remove_files(self.repository, name, version)
+        self._forget(name, removed)
+        self._changed()
+        return [s for s in self.repository.index() if s.name == name]
+
+    def _changed(self) -> None:
+        """This process sees the change now; every other one within a second."""
+        self.repository.sync(force=True)
+        if self._announce is None:
+            return
+        try:
+            self._announce()
+        except Exception as exc:  # Redis away: every process still polls on its own
+            logger.warning("could not announce the repository change (%s); processes see it "
+                           "within MODEL_STATE_CACHE_SECONDS", exc)  # fmt: skip
+
+    @transactional
+    def _forget(self, name: str, versions: list[str]) -> None:
+        forget_states(self.database.session(), name, versions)
 
     @transactional
     def _record(self, name: str, states: dict[str, State]) -> None:

@@ -8,8 +8,11 @@ at once.
 
 from __future__ import annotations
 
+import shutil
+import uuid
+
 from app.errors import InvalidModel, UnknownModel
-from app.repository.intake import check_loadable
+from app.repository.intake import INCOMING, check_loadable
 from app.repository.registry import ModelRepository, VersionStatus
 from app.repository.states import READY, UNAVAILABLE, State
 
@@ -45,10 +48,40 @@ def load_failures(name: str, states: dict[str, State]) -> InvalidModel | None:
     return InvalidModel(f"model {name} did not load: {listed}", versions=failed)
 
 
-def unloaded_states(repository: ModelRepository, name: str) -> dict[str, State]:
-    """Every version of `name` UNAVAILABLE: new submits get 404, queued jobs fail
-    `model_unavailable` when a worker reaches them."""
-    return {s.version: State(UNAVAILABLE, UNLOADED) for s in statuses_of(repository, name)}
+def unloaded_states(
+    repository: ModelRepository, name: str, version: str | None = None
+) -> dict[str, State]:
+    """Every version of `name` (or only `version`) UNAVAILABLE: new submits get
+    404, queued jobs fail `model_unavailable` when a worker reaches them."""
+    return {s.version: State(UNAVAILABLE, UNLOADED) for s in _versions(repository, name, version)}
+
+
+def remove_files(repository: ModelRepository, name: str, version: str | None = None) -> list[str]:
+    """Delete the folders of `name`'s versions (or only `version`): each is first
+    renamed into the staging folder, so a scan never sees half of it; the
+    versions removed. Sessions already made from them keep running until closed."""
+    removed = [s.version for s in _versions(repository, name, version)]
+    trash = repository.root / INCOMING / f"removed-{uuid.uuid4().hex}"
+    trash.mkdir(parents=True)
+    for v in removed:
+        source = repository.root / name / v
+        if source.exists():
+            source.rename(trash / v)
+    model_dir = repository.root / name
+    if model_dir.is_dir() and not any(model_dir.iterdir()):
+        model_dir.rmdir()
+    shutil.rmtree(trash, ignore_errors=True)
+    return removed
+
+
+def _versions(repository: ModelRepository, name: str, version: str | None) -> list[VersionStatus]:
+    statuses = statuses_of(repository, name)
+    if version is None:
+        return statuses
+    chosen = [s for s in statuses if s.version == version]
+    if not chosen:
+        raise UnknownModel(name, version, [f"{s.name}:{s.version}" for s in statuses])
+    return chosen
 
 
 def statuses_of(repository: ModelRepository, name: str) -> list[VersionStatus]:

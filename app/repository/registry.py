@@ -63,6 +63,7 @@ class ModelRepository:
         self._broken: dict[tuple[str, str], str] = {}
         self._folder: tuple[tuple[str, int], ...] = ()
         self._synced_at = clock()
+        self.revision = 0  # counts rescans: what a process holds is reconciled when it moves
         if states is not None:
             states.poll()
         self.refresh()
@@ -88,6 +89,7 @@ class ModelRepository:
                     continue
                 cards.setdefault(card.name, {})[card.version] = card
         self._cards, self._broken = cards, broken
+        self.revision += 1
 
     def sync(self, force: bool = False) -> None:
         """Pick up changes, at most once per `ttl_s` unless `force`: shared states

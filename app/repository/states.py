@@ -54,6 +54,14 @@ def set_states(session: Session, name: str, versions: dict[str, State]) -> None:
     session.execute(statement)
 
 
+def forget_states(session: Session, name: str, versions: list[str]) -> None:
+    """Forget the states of `name`'s versions removed from the repository."""
+    if versions:
+        session.execute(
+            sa.delete(ModelState).where(ModelState.name == name, ModelState.version.in_(versions))
+        )
+
+
 class SharedStates:
     """This process's copy of `model_states`, read again when the table changed."""
 

@@ -116,6 +116,13 @@ def load(card: ModelCard) -> None:
             _tokenizer(card, _tokenizer_path(card, step), int(step["max_length"]))
 
 
+def retain(serving: set[str]) -> None:
+    """Forget the tokenizers of versions that no longer serve."""
+    with _lock:
+        for key in [key for key in _tokenizers if key[0] not in serving]:
+            del _tokenizers[key]
+
+
 def unknown_steps(card: ModelCard) -> list[str]:
     """Step names the card declares that this code does not know."""
     if card.pipeline is None:

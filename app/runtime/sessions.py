@@ -8,6 +8,8 @@ machine without a GPU, so the session's own provider list is what counts.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import threading
 import time
@@ -46,8 +48,19 @@ def device_for(process_index: int, devices: tuple[int, ...]) -> int | None:
 
 
 class SessionPool:
+    """A process's sessions, one per model version, made on first use. At most
+    `max_loaded` (MAX_LOADED_MODELS; 0: no bound) are kept: loading one more
+    closes the least recently used, except those used within their card's
+    `keep_alive_seconds`. `retain` closes those of versions that stopped serving.
+    A run under way keeps its session alive until it ends (it holds a reference),
+    so closing one never fails a call already running on it."""
+
     def __init__(
-        self, provider: str = "auto", intra_op_threads: int = 1, device_id: int | None = None
+        self,
+        provider: str = "auto",
+        intra_op_threads: int = 1,
+        device_id: int | None = None,
+        max_loaded: int = 0,
     ) -> None:
         if provider not in ("auto", "cpu", "cuda"):
             raise ValueError(f"ORT_PROVIDER must be auto, cpu or cuda, not {provider!r}")
@@ -55,9 +68,10 @@ class SessionPool:
         self.intra_op_threads = intra_op_threads
         # The GPU this process's CUDA sessions run on (None: ORT's default, 0).
         self.device_id = device_id
+        self.max_loaded = max_loaded
         # ref -> (model file's mtime, session): a replaced file is loaded again.
         self._sessions: dict[str, tuple[int, ort.InferenceSession]] = {}
-        # ref -> the card whose file was last looked at, and when
+        # ref -> the card whose file was last looked at, and when (also its last use)
         self._checked: dict[str, tuple[ModelCard, float]] = {}
         self._lock = threading.Lock()
 
@@ -77,8 +91,48 @@ class SessionPool:
                 if cached is None or cached[0] != mtime:
                     cached = (mtime, self._create(card))
                     self._sessions[card.ref] = cached
+                    self._checked[card.ref] = (card, now)
+                    self._bound(keep=card.ref, now=now)
         self._checked[card.ref] = (card, now)
         return cached[1]
+
+    def loaded(self) -> list[str]:
+        """The refs of the sessions held now."""
+        return list(self._sessions)
+
+    def retain(self, serving: set[str]) -> list[str]:
+        """Close the sessions of versions not in `serving`; the refs closed."""
+        with self._lock:
+            gone = [ref for ref in self._sessions if ref not in serving]
+            for ref in gone:
+                self._close(ref)
+        if gone:
+            logger.info("closed the sessions of %s: no longer serving", ", ".join(sorted(gone)))
+            release_memory()
+        return gone
+
+    def _bound(self, keep: str, now: float) -> None:
+        """Past `max_loaded`, close the least recently used sessions (not `keep`,
+        nor one used within its card's keep-alive). Under the lock."""
+        if self.max_loaded <= 0 or len(self._sessions) <= self.max_loaded:
+            return
+        idle = sorted(
+            (at, ref)
+            for ref, (card, at) in self._checked.items()
+            if ref in self._sessions and ref != keep
+            and now - at >= float(card.extra.get("keep_alive_seconds", 0))
+        )  # fmt: skip
+        closed = [ref for _, ref in idle[: len(self._sessions) - self.max_loaded]]
+        for ref in closed:
+            self._close(ref)
+        if closed:
+            logger.info("closed the least recently used sessions %s (MAX_LOADED_MODELS=%d)",
+                        ", ".join(closed), self.max_loaded)  # fmt: skip
+            release_memory()
+
+    def _close(self, ref: str) -> None:
+        self._sessions.pop(ref, None)
+        self._checked.pop(ref, None)
 
     def run(
         self, card: ModelCard, inputs: dict[str, np.ndarray], names: list[str] | None = None
@@ -171,6 +225,13 @@ class SessionPool:
 
     def providers(self) -> dict[str, str]:
         return {ref: s.get_providers()[0] for ref, (_, s) in self._sessions.items()}
+
+
+def release_memory() -> None:
+    """Hand freed heap back to the system (glibc keeps it otherwise): a closed
+    session's weights leave the process's RSS, not only its accounts."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator decides
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def check_card(card: ModelCard, session: ort.InferenceSession) -> None:

@@ -44,6 +44,9 @@ DRAIN_EVERY_S = 1.0
 # (they are written behind their answers: nobody waits for them).
 GATHER_S = 0.05
 _DRAIN_COUNT = 256  # journal entries a drain reads at a time
+# Journal entries a read of a record not yet written looks through, newest first:
+# in steady state the journal holds a few (records are written within GATHER_S).
+_FIND_COUNT = 2048
 _BATCH_COUNT = 2048  # handed-over entries one write takes at most
 _DATES = ("created_at", "started_at", "finished_at")
 
@@ -205,6 +208,17 @@ class RecordWriter:
             if self._on_written is not None:
                 self._on_written(session, records)
 
+    def write_now(self, job_id: uuid.UUID, tenant_id: int) -> bool:
+        """Write the record of `job_id` now if it waits in the journal and is
+        `tenant_id`'s (a read of an id its caller was just given must not be told
+        404); whether it did. Its entry stays for its writer to delete (a record
+        written twice is written once)."""
+        found = find(self._client(), job_id)
+        if found is None or found[1]["tenant_id"] != tenant_id:
+            return False
+        self.write([], [found[1]])
+        return True
+
     def drain(self) -> int:
         """Write the journal's records older than the grace (their writer died or
         could not write them); how many entries were drained."""
@@ -216,6 +230,19 @@ class RecordWriter:
         self.write([entry for entry, _ in found], records)
         logger.info("wrote %d call record(s) left in the journal", len(records))
         return len(found)
+
+
+def find(client: redis.Redis, job_id: uuid.UUID) -> tuple[bytes, Record] | None:
+    """The journal entry holding the record of `job_id`, and the record, if it is
+    journaled and not written yet (newest entries first, at most _FIND_COUNT)."""
+    needle = b'"id":"' + str(job_id).encode() + b'"'
+    found: Any = client.xrevrange(JOURNAL, "+", "-", count=_FIND_COUNT)
+    for entry, fields in found:
+        for payload in fields.values():
+            head = payload.partition(b"\n")[0]
+            if needle in head:
+                return entry, decode(payload)
+    return None
 
 
 class _Hand:

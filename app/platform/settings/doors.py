@@ -76,6 +76,14 @@ class DoorSettings(JobSettings):
     ort_intra_op_threads: int = Field(
         default=1, description="Threads per ONNX Runtime session (0 = ORT's default)."
     )
+    max_loaded_models: int = Field(
+        default=0,
+        ge=0,
+        description="ONNX Runtime sessions a process keeps at most (0: no bound); loading "
+        "one more closes the least recently used, unless a model's card sets "
+        "`keep_alive_seconds` and it was used within them. Sessions of versions unloaded or "
+        "removed are closed whatever this says.",
+    )
     generation_slots: int = Field(
         default=16,
         description="Sequences a worker process decodes together for a generative model (its "

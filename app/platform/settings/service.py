@@ -108,9 +108,10 @@ class ServiceSettings(BaseSettings):
     )
     model_state_cache_seconds: float = Field(
         default=2.0,
-        description="How often a process checks the shared model states (PostgreSQL) for a "
-        "load, unload or new model; such changes reach every API and worker process within "
-        "this time.",
+        description="How often a process checks the shared model states (PostgreSQL) and "
+        "the repository's folder on its own. Changes made through the service (add, load, "
+        "unload, remove) are announced over Redis and reach every process within a second; "
+        "this is the fallback when Redis is away, and for files copied in by hand.",
     )
     batch_chunk_rows: int = Field(
         default=32768,
