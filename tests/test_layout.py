@@ -14,6 +14,7 @@ from pathlib import Path
 from app.platform.settings import ROOT
 
 APP = ROOT / "app"
+MODELBUILD = ROOT / "modelbuild"  # the bundled models' builders, held to the same shape
 GENERATED = APP / "grpc" / "generated"
 DOORS = ("web", "grpc", "streams", "cli")  # app/<door>/: protocols, not operations
 MAX_LINES = 450
@@ -23,13 +24,16 @@ MAX_PARAMETERS = 8
 TRANSACTION_OWNER = APP / "platform" / "database.py"
 
 
-def _modules(root: Path = APP) -> Iterator[Path]:
-    for path in sorted(root.rglob("*.py")):
-        if GENERATED not in path.parents:
-            yield path
+def _modules() -> Iterator[Path]:
+    for root in (APP, MODELBUILD):
+        for path in sorted(root.rglob("*.py")):
+            if GENERATED not in path.parents:
+                yield path
 
 
 def _below_the_doors(path: Path) -> bool:
+    if APP not in path.parents:
+        return True
     parts = path.relative_to(APP).parts
     return not (len(parts) > 1 and parts[0] in DOORS)
 

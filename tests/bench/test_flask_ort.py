@@ -14,11 +14,11 @@ from sklearn.datasets import load_digits
 
 from app.cli.launcher import api_command
 from app.platform.settings import ROOT
-from app.repository.bundled import ensure_models
 from bench.contenders.flask_ort import gunicorn_command
 from bench.load import infer_bodies
 from bench.peers import flask_ort
 from bench.peers.raw_ort import model_file
+from modelbuild.bundled import ensure_models
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from app.repository.gguf_llama import dequantized, read_gguf
+from modelbuild.gguf_file import dequantized, read_gguf
 
 # The fixed prompts the graph is checked on against this reference (and on a GPU).
 PROMPTS = [

@@ -16,12 +16,13 @@ from app.cards import ModelCard
 from app.generation.chat import ChatFormat
 from app.generation.requests import GenerationRequest, parse
 from app.platform.settings import ROOT
-from app.repository.bundled import ensure_models
-from app.repository.gguf_llama import gguf_path, llama_graph, read_gguf
 from app.runtime.decode import DecodeEngine, Sequence
 from app.runtime.kvcache import HostCache
 from app.runtime.sampling import Sampling
 from app.runtime.sessions import SessionPool
+from modelbuild.bundled import ensure_models
+from modelbuild.gguf_file import gguf_path, read_gguf
+from modelbuild.llama_graph import llama_graph
 from tests.generation.reference import PROMPTS, Reference
 
 

@@ -18,11 +18,11 @@ from flask import Flask
 
 from app.cards import ModelCard
 from app.platform.settings import ROOT, Settings
-from app.repository.bundled import ensure_models
 from app.repository.registry import ModelRepository
 from app.runtime.engine import infer
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import parse_inputs
+from modelbuild.bundled import ensure_models
 from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
 from tests.gpu.probe import cuda_missing
 from tests.inference.test_minilm import SENTENCES

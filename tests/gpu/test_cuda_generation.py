@@ -19,10 +19,11 @@ import onnxruntime as ort
 import pytest
 
 from app.platform.settings import ROOT
-from app.repository.gguf_llama import gguf_path, llama_graph, read_gguf, tokenizer_json
 from app.runtime.decode import DecodeEngine, Sequence
 from app.runtime.kvcache import DeviceCache
 from app.runtime.sampling import Sampling
+from modelbuild.gguf_file import gguf_path, read_gguf, tokenizer_json
+from modelbuild.llama_graph import llama_graph
 from tests.generation.reference import PROMPTS
 from tests.gpu.probe import cuda_missing
 
