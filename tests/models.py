@@ -200,3 +200,29 @@ def build_slow_rows(root: Path, steps: int = 20000) -> None:
         "batch_chunk_rows": 8,
     }
     (target / "card.json").write_text(json.dumps(card))
+
+
+def user_model(kind: str, folder: Path) -> Path:
+    """An .onnx file a user would add (`models add`), as Triton's examples name them:
+    `simple` (INT32 INPUT0 and INPUT1 [-1, 16] -> OUTPUT0 their sum, OUTPUT1 their
+    difference), `simple_string` (BYTES INPUT0 [-1, 16] -> OUTPUT0 the same strings)
+    and `identity` (FP32 INPUT0 [-1, 4] -> OUTPUT0 the same)."""
+    if kind == "simple":
+        nodes = [h.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+                 h.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])]  # fmt: skip
+        ins = [h.make_tensor_value_info(n, T.INT32, [None, 16]) for n in ("INPUT0", "INPUT1")]
+        outs = [h.make_tensor_value_info(n, T.INT32, [None, 16]) for n in ("OUTPUT0", "OUTPUT1")]
+    elif kind in ("simple_string", "identity"):
+        element, width = (T.STRING, 16) if kind == "simple_string" else (T.FLOAT, 4)
+        nodes = [h.make_node("Identity", ["INPUT0"], ["OUTPUT0"])]
+        ins = [h.make_tensor_value_info("INPUT0", element, [None, width])]
+        outs = [h.make_tensor_value_info("OUTPUT0", element, [None, width])]
+    else:
+        raise ValueError(f"no such test model kind: {kind}")
+    model = h.make_model(h.make_graph(nodes, kind, ins, outs),
+                         opset_imports=[h.make_opsetid("", 17)])  # fmt: skip
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    path = folder / f"{kind}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path

@@ -103,4 +103,18 @@ def models_add(
     click.echo(f"edit {card.path / 'card.json'} for its description, labels and batching")
 
 
+@models.command("remove")
+@click.argument("name")
+@click.option("--version", default=None, help="Only this version (default: every version)")
+def models_remove(name: str, version: str | None) -> None:
+    """Delete NAME (or one VERSION) from MODEL_REPOSITORY. Every running API and
+    worker process stops serving it within a second; calls and jobs already running
+    on it finish, queued jobs of it fail `model_unavailable`."""
+    with command() as made:
+        left = made.models.remove(name, version)
+    click.echo(f"removed {name}" + (f":{version}" if version else " (every version)"))
+    for status in left:
+        click.echo(f"  left {status.name}:{status.version}\t{status.state}")
+
+
 COMMANDS = (models,)

@@ -63,11 +63,13 @@ class GenerationWatch:
         self._seen = threading.Condition()
         self._backoff = 0.5
         self._stopped = threading.Event()
+        self.running = False  # followed in this process (a serving one)
 
     def ensure(self) -> None:
         """Start following (again, after a fork)."""
         if not self._stopped.is_set():
             self._thread.ensure()
+            self.running = True
 
     def stop(self) -> None:
         """Follow no more (a container closed: tests, commands)."""
@@ -132,6 +134,10 @@ class Reconciler:
         self._revision = -1
         self._lock = threading.Lock()
         self.watch = GenerationWatch(client, self._changed, self._tick)
+        probe = client()  # (redis-py's pool opens a new connection after a fork)
+        repository.behind = lambda: self.watch.running and current(probe) > (
+            self.watch.generation or 0
+        )
 
     def hold(self, retain: Retain) -> None:
         """Reconcile `retain`'s holder from now on."""

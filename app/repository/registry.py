@@ -62,10 +62,13 @@ class ModelRepository:
         self._cards: dict[str, dict[str, ModelCard]] = {}
         self._broken: dict[tuple[str, str], str] = {}
         self._folder: tuple[tuple[str, int], ...] = ()
-        self._synced_at = clock()
+        # The shared states are first read by the first look (`sync`), not here: a
+        # command that only builds models reads no table (there may be none yet).
+        self._synced_at = -float("inf")
         self.revision = 0  # counts rescans: what a process holds is reconciled when it moves
-        if states is not None:
-            states.poll()
+        # Whether a change was announced that this process has not looked at yet
+        # (app.repository.generation); asked only when a model is not found.
+        self.behind: Callable[[], bool] = lambda: False
         self.refresh()
 
     def refresh(self) -> None:
@@ -187,7 +190,18 @@ class ModelRepository:
         self, name: str, version: str | None = None, tenant: str | None = None
     ) -> ModelCard:
         """The card for `name` at `version`, or at its newest serving version when
-        None; UnknownModel when `tenant` may not use it or it does not serve."""
+        None; UnknownModel when `tenant` may not use it or it does not serve. Not
+        found while a change was announced that this process has yet to see (a
+        model added a moment ago, elsewhere): looked for again after a rescan."""
+        try:
+            return self._resolve(name, version, tenant)
+        except UnknownModel:
+            if not self.behind():
+                raise
+        self.sync(force=True)
+        return self._resolve(name, version, tenant)
+
+    def _resolve(self, name: str, version: str | None, tenant: str | None) -> ModelCard:
         self.sync()
         if name not in self._cards or not self._newest(name).visible_to(tenant):
             raise UnknownModel(name, version, self.names(tenant))
