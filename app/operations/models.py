@@ -5,7 +5,7 @@ unload), each change recorded for every process in one unit of work."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,10 @@ from app.errors import TooLarge, Unavailable
 from app.jobs.statistics import model_statistics
 from app.operations import triton
 from app.platform.database import Database, transactional
-from app.repository import control, intake
+from app.repository import control, intake, overrides
 from app.repository.bundled import ensure_models
-from app.repository.intake import Added, check_ref
+from app.repository.control import Check
+from app.repository.intake import Added, check_loadable, check_ref
 from app.repository.registry import PUBLIC, ModelRepository, VersionStatus
 from app.repository.states import READY, State, set_states
 from app.tenancy.keys import TenantRef
@@ -40,8 +41,11 @@ _CHUNK = 1024 * 1024
 
 
 class ModelOperations:
-    def __init__(self, database: Database, repository: ModelRepository) -> None:
-        self.database, self.repository = database, repository
+    def __init__(
+        self, database: Database, repository: ModelRepository, check: Check = check_loadable
+    ) -> None:
+        """`check`: how a load checks a version (ONNX Runtime, against its card)."""
+        self.database, self.repository, self.check = database, repository, check
 
     def model(self, tenant: str | None, name: str, version: str | None = None) -> ModelCard:
         """The card the caller may see: `tenant` a tenant's name, PUBLIC for an
@@ -105,7 +109,8 @@ class ModelOperations:
         return "ok"
 
     def index(self, *, ready_only: bool = False) -> list[VersionStatus]:
-        """Every version in the folder: READY, or UNAVAILABLE and why (Triton's index)."""
+        """Every version in the folder: READY, UNAVAILABLE and why, or LOADING while
+        a load checks it (Triton's index)."""
         statuses = self.repository.index()
         return [s for s in statuses if s.state == READY] if ready_only else statuses
 
@@ -159,19 +164,47 @@ class ModelOperations:
         finally:
             staged.unlink(missing_ok=True)
 
-    def load(self, name: str) -> list[VersionStatus]:
-        """Rescan the folder and check every version of `name`; those that pass serve
-        (as their version policy allows), those that fail are UNAVAILABLE with the
-        reason, and InvalidModel names them."""
-        states = control.checked_states(self.repository, name)
+    def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> list[VersionStatus]:
+        """Triton's load: rescan the folder and check every version of `name`; those
+        that pass serve (as their version policy allows), those that fail are
+        UNAVAILABLE with the reason, and InvalidModel names them.
+
+        `parameters` are Triton's: `config`, a model configuration (JSON) whose
+        fields are written into the cards first (`app.repository.overrides`;
+        InvalidParameter, with nothing written, for one they cannot honour).
+        Each step is a unit of work of its own, committed before the next: the
+        versions coming in (those not serving) are recorded LOADING, so every
+        process's index shows them so while ONNX Runtime checks them (a serving
+        version serves on meanwhile, as Triton reloads one in the background);
+        then the states the check found."""
+        config = overrides.load_config(parameters)
+        self.repository.refresh()
+        control.statuses_of(self.repository, name)  # UnknownModel before anything
+        changes = None
+        if config is not None:
+            changes = overrides.parse_config(name, config, self.repository.on_disk(name))
+        coming = control.loading_states(self.repository, name)
+        self._record(name, coming)
+        try:
+            if changes is not None:
+                overrides.apply(self.repository.on_disk(name), changes)
+            self.repository.sync(force=True)
+            states = control.checked_states(self.repository, name, self.check)
+        except Exception as exc:  # never left LOADING by a load that did not end
+            self._record(name, control.unfinished_states(coming, exc))
+            raise
         self._record(name, states)
         self.repository.sync(force=True)
         if (failed := control.load_failures(name, states)) is not None:
             raise failed
         return control.statuses_of(self.repository, name)
 
-    def unload(self, name: str) -> list[VersionStatus]:
-        """Stop serving every version of `name`."""
+    def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> list[VersionStatus]:
+        """Stop serving every version of `name`. Triton's `unload_dependents`
+        parameter (a boolean) is taken and changes nothing: our models have no
+        dependents (no ensembles are built on them), so the model alone is unloaded."""
+        overrides.unload_dependents(parameters)
+        self.repository.refresh()  # a model added by hand since this process looked
         self._record(name, control.unloaded_states(self.repository, name))
         self.repository.sync(force=True)
         return control.statuses_of(self.repository, name)
