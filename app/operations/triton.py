@@ -14,8 +14,14 @@ from typing import Any
 from app.cards import ModelCard, TensorSpec
 from app.jobs.statistics import VersionStatistics
 
-# Server metadata's `extensions`, by Triton's names for them.
-EXTENSIONS = ("model_configuration", "statistics")
+# Server metadata's `extensions`, by Triton's names for them: the model repository's
+# with its optional `unload_dependents` component (our models have no dependents).
+EXTENSIONS = (
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "model_repository(unload_dependents)",
+)
 
 
 def model_config(card: ModelCard) -> dict[str, Any]:
