@@ -2,7 +2,8 @@
 folder, PostgreSQL and ONNX Runtime: LOADING recorded and committed before a
 version is checked (another process sees it), then the final state, each a unit
 of work of its own; Triton's `config` written into the cards or refused naming
-its field, with nothing written; Triton's other parameters."""
+its field, with nothing written; Triton's other parameters; the command line's
+`models load` and `models unload`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from app.cards import ModelCard
 from app.errors import InvalidModel, InvalidParameter
@@ -26,6 +28,8 @@ from app.repository.intake import check_loadable
 from app.repository.overrides import parse_config
 from app.repository.registry import ModelRepository
 from app.repository.states import SharedStates
+from manage import cli
+from tests.conftest import service_env
 
 
 def copy_model(root: Path, versions: tuple[str, ...] = ("1",)) -> str:
@@ -243,3 +247,27 @@ def test_unload_takes_a_boolean_unload_dependents(
     assert another_process.versions(name) == ["1"]  # none of those unloaded it
     ops.unload(name, {"unload_dependents": True})  # no dependents: the model alone
     assert states(another_process, name) == {"1": ("UNAVAILABLE", "unloaded by an operator")}
+
+
+def test_the_command_line_loads_with_a_config_and_unloads(
+    settings: Settings, another_process: ModelRepository
+) -> None:
+    name = copy_model(settings.model_repository)
+    env = service_env(settings)
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli, ["models", *args], env=env, catch_exceptions=False)
+
+    unloaded = run("unload", name)
+    assert unloaded.exit_code == 0, unloaded.output
+    assert f"{name}:1\tUNAVAILABLE\tunloaded by an operator" in unloaded.output
+    assert another_process.versions(name) == []
+    loaded = run("load", name, "--config", '{"max_batch_size": 4}')
+    assert loaded.exit_code == 0, loaded.output
+    assert f"{name}:1\tREADY" in loaded.output
+    assert raw_card(settings, name)["batching"]["max_batch_size"] == 4
+    assert another_process.versions(name) == ["1"]
+    refused = run("load", name, "--config", '{"name": "digits"}')
+    assert refused.exit_code != 0 and "config.name" in refused.output
+    missing = run("unload", "no-such-model")
+    assert missing.exit_code != 0 and "not in the repository" in missing.output
