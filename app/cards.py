@@ -194,6 +194,9 @@ class ModelCard:
     queue: str | None = None
     # A generative model's (app.generation); None for one-shot models.
     generation: GenerationSpec | None = None
+    # Triton's model configuration `parameters` (name to string value): kept with
+    # the model and shown in its configuration; the runtime reads none of them.
+    parameters: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -232,6 +235,7 @@ class ModelCard:
             "version_policy": self.version_policy.to_dict(),
             **({"queue": self.queue} if self.queue else {}),
             **({"generation": self.generation.to_dict()} if self.generation else {}),
+            **({"parameters": dict(self.parameters)} if self.parameters else {}),
             **self.extra,
         }
 
@@ -240,7 +244,7 @@ class ModelCard:
         raw = json.loads((version_dir / "card.json").read_text())
         known = {"name", "version", "platform", "description", "inputs", "outputs", "labels",
                  "batching", "pipeline", "version_policy", "tenants", "queue",
-                 "generation"}  # fmt: skip
+                 "generation", "parameters"}  # fmt: skip
         tenants = raw.get("tenants")
         if tenants is not None and not (
             isinstance(tenants, list) and all(isinstance(t, str) for t in tenants)
@@ -249,6 +253,11 @@ class ModelCard:
         queue = raw.get("queue")
         if queue is not None and not (isinstance(queue, str) and QUEUE_NAME.fullmatch(queue)):
             raise ValueError('queue: a queue name of [A-Za-z0-9_.-], at most 64, e.g. "gpu"')
+        parameters = raw.get("parameters", {})
+        if not (
+            isinstance(parameters, dict) and all(isinstance(v, str) for v in parameters.values())
+        ):
+            raise ValueError('parameters: names to string values, e.g. {"note": "v2"}')
         return cls(
             name=version_dir.parent.name,
             version=version_dir.name,
@@ -264,6 +273,7 @@ class ModelCard:
             tenants=tuple(tenants) if tenants is not None else None,
             queue=queue,
             generation=GenerationSpec.from_dict(raw["generation"]) if "generation" in raw else None,
+            parameters=dict(parameters),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

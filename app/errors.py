@@ -34,6 +34,14 @@ class MalformedRequest(DomainError):
     code = "malformed-request"
 
 
+class InvalidParameter(DomainError):
+    """A request's parameter the service cannot honour (a model repository load's
+    `config` field it cannot express, a parameter it does not take); `parameter`
+    names it."""
+
+    code = "invalid-parameter"
+
+
 class InputsDoNotFit(DomainError):
     """The inputs do not match the model's card."""
 

@@ -1,5 +1,6 @@
 """`manage.py models ...`: the model repository (build the bundled models, list the
-versions, add one). The model operations do the work."""
+versions, add one, load and unload a model). The model operations do the work,
+the same as the HTTP and gRPC doors' repository routes and RPCs."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def models_build(force: bool, cuda: bool) -> None:
 
 @models.command("list")
 def models_list() -> None:
-    """List every version in the repository: READY, or UNAVAILABLE and why."""
+    """List every version in the repository: READY, UNAVAILABLE and why, or LOADING."""
     with command() as made:
         statuses = made.models.index()
     root = made.settings.model_repository
@@ -101,6 +102,34 @@ def models_add(
         click.echo(f"  left out output {skipped}: a job cannot return that type")
     click.echo(f"  batching: max_batch_size {card.batching.max_batch_size}")
     click.echo(f"edit {card.path / 'card.json'} for its description, labels and batching")
+
+
+@models.command("load")
+@click.argument("name")
+@click.option("--config", "config", default=None, metavar="JSON",
+              help="Triton's model configuration (JSON) to load with: its max_batch_size, "
+                   "dynamic_batching.max_queue_delay_microseconds, version_policy and "
+                   "parameters are written into the model's card.json files first")  # fmt: skip
+def models_load(name: str, config: str | None) -> None:
+    """Load (or reload) NAME: check every version with ONNX Runtime against its card;
+    those that pass serve, in every process within a second."""
+    with command() as made:
+        statuses = made.models.load(name, {"config": config} if config is not None else None)
+    for status in statuses:
+        click.echo(f"{status.name}:{status.version}\t{status.state}\t{status.reason}")
+
+
+@models.command("unload")
+@click.argument("name")
+@click.option("--version", default=None, help="Only this version (default: every version)")
+def models_unload(name: str, version: str | None) -> None:
+    """Stop serving every version of NAME (or one VERSION): new submits and calls get
+    404 in every process within a second, its queued jobs fail model_unavailable;
+    `models load NAME` brings it back."""
+    with command() as made:
+        statuses = made.models.unload(name, version)
+    for status in statuses:
+        click.echo(f"{status.name}:{status.version}\t{status.state}\t{status.reason}")
 
 
 @models.command("remove")

@@ -34,6 +34,7 @@ class Access(enum.Enum):
     OPEN = "open"  # no key needed (health, server metadata)
     OPTIONAL = "optional"  # a key is checked if sent (model metadata: tenants see more)
     TENANT = "tenant"  # a tenant's key (inference)
+    OPERATOR = "operator"  # an operator's key (the model repository)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,12 @@ class Door(grpc.GenericRpcHandler):
             raise Refused(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "this RPC needs a tenant's API key; an operator key has no jobs",
+            )
+        if access is Access.OPERATOR and caller.kind != OPERATOR:
+            raise Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "this RPC needs an operator key (create-api-key --operator); "
+                "a tenant's key does not manage the model repository",
             )
         return caller
 

@@ -2,7 +2,9 @@
 
 Health and server metadata are open; model metadata and configuration are open
 too, and a key, when sent, shows what its tenant is granted (as on the HTTP
-door); inference and statistics (the tenant's own) need a tenant's key. Every
+door); inference and statistics (the tenant's own) need a tenant's key; the
+model repository (index, load, unload: Triton's extension, the same operations
+as `/v2/repository/...` and `manage.py models`) needs an operator key. Every
 inference request is a job with its record, exactly as a call on
 `/v2/models/<m>/infer`: `GET /jobs/<id>` and `/usage` show it, and its id comes
 back in the response's `parameters["job_id"]`.
@@ -20,7 +22,7 @@ from app.container import Container
 from app.errors import Unavailable, UnknownModel
 from app.grpc import codec
 from app.grpc.calls import check_outputs, infer_request, leaving
-from app.grpc.door import Access, Rpc
+from app.grpc.door import Access, Refused, Rpc
 from app.grpc.generated import grpc_service_pb2 as pb
 from app.grpc.generated import model_config_pb2 as config_pb
 from app.grpc.stream import CallStream, open_streams
@@ -50,6 +52,9 @@ class Servicer:
             "ModelStatistics": Rpc(self.model_statistics, Access.TENANT),
             "ModelInfer": Rpc(self.model_infer, Access.TENANT),
             "ModelStreamInfer": Rpc(self.model_stream_infer, Access.TENANT),
+            "RepositoryIndex": Rpc(self.repository_index, Access.OPERATOR),
+            "RepositoryModelLoad": Rpc(self.repository_model_load, Access.OPERATOR),
+            "RepositoryModelUnload": Rpc(self.repository_model_unload, Access.OPERATOR),
         }
 
     def authenticate(self, key: str) -> Caller | None:
@@ -140,6 +145,71 @@ class Servicer:
     ) -> Iterator[pb.ModelStreamInferResponse]:
         stream = CallStream(self.container, _tenant(caller), context, self.streams)
         return stream.run(requests)
+
+    # -- the model repository (operators) ---------------------------------------------
+
+    def repository_index(
+        self, request: pb.RepositoryIndexRequest, _context: Any, _caller: Any
+    ) -> pb.RepositoryIndexResponse:
+        """Every version in the folder: READY, UNAVAILABLE and why, or LOADING
+        (`ready`: only the READY ones)."""
+        _one_repository(request.repository_name)
+        with self.container.scope():
+            statuses = self.models.index(ready_only=request.ready)
+        entry = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(
+            models=[
+                entry(name=s.name, version=s.version, state=s.state, reason=s.reason)
+                for s in statuses
+            ]
+        )
+
+    def repository_model_load(
+        self, request: pb.RepositoryModelLoadRequest, _context: Any, _caller: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        """Load (or reload) a model, with Triton's `config` parameter if sent."""
+        _one_repository(request.repository_name)
+        name, parameters = _model_name(request.model_name), _parameters(request.parameters)
+        with self.container.scope():
+            self.models.load(name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    def repository_model_unload(
+        self, request: pb.RepositoryModelUnloadRequest, _context: Any, _caller: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        """Unload a model (`unload_dependents` taken: our models have no dependents)."""
+        _one_repository(request.repository_name)
+        name, parameters = _model_name(request.model_name), _parameters(request.parameters)
+        with self.container.scope():
+            self.models.unload(name, parameters=parameters)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _one_repository(name: str) -> None:
+    """Triton answers a repository_name with UNIMPLEMENTED; so does this server,
+    which serves one repository (MODEL_REPOSITORY)."""
+    if name:
+        raise Refused(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"'repository_name' specification is not supported ({name!r}): this server "
+            "serves one model repository; leave repository_name empty",
+        )
+
+
+def _model_name(name: str) -> str:
+    if not name.strip():
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "model_name is required")
+    return name
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    """A `map<string, ModelRepositoryParameter>` as plain values (bool, int, str or
+    bytes; None for one with no value): the operations check them."""
+    found = {}
+    for key, value in parameters.items():
+        choice = value.WhichOneof("parameter_choice")
+        found[key] = getattr(value, choice) if choice else None
+    return found
 
 
 def _tenant(caller: Caller | None) -> TenantRef:

@@ -27,11 +27,12 @@ CODES: dict[str, Code] = {
     "validation-error": Code.INVALID_ARGUMENT,
     "malformed-request": Code.INVALID_ARGUMENT,
     "invalid-input": Code.INVALID_ARGUMENT,
+    "invalid-parameter": Code.INVALID_ARGUMENT,
     "not-found": Code.NOT_FOUND,
     "unknown-model": Code.NOT_FOUND,
     "conflict": Code.FAILED_PRECONDITION,
     "payload-too-large": Code.RESOURCE_EXHAUSTED,
-    "invalid-model": Code.FAILED_PRECONDITION,
+    "invalid-model": Code.INVALID_ARGUMENT,  # as Triton answers a load that failed
     "forbidden": Code.PERMISSION_DENIED,
     "service-unavailable": Code.UNAVAILABLE,
     "insufficient-storage": Code.RESOURCE_EXHAUSTED,

@@ -5,7 +5,7 @@ unload), each change recorded for every process in one unit of work."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,9 @@ from app.errors import TooLarge, Unavailable
 from app.jobs.statistics import model_statistics
 from app.operations import triton
 from app.platform.database import Database, transactional
-from app.repository import control, intake
-from app.repository.intake import Added, check_ref
+from app.repository import control, intake, overrides
+from app.repository.control import Check
+from app.repository.intake import Added, check_loadable, check_ref
 from app.repository.registry import PUBLIC, ModelRepository, VersionStatus
 from app.repository.states import READY, State, forget_states, set_states
 from app.tenancy.keys import TenantRef
@@ -43,9 +44,11 @@ class ModelOperations:
         database: Database,
         repository: ModelRepository,
         announce: Callable[[], None] | None = None,
+        check: Check = check_loadable,
     ) -> None:
-        """`announce`: tells every process the repository changed (its generation)."""
-        self.database, self.repository = database, repository
+        """`announce`: tells every process the repository changed (its generation);
+        `check`: how a load checks a version (ONNX Runtime, against its card)."""
+        self.database, self.repository, self.check = database, repository, check
         self._announce = announce
 
     def model(self, tenant: str | None, name: str, version: str | None = None) -> ModelCard:
@@ -110,7 +113,8 @@ class ModelOperations:
         return "ok"
 
     def index(self, *, ready_only: bool = False) -> list[VersionStatus]:
-        """Every version in the folder: READY, or UNAVAILABLE and why (Triton's index)."""
+        """Every version in the folder: READY, UNAVAILABLE and why, or LOADING while
+        a load checks it (Triton's index)."""
         statuses = self.repository.index()
         return [s for s in statuses if s.state == READY] if ready_only else statuses
 
@@ -167,22 +171,56 @@ class ModelOperations:
         finally:
             staged.unlink(missing_ok=True)
 
-    def load(self, name: str) -> list[VersionStatus]:
-        """Rescan the folder and check every version of `name`; those that pass serve
-        (as their version policy allows), those that fail are UNAVAILABLE with the
-        reason, and InvalidModel names them."""
-        states = control.checked_states(self.repository, name)
+    def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> list[VersionStatus]:
+        """Triton's load: rescan the folder and check every version of `name`; those
+        that pass serve (as their version policy allows), those that fail are
+        UNAVAILABLE with the reason, and InvalidModel names them.
+
+        `parameters` are Triton's: `config`, a model configuration (JSON) whose
+        fields are written into the cards first (`app.repository.overrides`;
+        InvalidParameter, with nothing written, for one they cannot honour).
+        Each step is a unit of work of its own, committed before the next: the
+        versions coming in (those not serving) are recorded LOADING, so every
+        process's index shows them so while ONNX Runtime checks them (a serving
+        version serves on meanwhile, as Triton reloads one in the background);
+        then the states the check found."""
+        config = overrides.load_config(parameters)
+        self.repository.refresh()
+        control.statuses_of(self.repository, name)  # UnknownModel before anything
+        changes = None
+        if config is not None:
+            changes = overrides.parse_config(name, config, self.repository.on_disk(name))
+        coming = control.loading_states(self.repository, name)
+        self._record(name, coming)
+        self._changed()  # every index shows them LOADING
+        try:
+            if changes is not None:
+                overrides.apply(self.repository.on_disk(name), changes)
+            self.repository.sync(force=True)
+            states = control.checked_states(self.repository, name, self.check)
+        except Exception as exc:  # never left LOADING by a load that did not end
+            self._record(name, control.unfinished_states(coming, exc))
+            raise
         self._record(name, states)
         self._changed()
         if (failed := control.load_failures(name, states)) is not None:
             raise failed
         return control.statuses_of(self.repository, name)
 
-    def unload(self, name: str, version: str | None = None) -> list[VersionStatus]:
+    def unload(
+        self,
+        name: str,
+        version: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> list[VersionStatus]:
         """Stop serving every version of `name` (or only `version`): new calls get
         404 at once in every process, calls and jobs already running on it finish,
         then its sessions and caches are closed everywhere; queued jobs of it fail
-        `model_unavailable` when a worker reaches them."""
+        `model_unavailable` when a worker reaches them. Triton's `unload_dependents`
+        parameter (a boolean) is taken and changes nothing: our models have no
+        dependents (no ensembles are built on them), so the model alone is unloaded."""
+        overrides.unload_dependents(parameters)
+        self.repository.refresh()  # a model added by hand since this process looked
         self._record(name, control.unloaded_states(self.repository, name, version))
         self._changed()
         return control.statuses_of(self.repository, name)

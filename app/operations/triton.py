@@ -14,14 +14,22 @@ from typing import Any
 from app.cards import ModelCard, TensorSpec
 from app.jobs.statistics import VersionStatistics
 
-# Server metadata's `extensions`, by Triton's names for them.
-EXTENSIONS = ("model_configuration", "statistics")
+# Server metadata's `extensions`, by Triton's names for them: the model repository's
+# with its optional `unload_dependents` component (our models have no dependents).
+EXTENSIONS = (
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "model_repository(unload_dependents)",
+)
 
 
 def model_config(card: ModelCard) -> dict[str, Any]:
     """Triton's model configuration for `card`: with a batch dimension, `dims`
     leave it out (Triton's convention) and `max_batch_size` says its bound. A
-    generative model is decoupled (ModelStreamInfer answers it piece by piece)."""
+    generative model is decoupled (ModelStreamInfer answers it piece by piece).
+    A load's `config` parameter is read back onto the cards by
+    `app.repository.overrides`, its inverse for what a card can say."""
     batching = card.batching.max_batch_size
     skip = 1 if batching > 0 else 0
     config: dict[str, Any] = {
@@ -37,7 +45,25 @@ def model_config(card: ModelCard) -> dict[str, Any]:
         config["dynamic_batching"] = {"max_queue_delay_microseconds": delay_us}
     if card.generation is not None:
         config["model_transaction_policy"] = {"decoupled": True}
+    policy = version_policy(card)
+    if policy is not None:
+        config["version_policy"] = policy
+    if card.parameters:
+        config["parameters"] = {k: {"string_value": v} for k, v in card.parameters.items()}
     return config
+
+
+def version_policy(card: ModelCard) -> dict[str, Any] | None:
+    """The card's version policy as Triton's `ModelVersionPolicy`; None for a
+    `specific` list naming a version that is not a number (Triton's are int64)."""
+    policy = card.version_policy
+    if policy.latest is not None:
+        return {"latest": {"num_versions": policy.latest}}
+    if policy.specific is not None:
+        if not all(v.isdigit() for v in policy.specific):
+            return None
+        return {"specific": {"versions": [int(v) for v in policy.specific]}}
+    return {"all": {}}
 
 
 def _tensor(spec: TensorSpec, skip: int) -> dict[str, Any]:

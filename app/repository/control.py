@@ -10,18 +10,43 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Callable
 
+from app.cards import ModelCard
 from app.errors import InvalidModel, UnknownModel
 from app.repository.intake import INCOMING, check_loadable
 from app.repository.registry import ModelRepository, VersionStatus
-from app.repository.states import READY, UNAVAILABLE, State
+from app.repository.states import LOADING, READY, UNAVAILABLE, State
 
 UNLOADED = "unloaded by an operator"
+CHECKING = "a load is checking it with ONNX Runtime"
+
+# How a version is checked: InvalidModel naming what is wrong, else it can serve.
+Check = Callable[[ModelCard], None]
 
 
-def checked_states(repository: ModelRepository, name: str) -> dict[str, State]:
-    """Rescan the folder and check every version of `name` with ONNX Runtime: READY
-    for those that pass, UNAVAILABLE with the reason for the others."""
+def loading_states(repository: ModelRepository, name: str) -> dict[str, State]:
+    """LOADING for the versions of `name` a load brings in: those not serving now.
+    A serving version keeps serving while it is checked again (as Triton reloads a
+    READY model in the background), so it is left as it is."""
+    return {
+        s.version: State(LOADING, CHECKING)
+        for s in statuses_of(repository, name)
+        if s.state != READY
+    }
+
+
+def unfinished_states(coming: dict[str, State], exc: Exception) -> dict[str, State]:
+    """UNAVAILABLE, and why, for the versions a load that failed had marked LOADING."""
+    why = f"the load did not finish: {type(exc).__name__}: {exc}"[:300]
+    return {version: State(UNAVAILABLE, why) for version in coming}
+
+
+def checked_states(
+    repository: ModelRepository, name: str, check: Check = check_loadable
+) -> dict[str, State]:
+    """Rescan the folder and check every version of `name` with ONNX Runtime
+    (`check`): READY for those that pass, UNAVAILABLE with the reason for the others."""
     repository.refresh()
     statuses = statuses_of(repository, name)
     cards = {card.version: card for card in repository.on_disk(name)}
@@ -32,7 +57,7 @@ def checked_states(repository: ModelRepository, name: str) -> dict[str, State]:
             states[status.version] = State(UNAVAILABLE, status.reason)
             continue
         try:
-            check_loadable(card)
+            check(card)
             states[status.version] = State(READY)
         except InvalidModel as exc:
             states[status.version] = State(UNAVAILABLE, exc.detail)

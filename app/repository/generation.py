@@ -135,8 +135,8 @@ class Reconciler:
         self._lock = threading.Lock()
         self.watch = GenerationWatch(client, self._changed, self._tick)
         probe = client()  # (redis-py's pool opens a new connection after a fork)
-        repository.behind = lambda: self.watch.running and current(probe) > (
-            self.watch.generation or 0
+        repository.behind = lambda: (
+            self.watch.running and current(probe) > (self.watch.generation or 0)
         )
 
     def hold(self, retain: Retain) -> None:

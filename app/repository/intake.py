@@ -88,8 +88,9 @@ def inspect(path: Path, shown: str | None = None) -> Graph:
 
 
 # What a new version takes over from the model's newest card: the model's own
-# settings (who may use it, which versions serve) and what a person wrote.
-INHERITED = ("description", "labels", "execution", "version_policy", "tenants")
+# settings (who may use it, which versions serve, its configuration's parameters)
+# and what a person wrote.
+INHERITED = ("description", "labels", "execution", "version_policy", "tenants", "parameters")
 
 
 def draft_card(graph: Graph, base: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from app.cards import ModelCard, version_key
 from app.errors import DomainError, UnknownModel
-from app.repository.states import READY, UNAVAILABLE, SharedStates, State
+from app.repository.states import LOADING, READY, UNAVAILABLE, SharedStates, State
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class VersionStatus:
 
     name: str
     version: str
-    state: str  # READY or UNAVAILABLE
+    state: str  # READY, UNAVAILABLE, or LOADING while a load checks it
     reason: str = ""
 
 
@@ -45,8 +45,9 @@ class ModelRepository:
     What serves: a version whose card and model.onnx are readable, that its
     model's version policy selects (the newest card's policy speaks for the
     model), and that `states` (shared through PostgreSQL; none in tools and
-    unit tests) does not mark UNAVAILABLE. When the shared states change, the
-    folder is rescanned too, so a model added on another machine is seen.
+    unit tests) does not mark UNAVAILABLE or LOADING. When the shared states
+    change, the folder is rescanned too, so a model added on another machine
+    is seen.
     `clock` (seconds) times the `ttl_s` between looks.
     """
 
@@ -234,9 +235,10 @@ class ModelRepository:
         return self._newest(name).version_policy.select(versions)
 
     def _shared(self, name: str, version: str) -> State | None:
-        """The shared state that keeps this version from serving, if any."""
+        """The shared state that keeps this version from serving, if any:
+        UNAVAILABLE, or LOADING while a load checks it."""
         state = self.states.get(name, version) if self.states else None
-        return state if state is not None and state.state == UNAVAILABLE else None
+        return state if state is not None and state.state in (UNAVAILABLE, LOADING) else None
 
     def _status(self, name: str, version: str) -> VersionStatus:
         if (name, version) in self._broken:
@@ -248,7 +250,7 @@ class ModelRepository:
             return VersionStatus(name, version, UNAVAILABLE, f"not in version_policy {policy}")
         state = self._shared(name, version)
         if state is not None:
-            return VersionStatus(name, version, UNAVAILABLE, state.reason or "unloaded")
+            return VersionStatus(name, version, state.state, state.reason or "unloaded")
         return VersionStatus(name, version, READY)
 
 

@@ -26,6 +26,10 @@ from app.repository.tables import ModelState
 logger = logging.getLogger(__name__)
 
 READY, UNAVAILABLE = "READY", "UNAVAILABLE"
+# A version a load is checking (it was not serving, and does not until READY);
+# a serving version keeps serving while a load checks it again, as Triton keeps
+# a loaded model serving during a reload.
+LOADING = "LOADING"
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,14 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.platform.orm import Base
 
-MODEL_STATES = ("READY", "UNAVAILABLE")
+MODEL_STATES = ("READY", "UNAVAILABLE", "LOADING")
 
 
 class ModelState(Base):
     """A model version's load state, shared by every API and worker process (which
     may run on other machines): a version with no row serves if its files are in
-    the repository; UNAVAILABLE (unloaded, or failed its check) does not.
+    the repository; UNAVAILABLE (unloaded, or failed its check) does not, nor does
+    LOADING (a load is checking it; app.operations.models).
     Processes notice changes by the newest `updated_at` (app.repository.states)."""
 
     __tablename__ = "model_states"

@@ -11,16 +11,20 @@ from typing import Any
 
 import flask
 from flask_smorest import Blueprint as SmorestBlueprint
+from webargs import core
 from webargs.flaskparser import FlaskParser
 
 
 class JsonParser(FlaskParser):
     """JSON nested deeper than Python's recursion limit raises RecursionError, and
     an integer of more than 4,300 digits a plain ValueError; webargs handles only
-    JSONDecodeError, so both were 500s."""
+    JSONDecodeError, so both were 500s. A KServe v2 route's body is read as JSON
+    without a JSON Content-Type (`_kserve_body`)."""
 
     def _raw_load_json(self, req: flask.Request) -> Any:
         try:
+            if _kserve_body(req):
+                return core.parse_json(req.get_data(cache=True))
             return super()._raw_load_json(req)
         except json.JSONDecodeError:
             raise
@@ -47,6 +51,15 @@ class JsonParser(FlaskParser):
         return super()._process_location_data(
             location_data, schema, req, location, unknown, validators
         )
+
+
+def _kserve_body(req: flask.Request) -> bool:
+    """A KServe v2 route's body is JSON whatever its Content-Type says, as Triton
+    reads it: tritonclient sends none (`load_model`'s config, `unload_model`'s
+    parameters), curl's `-d` says form data."""
+    if not req.path.startswith("/v2/") or req.is_json or not req.content_length:
+        return False
+    return req.mimetype in ("", "application/x-www-form-urlencoded", "text/plain")
 
 
 def link(method: str, path: str, *, body: Any = None, **parameters: str) -> dict[str, Any]:

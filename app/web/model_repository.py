@@ -1,5 +1,8 @@
-"""Triton's model repository API, for operators: add a version (PUT the file),
-load, unload, and the index of every version with its state."""
+"""Triton's model repository extension, for operators: the index of every version
+with its state, load (with Triton's `config` parameter) and unload (with
+`unload_dependents`), and our own PUT of a version's file. The gRPC door's
+RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload call the same
+operations."""
 
 from __future__ import annotations
 
@@ -21,7 +24,12 @@ blp = Blueprint(
 class VersionStatusSchema(Schema):
     name = fields.String()
     version = fields.String()
-    state = fields.String(metadata={"enum": ["READY", "UNAVAILABLE"]})
+    state = fields.String(
+        metadata={
+            "enum": ["READY", "UNAVAILABLE", "LOADING"],
+            "description": "LOADING while a load checks a version that was not serving",
+        }
+    )
     reason = fields.String()
 
 
@@ -65,21 +73,58 @@ def put_version(args: dict[str, Any], name: str, version: str) -> tuple[dict[str
     return added.to_dict(), 201
 
 
+class LoadSchema(Schema):
+    parameters = fields.Dict(
+        keys=fields.String(),
+        load_default=dict,
+        metadata={
+            "description": "Triton's load parameters: `config`, a model configuration as a "
+            "JSON string, whose max_batch_size, dynamic_batching.max_queue_delay_microseconds, "
+            "version_policy and parameters are written into the model's card.json files "
+            "before the load (any other field only as the model has it). Triton's "
+            "`file:<version>/<name>` parameters are refused: PUT the file instead.",
+            "example": {"config": '{"max_batch_size": 16}'},
+        },
+    )
+
+
+class UnloadSchema(Schema):
+    parameters = fields.Dict(
+        keys=fields.String(),
+        load_default=dict,
+        metadata={
+            "description": "Triton's unload parameters: `unload_dependents` (a boolean), "
+            "taken and changing nothing, as no model here has dependents (no ensembles)",
+            "example": {"unload_dependents": False},
+        },
+    )
+
+
+_BAD_PARAMETER = "A parameter of the wrong type, not taken, or a config field not honoured"
+
+
 @blp.post("/models/<name>/load")
+@operator_only
+@blp.arguments(LoadSchema(), required=False)
 @blp.response(200, VersionStatusSchema(many=True))
+@blp.alt_response(400, response="BAD_REQUEST", description=_BAD_PARAMETER)
 @blp.alt_response(404, response="NOT_FOUND", description="No such model in the folder")
 @blp.alt_response(422, response="UNPROCESSABLE_ENTITY", description="A version failed to load")
-@operator_only
-def load(name: str) -> list[VersionStatus]:
-    return services().models.load(name)
+def load(body: dict[str, Any], name: str) -> list[VersionStatus]:
+    """Load (or reload) the model: every version checked with ONNX Runtime (Triton's
+    load, `{"parameters": {"config": "<JSON>"}}` to change its configuration first)."""
+    return services().models.load(name, body.get("parameters"))
 
 
 @blp.post("/models/<name>/unload")
-@blp.response(200, VersionStatusSchema(many=True))
-@blp.alt_response(404, response="NOT_FOUND", description="No such model in the folder")
 @operator_only
-def unload(name: str) -> list[VersionStatus]:
-    return services().models.unload(name)
+@blp.arguments(UnloadSchema(), required=False)
+@blp.response(200, VersionStatusSchema(many=True))
+@blp.alt_response(400, response="BAD_REQUEST", description=_BAD_PARAMETER)
+@blp.alt_response(404, response="NOT_FOUND", description="No such model in the folder")
+def unload(body: dict[str, Any], name: str) -> list[VersionStatus]:
+    """Stop serving every version of the model (Triton's unload)."""
+    return services().models.unload(name, parameters=body.get("parameters"))
 
 
 class IndexSchema(Schema):
@@ -91,6 +136,6 @@ class IndexSchema(Schema):
 @blp.arguments(IndexSchema(), required=False)
 @blp.response(200, VersionStatusSchema(many=True))
 def index(body: dict[str, Any]) -> list[VersionStatus]:
-    """Every version in the folder: READY, or UNAVAILABLE with the reason
-    (Triton's index; `{"ready": true}` lists only READY ones)."""
+    """Every version in the folder: READY, UNAVAILABLE with the reason, or LOADING
+    while a load checks it (Triton's index; `{"ready": true}` lists only READY ones)."""
     return services().models.index(ready_only=bool(body.get("ready")))

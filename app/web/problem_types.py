@@ -36,6 +36,14 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         "operator key (`python manage.py create-api-key --operator`); job and inference "
         "routes need a tenant key.",
     ),
+    "invalid-parameter": (
+        400,
+        "A parameter cannot be honoured",
+        "A parameter of the request (`parameter` names it) has a value of the wrong type, "
+        "is not taken by this route, or asks for what the service cannot do: a model "
+        "repository load's `config` field that a card.json cannot express, or Triton's "
+        "`file:` parameters (PUT the file instead). `detail` says which and what is taken.",
+    ),
     "not-found": (404, "Not found", "Check the id or name in the URL."),
     "unknown-model": (
         404,

@@ -44,6 +44,15 @@ class ModelConfigSchema(Schema):
     model_transaction_policy = fields.Dict(
         metadata={"description": "`decoupled: true` for generative models"}
     )
+    version_policy = fields.Dict(
+        metadata={
+            "description": 'which versions serve: `{"all": {}}`, `{"latest": {"num_versions": '
+            'N}}` or `{"specific": {"versions": [1, 3]}}`'
+        }
+    )
+    parameters = fields.Dict(
+        metadata={"description": '`{"<name>": {"string_value": "..."}}`, as a load set them'}
+    )
 
 
 class DurationSchema(Schema):
