@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class ModelRepository:
         # Whether a change was announced that this process has not looked at yet
         # (app.repository.generation); asked only when a model is not found.
         self.behind: Callable[[], bool] = lambda: False
+        self._syncing = threading.RLock()
         self.refresh()
 
     def refresh(self) -> None:
@@ -99,13 +101,18 @@ class ModelRepository:
         """Pick up changes, at most once per `ttl_s` unless `force`: shared states
         (a load or unload anywhere) and the folder (a model added by hand, or by
         a PUT on another machine) rescan it."""
-        now = self.clock()
-        if not force and now - self._synced_at < self.ttl_s:
+        if not force and self.clock() - self._synced_at < self.ttl_s:
             return
-        self._synced_at = now
-        states_changed = self.states is not None and self.states.poll()
-        if states_changed or self._stamp() != self._folder:
-            self.refresh()
+        # One look at a time: a look that found a change rescans before another
+        # look (the repository watch's thread and a request's) can call it seen.
+        with self._syncing:
+            now = self.clock()
+            if not force and now - self._synced_at < self.ttl_s:
+                return
+            self._synced_at = now
+            states_changed = self.states is not None and self.states.poll()
+            if states_changed or self._stamp() != self._folder:
+                self.refresh()
 
     def _stamp(self) -> tuple[tuple[str, int], ...]:
         """The folder's shape: its model and version folders and cards, with

@@ -241,11 +241,11 @@ def test_unload_takes_a_boolean_unload_dependents(
     ops = operations(settings, database, check_loadable)
     for wrong in ("true", 1, None):
         with pytest.raises(InvalidParameter, match="must be a boolean"):
-            ops.unload(name, {"unload_dependents": wrong})
+            ops.unload(name, parameters={"unload_dependents": wrong})
     with pytest.raises(InvalidParameter, match="unrecognized unload parameter"):
-        ops.unload(name, {"dependents": True})
+        ops.unload(name, parameters={"dependents": True})
     assert another_process.versions(name) == ["1"]  # none of those unloaded it
-    ops.unload(name, {"unload_dependents": True})  # no dependents: the model alone
+    ops.unload(name, parameters={"unload_dependents": True})  # no dependents: the model alone
     assert states(another_process, name) == {"1": ("UNAVAILABLE", "unloaded by an operator")}
 
 
