@@ -45,6 +45,6 @@ def create_app(settings: Settings | None = None, container: Container | None = N
     # Made now, not by the first requests at once.
     for name in ("jobs", "calls", "tenants", "status"):
         getattr(container, name)
-    container.parts.follow_repository()
+    container.parts.reconciler.follow()
     register_api(app)
     return app

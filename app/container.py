@@ -127,7 +127,7 @@ class Container(Lazy):
         from app.sync.recovery import Recovery
 
         parts, settings = self.parts, self.settings
-        inline = InlineRuns(lambda: parts.sessions, parts.records)
+        inline = InlineRuns(lambda: parts._sessions, parts.records)
         timing = CallSettings(
             settings.sync_timeout_seconds, settings.max_wait_seconds, settings.sync_lane
         )
@@ -196,7 +196,7 @@ class Container(Lazy):
         from app.operations.models import ModelOperations
 
         parts = self.parts
-        return ModelOperations(parts.database, parts.repository, parts.announce_repository)
+        return ModelOperations(parts.database, parts.repository, parts.reconciler.announce)
 
     @made
     def tenants(self) -> TenantOperations:

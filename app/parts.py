@@ -145,17 +145,6 @@ class Parts(Lazy):
         reconciler.hold(formats.retain)
         return reconciler
 
-    def follow_repository(self) -> None:
-        """Follow the repository's changes in this serving process (the API, a worker
-        child, the gRPC door, the stream consumer), after any fork."""
-        self.reconciler.follow()
-
-    def announce_repository(self) -> None:
-        """Tell every process the repository changed (app.repository.generation)."""
-        from app.repository.generation import announce
-
-        announce(self._reply_redis)
-
     @made
     def events(self) -> EventBus:
         from app.jobs.events import EventBus
@@ -269,8 +258,8 @@ class Parts(Lazy):
         return KeyCache(self.settings.api_key_cache_seconds, clock=self.clock)
 
     @made
-    def sessions(self) -> SessionPool:
-        """ONNX Runtime sessions (workers; the API only for inline models)."""
+    def _sessions(self) -> SessionPool:
+        """ONNX Runtime sessions (workers: the runner's; the API: inline models')."""
         from app.runtime.sessions import SessionPool
 
         settings = self.settings
@@ -290,7 +279,7 @@ class Parts(Lazy):
         settings = RunSettings.of(self.settings)
         return Runner(
             repository=self.repository,
-            sessions=self.sessions,
+            sessions=self._sessions,
             settings=settings,
             store=self.store,
             renew=partial(renew_leases, self.database, settings.lease_s),

@@ -32,11 +32,13 @@ WORKLOADS = {
     "l": "(l) sync infer, inline model",
     "m": "(m) embeddings",
     "n": "(n) soak",
+    "o": "(o) a model added while it serves",
 }
 # The goals of "a lean data plane", each a ratio (or a bound) within one run.
 TEXTBOOK_GOAL = 4.0  # (a) jobs/s vs the textbook design's
 NOOP_GOAL = 1.0  # (a) jobs/s vs a bare Celery round trip's tasks/s
 SYNC_GOAL = 0.6  # (f) calls/s vs the bare Flask + ORT endpoint's, 16 clients
+ADDED_ANSWER_MS = 1000.0  # (o): a model added is answered within the same second
 INLINE_GOAL = 0.8  # (l) the same, on an inline model
 # One client: a call's p50 (p99) at most the bare endpoint's plus this many ms.
 SYNC_P50_EXTRA_MS, SYNC_P99_EXTRA_MS, INLINE_P50_EXTRA_MS = 2.0, 5.0, 1.0
@@ -238,6 +240,11 @@ def targets(
         ratio((SERVICE, "i"), f), ">=", 2.0, (SERVICE, "i"), f)  # fmt: skip
     add("stream door jobs/s vs the async HTTP door, (j / a)",
         ratio((SERVICE, "j"), a), ">=", STREAM_GOAL, (SERVICE, "j"), a)  # fmt: skip
+    o = (SERVICE, "o")
+    for door in ("http", "grpc"):
+        add(f"first sync answer of a model added while it serves, ms after `models add` "
+            f"returned, p50 of 10, {door.upper() if door == 'http' else 'gRPC'} (o)",
+            row(o).get(f"{door}_first_answer_ms"), "<=", ADDED_ANSWER_MS, o)  # fmt: skip
     n = (SERVICE, "n")
     add("soak: accepted jobs lost, (n)", row(n).get("lost"), "<=", 0, n)
     add("soak: largest RSS growth of a service process after warm-up, MB (n)",
@@ -311,8 +318,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"{best['cpu_ms_per_1000_rows']:.2f} per 1000 rows |"
         )
     for row in results:
-        if row["workload"] == "g":
-            continue  # its own table
+        if row["workload"] in ("g", "o"):
+            continue  # (g): its own table; (o): its figures are targets
         per_s = row.get("jobs_per_s", row.get("tasks_per_s"))
         shown = _fmt(per_s) if not row.get("missing") else f"n/a ({row['missing']})"
         if row.get("rows_per_s"):

@@ -373,6 +373,12 @@ def run_all(
         batch = batch_rows(c, plan.batch_rows, digits, plan.drain_timeout_s * 4)
         if batch:
             record(batch)
+    if plan.runs("o") and repeat == 0:
+        from bench.added import added_model
+
+        added = added_model(c)
+        if added:
+            record(added)
     if c.soaks and plan.runs("n") and repeat == 0:  # once, however many repeats
         from bench.soak import soak
 

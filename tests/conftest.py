@@ -399,7 +399,10 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
         )
         process_started()
-        self._wait_ready(None if control else (settings.redis_url, settings.model_queue))
+        # An inference worker (not the control or webhooks queue's) serves its queue's lane.
+        inference = settings.model_queue not in (settings.control_queue, settings.webhooks_queue)
+        serving = (settings.redis_url, settings.model_queue) if inference and not control else None
+        self._wait_ready(serving)
 
     def _wait_ready(self, serving: tuple[str, str] | None, timeout: float = 60) -> None:
         """Until the worker says it is ready and, for an inference worker, a child

@@ -21,13 +21,16 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as triton
 
 from app.platform import embedded
 from app.platform.settings import ROOT
 from inference_client import Client
 from tests.conftest import free_port
+from tests.models import user_model
 from tests.support import wait_until
 
 EXAMPLES = ROOT / "examples"
@@ -271,4 +274,42 @@ def test_one_tenant_holding_streams_leaves_the_others_served(var_dir: Path) -> N
             response.close()
         if stack.proc is not None and stack.proc.poll() is None:
             stack.stop()
+        stack.kill()
+
+
+def test_a_fresh_start_logs_no_error_and_answers_a_model_added_while_it_runs(
+    var_dir: Path, tmp_path: Path
+) -> None:
+    """A fresh clone's first `make run` reads no table before the migrations made it
+    (nothing logged as an error), and a model `models add`ed while it runs answers
+    a sync call over HTTP and over gRPC at once, with no restart."""
+    stack = Stack(var_dir)
+    try:
+        banner = stack.start()
+        for bad in ("does not exist", "Traceback", " ERROR ", '"level": "ERROR"'):
+            assert bad not in banner, banner[-4000:]
+        key = exports(banner)["INFERENCE_API_KEY"]
+        added = subprocess.run(
+            [sys.executable, "manage.py", "models", "add", str(user_model("identity", tmp_path)),
+             "--name", "mine"],
+            cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert added.returncode == 0, added.stdout + added.stderr
+        returned = time.monotonic()
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
+                            "data": [1.0, 2.0, 3.0, 4.0]}]}  # fmt: skip
+        http = requests.post(f"{stack.base}/v2/models/mine/infer", json=body, timeout=60,
+                             headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        http_s = time.monotonic() - returned
+        assert http.status_code == 200, http.text
+        assert http.json()["outputs"][0]["data"] == [1.0, 2.0, 3.0, 4.0]
+        client = triton.InferenceServerClient(f"127.0.0.1:{stack.grpc_port}")
+        tensor = triton.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.array([[1.0, 2.0, 3.0, 4.0]], np.float32))
+        answer = client.infer("mine", [tensor], headers={"authorization": f"Bearer {key}"})
+        grpc_s = time.monotonic() - returned
+        assert answer.as_numpy("OUTPUT0").tolist() == [[1.0, 2.0, 3.0, 4.0]]
+        print(json.dumps({"http_answer_s": round(http_s, 3), "grpc_answer_s": round(grpc_s, 3)}))
+        assert stack.stop() == 0
+    finally:
         stack.kill()

@@ -96,7 +96,7 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
     def _after_fork(**_: Any) -> None:
         # Fresh database connections and ONNX Runtime sessions in each worker child.
         container.after_fork()
-        container.parts.follow_repository()
+        container.parts.reconciler.follow()
         runner = container.parts.runner
         runner.sessions.device_id = device_for(
             getattr(current_process(), "index", 0) or 0, settings.cuda_devices

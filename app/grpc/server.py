@@ -87,7 +87,7 @@ def start(container: Container, host: str | None = None, port: int | None = None
         ],
     )
     servicer = Servicer(container)
-    container.parts.follow_repository()
+    container.parts.reconciler.follow()
     server.add_generic_rpc_handlers([Door(SERVICE, pb, servicer.rpcs(), servicer.authenticate)])
     checker = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)

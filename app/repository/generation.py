@@ -134,7 +134,7 @@ class Reconciler:
         self._revision = -1
         self._lock = threading.Lock()
         self.watch = GenerationWatch(client, self._changed, self._tick)
-        probe = client()  # (redis-py's pool opens a new connection after a fork)
+        self._probe = probe = client()  # (redis-py's pool reconnects after a fork)
         repository.behind = lambda: (
             self.watch.running and current(probe) > (self.watch.generation or 0)
         )
@@ -145,8 +145,13 @@ class Reconciler:
             self._holders.append(retain)
 
     def follow(self) -> None:
-        """Start following the generation in this process (again after a fork)."""
+        """Start following the generation in this process (a serving one: the API, a
+        worker child, the gRPC door, the stream consumer), again after a fork."""
         self.watch.ensure()
+
+    def announce(self) -> None:
+        """Tell every process the repository changed."""
+        announce(self._probe)
 
     def stop(self) -> None:
         self.watch.stop()

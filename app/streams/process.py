@@ -43,7 +43,7 @@ def run(container: Container, *, checkpoint: Callable[[str], None] | None = None
         metrics.serve(settings.worker_metrics_host, settings.streams_metrics_port,
                       settings.metrics_token)  # fmt: skip
     engine = container.parts.logs
-    container.parts.follow_repository()
+    container.parts.reconciler.follow()
     stage = checkpoint or unstaged
     publisher = Publisher(
         container.bindings, container.scope, engine, container.guards,

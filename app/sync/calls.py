@@ -22,13 +22,14 @@ import numpy as np
 from sqlalchemy import Engine, bindparam, text
 
 from app.cards import ModelCard
-from app.errors import DeadlinePassed, DomainError, InferenceFailed, Unavailable
+from app.errors import DeadlinePassed, DomainError, InferenceFailed, Unavailable, UnknownModel
 from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import UUIDS
 from app.runtime.tensors import from_json, unpack
 from app.sync.lane import LOST
 from app.sync.replies import Follower
 
+MODEL_UNAVAILABLE = "model_unavailable"  # a call's model stopped serving before it ran
 # A generative model's output: its text, by KServe's name (Triton's vLLM backend's).
 TEXT_OUTPUT = "text_output"
 
@@ -227,6 +228,13 @@ def answer(card: ModelCard, job: Outcome, timeout_s: float) -> Answer:
             "was recorded: send it again",
             retry_after=1, job_id=str(job.id), error_code=job.error_code,
         )  # fmt: skip
+    if job.status == "failed" and job.error_code == MODEL_UNAVAILABLE:
+        # The model went (unloaded, removed) while the call waited: as for a call
+        # made now, 404 naming it, not a server error.
+        gone = UnknownModel(card.name, card.version, [],
+                            f"it stopped serving while call {job.id} waited")  # fmt: skip
+        gone.extra.update(job_id=str(job.id), error_code=MODEL_UNAVAILABLE)
+        raise gone
     raise _outcome_error(job, timeout_s)
 
 

@@ -127,6 +127,35 @@ def unload(body: dict[str, Any], name: str) -> list[VersionStatus]:
     return services().models.unload(name, parameters=body.get("parameters"))
 
 
+@blp.post("/models/<name>/versions/<version>/unload")
+@operator_only
+@blp.response(200, VersionStatusSchema(many=True))
+@blp.alt_response(404, response="NOT_FOUND", description="No such model or version")
+def unload_version(name: str, version: str) -> list[VersionStatus]:
+    """Stop serving one version of the model (rolling: new calls go to the versions
+    that serve at once; calls already running on it finish)."""
+    return services().models.unload(name, version)
+
+
+@blp.delete("/models/<name>")
+@operator_only
+@blp.response(200, VersionStatusSchema(many=True))
+@blp.alt_response(404, response="NOT_FOUND", description="No such model in the folder")
+def remove(name: str) -> list[VersionStatus]:
+    """Delete every version of the model from the repository; every process stops
+    serving it within a second (calls already running on it finish)."""
+    return services().models.remove(name)
+
+
+@blp.delete("/models/<name>/versions/<version>")
+@operator_only
+@blp.response(200, VersionStatusSchema(many=True))
+@blp.alt_response(404, response="NOT_FOUND", description="No such model or version")
+def remove_version(name: str, version: str) -> list[VersionStatus]:
+    """Delete one version of the model from the repository; the versions left."""
+    return services().models.remove(name, version)
+
+
 class IndexSchema(Schema):
     ready = fields.Boolean(load_default=False, metadata={"description": "Only READY versions"})
 

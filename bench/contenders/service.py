@@ -55,6 +55,7 @@ class Service(HttpContender):
         super().__init__(ctx)
         self.proc: subprocess.Popen[bytes] | None = None
         self.database: Database | None = None
+        self.env: dict[str, str] = {}
 
     def start(self) -> None:
         servers = self.ctx.servers
@@ -71,6 +72,7 @@ class Service(HttpContender):
             GRPC_PORT=str(grpc_port),
             MODEL_REPOSITORY=str(with_inline_digits(self.ctx.model_repository, var / "models")),
         )
+        self.env = env
         log = self.log_path("up")
         self.proc = procs.spawn(
             [sys.executable, "manage.py", "up", "--port", str(port),
@@ -92,6 +94,13 @@ class Service(HttpContender):
         self.store = PostgresJobs(self.database)
         self.meter.trees = {self.proc.pid: "launcher", **self.ctx.shared_trees()}
         self.meter.classify = classify
+
+    def add_model(self, path: Path, name: str) -> None:
+        """`manage.py models add PATH --name NAME`, as an operator runs it while the
+        service serves (for (o))."""
+        subprocess.run([sys.executable, "manage.py", "models", "add", str(path), "--name", name],
+                       env=self.env, cwd=ROOT, check=True, capture_output=True,
+                       timeout=120)  # fmt: skip
 
     def stop(self) -> None:
         if self.proc is not None:

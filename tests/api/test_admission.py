@@ -13,6 +13,8 @@ from flask import Flask
 from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import Settings
+from app.sync.lane import Lane
+from app.web.context import container_of
 from tests.conftest import TenantAuth
 from tests.support import FakeClock
 
@@ -43,6 +45,10 @@ def test_a_full_queue_is_a_429_with_retry_after_at_every_door(
         clock=clock,
     )  # fmt: skip
     client, auth = app.test_client(), tenant.headers
+    # The test plays a worker serving the queue (one never taking): the sync call is
+    # refused for the lane's bound, not for want of a worker.
+    queue = container_of(app).settings.model_queue
+    Lane(container_of(app).parts.lane.client, 16).register(f"test-{queue}", [queue], 60.0)
     accepted = [client.post("/jobs", json={"model": "digits", "inputs": {"pixels": ROW}},
                             headers=auth) for _ in range(3)]  # fmt: skip
     assert [r.status_code for r in accepted] == [202, 202, 202]

@@ -36,9 +36,10 @@ def make_stack(
     test; a failed test's process logs are kept under var/test/fault-logs."""
     stacks: list[FaultStack] = []
 
-    def make(guards_off: str = "", **env: str) -> FaultStack:
+    def make(guards_off: str = "", models: Path | None = None, **env: str) -> FaultStack:
+        """`models`: a repository of the scenario's own (one it changes)."""
         root = ROOT / "var" / "test" / f"fault-{uuid.uuid4().hex[:8]}"
-        stack = FaultStack(root, model_repository, guards_off, **env)
+        stack = FaultStack(root, models or model_repository, guards_off, **env)
         stacks.append(stack)
         return stack
 

@@ -240,8 +240,28 @@ class FaultStack:
         args = worker_command("inference", concurrency, hostname, *QUIET_WORKER, app=entry_point)
         service = Service(name, args, {**self.env, **env}, self.root).start()
         service.wait_for_log(b" ready.")
+        self._wait_serving(service)
         self.services[name] = service
         return service
+
+    def _wait_serving(self, service: Service, timeout: float = 60) -> None:
+        """Until a child of the worker serves the queue (the lane refuses calls of a
+        queue no worker serves)."""
+        from app.platform.broker import redis_client
+        from app.sync.lane import serving_key
+
+        client, deadline = redis_client(self.env["REDIS_URL"]), time.monotonic() + timeout
+        while not client.exists(serving_key("inference")):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no worker child serves the queue:\n" + service.log_tail())
+            time.sleep(0.05)
+
+    def manage(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """`python manage.py ARGS` against this stack, as an operator runs it."""
+        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
 
     def start_beat(self) -> Service:
         """Beat, with the control worker that runs what it sends (its sweeps)."""

@@ -82,6 +82,24 @@ under four calls. Their guard, `resume`: a retried generation goes on from the
 tokens its dead attempt recorded; off, it starts again from its prompt and its
 event stream sends the text recorded before the fault twice.
 
+Scenarios 25-27 (`tests/faults/test_faults_repository.py`) change the model
+repository while the service serves, with the operator's commands
+(`manage.py models add|unload|remove`) against the running processes. **25**
+runs the churn of `tests/churn.py`: 16 clients of four tenants on every door
+(KServe v2 over HTTP in JSON and binary, gRPC unary and streaming, an inline
+model, async jobs on two models) while a model is added and called on every
+door, `digits` is rolled to version 2, version 1 is unloaded and the added model
+removed; **acknowledged** counts the async jobs accepted, **completed** those
+that ended succeeded (or failed `model_unavailable`, being of version 1 when it
+was unloaded), and the notes count the sync calls by status: 2xx, 404 only for
+what was gone, 503 or 429 with `Retry-After`, never a 504. **26** SIGKILLs a
+worker child twice while `models add` runs, under sync calls: the added model
+answers at once, and every answered call has its record. **27** removes two
+models while calls of both are taken, and SIGKILLs the worker children holding
+them: **completed** counts calls answered 200 (finished on the removed version),
+404 (the model gone) or 503 (a model not idempotent whose worker died). None of
+the three has a guard to switch off.
+
 Timings: leases 1.5 s, sweeps every 0.5 s, republish after 3 s, retry backoff
 0.2-1 s, consumers claim entries idle for 1.5 s (the production defaults are
 60 s, 5 s, 60 s, 2-300 s and 30 s).
