@@ -75,7 +75,12 @@ _GRPC_AS_HTTP = {
 
 
 def grpc_status(exc: triton_grpc.InferenceServerException) -> int:
+    """A unary call's status code; a stream's error names its code in its message
+    (`request '<id>': NOT_FOUND: ...`, as the door writes `error_message`)."""
     code = next((c for c in grpc.StatusCode if str(c) == exc.status()), None)
+    if code is None:
+        message = str(exc.message())
+        code = next((c for c in grpc.StatusCode if f"{c.name}:" in message), None)
     return _GRPC_AS_HTTP.get(code, 500) if code is not None else 500
 
 
