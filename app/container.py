@@ -127,7 +127,7 @@ class Container(Lazy):
         from app.sync.recovery import Recovery
 
         parts, settings = self.parts, self.settings
-        inline = InlineRuns(lambda: parts._sessions, parts.records)
+        inline = InlineRuns(lambda: parts._sessions, parts.records, parts.repository)
         timing = CallSettings(
             settings.sync_timeout_seconds, settings.max_wait_seconds, settings.sync_lane
         )

@@ -166,7 +166,8 @@ def _run_group(
             outcomes[job.id] = _failed(job, runs.Failed("invalid_input", exc))
         except OSError as exc:  # the file store did not answer: the chunk's rows are kept
             outcomes[job.id] = _store_error(runner, job, exc)
-    for job, ran in zip(runnable, runs.run_card(runner.sessions, card, requests), strict=True):
+    ran_all = runs.run_card(runner.sessions, card, requests, runner.repository)
+    for job, ran in zip(runnable, ran_all, strict=True):
         try:
             outcome = (
                 _after_error(runner.settings, runner.guards, job, ran)

@@ -88,14 +88,24 @@ def resolve(repository: ModelRepository, model: str, version: str) -> ModelCard 
         return Failed(MODEL_UNAVAILABLE, exc)
 
 
-def run_card(sessions: SessionPool, card: ModelCard, items: list[Arrays]) -> list[Outcome]:
+def run_card(
+    sessions: SessionPool,
+    card: ModelCard,
+    items: list[Arrays],
+    repository: ModelRepository | None = None,
+) -> list[Outcome]:
     """Run checked items on `card` (one ONNX Runtime call for many where the card
-    batches): one outcome an item, a bad item failing only itself."""
+    batches): one outcome an item, a bad item failing only itself. With the
+    `repository`, a version whose file went because it was removed a moment ago
+    (its session not made yet here) is `model_unavailable`, not `model_invalid`."""
     if not items:
         return []
     try:
         sessions.get(card)
     except Exception as exc:  # its file is missing, corrupt or unlike its card
+        if repository is not None and removed(repository, card):
+            return [Failed(MODEL_UNAVAILABLE, exc, message=f"model {card.ref} was removed "
+                           "from the repository before it ran")] * len(items)  # fmt: skip
         if not transient(exc):
             logger.error("model %s cannot serve, failing %d item(s): %s", card.ref, len(items), exc)
             unusable = Failed(MODEL_INVALID, exc, message=f"model {card.ref} cannot serve: "
@@ -114,6 +124,14 @@ def run_card(sessions: SessionPool, card: ModelCard, items: list[Arrays]) -> lis
     ]
 
 
+def removed(repository: ModelRepository, card: ModelCard) -> bool:
+    """Whether `card`'s version is gone from the repository (looked at again now)."""
+    if card.onnx_path.exists():
+        return False
+    repository.sync(force=True)
+    return isinstance(resolve(repository, card.name, card.version), Failed)
+
+
 def run_model(
     repository: ModelRepository, sessions: SessionPool, model: str, version: str,
     items: list[Arrays],
@@ -123,7 +141,7 @@ def run_model(
     card = resolve(repository, model, version)
     if isinstance(card, Failed):
         return None, [card] * len(items)
-    return card, run_card(sessions, card, items)
+    return card, run_card(sessions, card, items, repository)
 
 
 def result(outcome: Outcome) -> tuple[Arrays | None, tuple[str, str] | None, float]:

@@ -21,7 +21,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from app.cards import ModelCard
-from app.errors import CallerLeft, DomainError, InferenceFailed, QueueFull, Unavailable
+from app.errors import (
+    CallerLeft,
+    DomainError,
+    InferenceFailed,
+    QueueFull,
+    Unavailable,
+    UnknownModel,
+)
 from app.execution import runs
 from app.jobs import staging
 from app.jobs.tables import SYNC_PRIORITY
@@ -31,6 +38,7 @@ from app.operations.jobs import JobOperations
 from app.operations.requests import InferRequest, JobRequest
 from app.operations.submission import Submitter
 from app.platform.database import Database
+from app.repository.registry import ModelRepository
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import pack
 from app.sync import lane
@@ -321,12 +329,15 @@ class InlineRuns:
     behind (app.sync.records): the call is in GET /jobs/<id> and /usage like any
     job, a moment after its answer."""
 
-    def __init__(self, sessions: Callable[[], SessionPool], records: RecordWriter) -> None:
-        self._sessions, self._records = sessions, records
+    def __init__(
+        self, sessions: Callable[[], SessionPool], records: RecordWriter,
+        repository: ModelRepository,
+    ) -> None:  # fmt: skip
+        self._sessions, self._records, self._repository = sessions, records, repository
 
     def run(self, tenant: TenantRef, card: ModelCard, arrays: dict[str, Any]) -> Answer:
         started_at = datetime.now(UTC)
-        [outcome] = runs.run_card(self._sessions(), card, [arrays])
+        [outcome] = runs.run_card(self._sessions(), card, [arrays], self._repository)
         outputs, error, compute_s = runs.result(outcome)
         record = staging.call_record(
             (card.name, card.version), staging.batch_rows(card, arrays), tenant.id, started_at,
@@ -336,6 +347,8 @@ class InlineRuns:
         metrics.JOBS_SUBMITTED.labels(card.name, tenant.name).inc()
         if error is not None:
             code, detail = error
+            if code == runs.MODEL_UNAVAILABLE:  # removed a moment ago: as for a call made now
+                raise UnknownModel(card.name, card.version, [], detail)
             raise InferenceFailed(detail, error_code=code, job_id=str(record["id"]))
         assert outputs is not None
         return Answer(card, outputs, record["id"])

@@ -169,7 +169,7 @@ class LaneServer:
         except (KeyError, ValueError) as exc:  # the card changed since the call was checked
             failure = runs.Failed("invalid_input", exc)
             return [_answered(e, card, {}, started_at, failure) for e in entries]
-        outcomes = runs.run_card(self._sessions, card, items)
+        outcomes = runs.run_card(self._sessions, card, items, self._repository)
         return [
             _answered(entry, card, item, started_at, outcome)
             for entry, item, outcome in zip(entries, items, outcomes, strict=True)
