@@ -61,8 +61,11 @@ class JobOperations:
         try:
             return read()
         except NotFound:
-            if self._journaled is None or not self._journaled(job_id, tenant.id):
+            if self._journaled is None:
                 raise
+            # Written now if it waits in the journal; if it is not there, its writer may
+            # have written it since the read (and taken it out): either way, read again.
+            self._journaled(job_id, tenant.id)
         self.database.end_reads()  # a fresh snapshot: the record was committed since
         return read()
 
