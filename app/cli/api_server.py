@@ -10,7 +10,9 @@ open event streams hold a thread, not a process, as before.
 Before a worker starts: the multi-process metrics directory (PROMETHEUS_MULTIPROC_DIR)
 is made and cleared, so the workers count into it from their first request;
 with LOG_FORMAT=json the server's own lines are JSON too and its access log is
-off (the API logs each request itself, with its request id, tenant and job).
+off (the API logs each request itself, with its request id, tenant and job);
+in text mode its access log is written from a thread of its own, off the
+requests' threads (app.observability.logs.BackgroundHandler).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ def options(bind: str, workers: int, threads: int, settings: Settings) -> dict[s
         "respawn_failed_workers": True,  # a worker that died is started again
         "workers_kill_timeout": KILL_TIMEOUT_S,
         "log_level": LogLevels(settings.log_level.lower()),
-        "log_dictconfig": logs.server_config(settings.log_level) if json_logs else None,
+        "log_dictconfig": (
+            logs.server_config(settings.log_level) if json_logs else logs.access_config()
+        ),
         "log_access": not json_logs,
         "log_access_format": ACCESS_FORMAT,
     }

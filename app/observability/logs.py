@@ -16,10 +16,14 @@ context merging is ours either way, and it is about twenty lines.
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import json
 import logging
+import os
+import queue
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
@@ -155,6 +159,89 @@ def level_number(level: str | int) -> int:
         return level
     number = logging.getLevelName(level.upper())
     return number if isinstance(number, int) else logging.INFO
+
+
+class BackgroundHandler(logging.Handler):
+    """Writes its records from a thread of its own, many in one write: the thread
+    that logs only queues the record, holding no lock across a write and doing no
+    I/O. For the API server's access log, a line every request: its handler's lock
+    and write were 6% of an API process's samples under 16 sync clients. Records
+    still queued when the process exits are written at exit (one killed loses them)."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__()
+        self.stream = stream if stream is not None else sys.stdout
+        self._queue: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        self._pid: int | None = None  # the process whose thread writes (one per fork)
+        self._starting = threading.Lock()
+        atexit.register(self.write_queued)
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if not self.filter(record):
+            return False
+        if self._pid != os.getpid():
+            self._start()
+        self._queue.put(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._queue.put(record)
+
+    def write_queued(self) -> None:
+        """Write what is queued now (at exit)."""
+        self._write(self._take())
+
+    def _start(self) -> None:
+        with self._starting:
+            if self._pid != os.getpid():
+                threading.Thread(target=self._run, name="log-writer", daemon=True).start()
+                self._pid = os.getpid()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            self._write([first, *self._take()])
+
+    def _take(self) -> list[logging.LogRecord]:
+        taken = []
+        with suppress(queue.Empty):
+            while True:
+                taken.append(self._queue.get_nowait())
+        return taken
+
+    def _write(self, records: list[logging.LogRecord]) -> None:
+        if not records:
+            return
+        try:
+            self.stream.write("".join(self.format(record) + "\n" for record in records))
+            self.stream.flush()
+        except Exception:  # a closed stream at exit: nothing to tell it to
+            self.handleError(records[-1])
+
+
+def access_config() -> dict[str, Any]:
+    """The API server's (granian's) logging in text mode: its own lines as granian
+    writes them, its access log written from a thread of its own (BackgroundHandler)."""
+    formatters = {
+        "generic": {"()": "logging.Formatter", "fmt": "[%(levelname)s] %(message)s"},
+        "access": {"()": "logging.Formatter", "fmt": "%(message)s"},
+    }
+    handlers = {
+        "console": {"formatter": "generic", "class": "logging.StreamHandler",
+                    "stream": "ext://sys.stdout"},
+        "access": {"formatter": "access", "class": "app.observability.logs.BackgroundHandler",
+                   "stream": "ext://sys.stdout"},
+    }  # fmt: skip
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": formatters,
+        "handlers": handlers,
+        "loggers": {
+            "_granian": {"handlers": ["console"], "level": "INFO", "propagate": False},
+            "granian.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+        },
+    }
 
 
 def server_config(level: str) -> dict[str, Any]:
