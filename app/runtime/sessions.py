@@ -71,8 +71,9 @@ class SessionPool:
         self.max_loaded = max_loaded
         # ref -> (model file's mtime, session): a replaced file is loaded again.
         self._sessions: dict[str, tuple[int, ort.InferenceSession]] = {}
-        # ref -> the card whose file was last looked at, and when (also its last use)
+        # ref -> the card whose file was last looked at, and when
         self._checked: dict[str, tuple[ModelCard, float]] = {}
+        self._used: dict[str, float] = {}  # ref -> its last use (the bound closes the oldest)
         self._lock = threading.Lock()
 
     def get(self, card: ModelCard) -> ort.InferenceSession:
@@ -80,6 +81,7 @@ class SessionPool:
         repository saw a change) and otherwise at most every STAT_EVERY_S: an
         inline model's calls would stat it each."""
         now = time.monotonic()
+        self._used[card.ref] = now
         cached = self._sessions.get(card.ref)
         seen, at = self._checked.get(card.ref, (None, 0.0))
         if cached is not None and seen is card and now - at < STAT_EVERY_S:
@@ -117,10 +119,10 @@ class SessionPool:
         if self.max_loaded <= 0 or len(self._sessions) <= self.max_loaded:
             return
         idle = sorted(
-            (at, ref)
-            for ref, (card, at) in self._checked.items()
+            (self._used.get(ref, 0.0), ref)
+            for ref, (card, _) in self._checked.items()
             if ref in self._sessions and ref != keep
-            and now - at >= float(card.extra.get("keep_alive_seconds", 0))
+            and now - self._used.get(ref, 0.0) >= float(card.extra.get("keep_alive_seconds", 0))
         )  # fmt: skip
         closed = [ref for _, ref in idle[: len(self._sessions) - self.max_loaded]]
         for ref in closed:
@@ -133,6 +135,7 @@ class SessionPool:
     def _close(self, ref: str) -> None:
         self._sessions.pop(ref, None)
         self._checked.pop(ref, None)
+        self._used.pop(ref, None)
 
     def run(
         self, card: ModelCard, inputs: dict[str, np.ndarray], names: list[str] | None = None
