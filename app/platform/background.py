@@ -24,3 +24,9 @@ class LazyThread:
                         target=self._target, name=self._name, daemon=True
                     )
                     self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the thread to end (after its target was told to)."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import redis
@@ -72,8 +73,14 @@ class GenerationWatch:
             self.running = True
 
     def stop(self) -> None:
-        """Follow no more (a container closed: tests, commands)."""
+        """Follow no more (a container closed: tests, commands), and wait for the
+        thread to end, so it opens nothing after its process closed its pools."""
         self._stopped.set()
+        if not self.running:
+            return
+        with suppress(redis.RedisError):  # wakes its wait on the channel (and others')
+            self._client().publish(CHANNEL, b"")
+        self._thread.join(self.check_s * 3)
 
     def wait_for(self, generation: int, timeout_s: float) -> bool:
         """Whether this process has reconciled `generation` (or a later one) within
@@ -101,6 +108,8 @@ class GenerationWatch:
             self._backoff = 0.5
             while not self._stopped.is_set():
                 pubsub.get_message(timeout=self.check_s)
+                if self._stopped.is_set():
+                    return
                 self._look(current(client))
                 if self._tick is not None:
                     self._tick()
