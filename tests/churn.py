@@ -5,7 +5,7 @@ fault scenario 25 (every process its own) drive, and what each call and job came
 Sixteen clients of four tenants call for as long as the churn runs: KServe v2 over
 HTTP in JSON and binary (Triton's own client), gRPC unary and streaming, an inline
 model, and async jobs on two models. Meanwhile `run` adds a third model and calls it
-once on every door, rolls `digits` to version 2, unloads version 1, and removes the
+once on every door, rolls a copy of digits to version 2, unloads version 1, and removes the
 third model. Every call must be answered 2xx, or 404 for a model or version that is
 gone, or 503 (a worker lost, none serving yet); never a 504 or another 5xx. Every
 accepted job must end in a terminal state.
@@ -85,17 +85,18 @@ def grpc_status(exc: triton_grpc.InferenceServerException) -> int:
 
 
 class Churn:
-    def __init__(self, http_base: str, grpc_target: str, keys: list[str], inline: str) -> None:
-        """`keys`: four tenants' API keys; `inline`: a model whose card runs it inline."""
-        self.http_base, self.grpc_target, self.keys, self.inline = (
-            http_base,
-            grpc_target,
-            keys,
-            inline,
-        )
+    def __init__(
+        self, http_base: str, grpc_target: str, keys: list[str], inline: str,
+        rolled: str = "digits",
+    ) -> None:  # fmt: skip
+        """`keys`: four tenants' API keys; `inline`: a model whose card runs it inline;
+        `rolled`: the model rolled to version 2 (a copy of digits; its versions'
+        states are shared by every process on the database)."""
+        self.http_base, self.grpc_target, self.keys = http_base, grpc_target, keys
+        self.inline, self.rolled = inline, rolled
         self.outcomes = Outcomes()
         self.third: str | None = None  # the model added mid-run, while it serves
-        self.pinned = "digits"  # what the pinned clients name: `digits` or `digits:1`
+        self.pinned = rolled  # what the pinned clients name: the model, then its version 1
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -122,10 +123,10 @@ class Churn:
         self.third = third
         self._call_third_on_every_door(third, added_at)
         time.sleep(settle_s)
-        repository.add_version("digits")  # version 2: unversioned calls go to it
-        self.pinned = "digits:1"
+        repository.add_version(self.rolled)  # version 2: unversioned calls go to it
+        self.pinned = f"{self.rolled}:1"
         time.sleep(settle_s)
-        repository.unload("digits", "1")
+        repository.unload(self.rolled, "1")
         time.sleep(settle_s)
         repository.remove(third)
         time.sleep(settle_s)
@@ -133,7 +134,7 @@ class Churn:
     # The doors ----------------------------------------------------------------
 
     def _models(self) -> list[str]:
-        return ["digits", self.pinned] + ([self.third] if self.third else [])
+        return [self.rolled, self.pinned] + ([self.third] if self.third else [])
 
     def _guarded(self, loop: Callable[[str], None], key: str) -> None:
         try:
@@ -239,7 +240,7 @@ class Churn:
         for i in itertools.count():
             if self._stop.is_set():
                 return
-            model = ("digits", self.inline, self.pinned)[i % 3]
+            model = (self.rolled, self.inline, self.pinned)[i % 3]
             name, _, version = model.partition(":")
             body: dict[str, Any] = {"model": name, "inputs": ROW}
             if version:
@@ -297,7 +298,7 @@ class Churn:
 
 
 def _shown(model: str) -> str:
-    return model if not model.startswith(("identity", "third")) else "third"
+    return "third" if model.startswith("third") else model
 
 
 def _tensor_json(identity: bool) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The model repository changed under load (tests/churn.py): 16 clients of four
-tenants on every door while a model is added and called everywhere, `digits` is
+tenants on every door while a model is added and called everywhere, a copy of digits is
 rolled to version 2, version 1 is unloaded and the added model removed. The doors
 run in this process (HTTP over a real server, gRPC), over two real workers."""
 
@@ -27,14 +27,16 @@ from tests.support import LiveServer
 
 pytestmark = pytest.mark.processes
 
-INLINE = "digits-inline"
+INLINE = "churn-inline"
+ROLLED = "churn-digits"  # rolled and unloaded: not `digits`, whose states every test shares
 
 
 @pytest.fixture
 def own(settings: Settings, tmp_path: Path) -> Settings:
-    """A repository and a queue of this test's own: digits, and digits run inline."""
+    """A repository and a queue of this test's own: digits under a name of its own,
+    and digits run inline."""
     root = tmp_path / "models"
-    shutil.copytree(settings.model_repository / "digits", root / "digits")
+    shutil.copytree(settings.model_repository / "digits", root / ROLLED)
     shutil.copytree(settings.model_repository / "digits", root / INLINE)
     card = root / INLINE / "1" / "card.json"
     card.write_text(json.dumps({**json.loads(card.read_text()), "execution": "inline"}))
@@ -58,10 +60,10 @@ def test_every_call_is_answered_while_the_repository_changes_under_load(
     server = serve(app)
     door = start(Container(door_settings(own)), "127.0.0.1", 0)
     models = container_of(app).models
-    digits = own.model_repository / "digits" / "1" / "model.onnx"
+    digits = own.model_repository / ROLLED / "1" / "model.onnx"
     tenants = [make_tenant(database) for _ in range(4)]
     keys = [t.headers["Authorization"].removeprefix("Bearer ") for t in tenants]
-    churn = Churn(server.url, f"127.0.0.1:{door.port}", keys, INLINE).start()
+    churn = Churn(server.url, f"127.0.0.1:{door.port}", keys, INLINE, ROLLED).start()
     third = f"third-{uuid.uuid4().hex[:6]}"
     try:
         churn.run(Repository(
@@ -81,7 +83,7 @@ def test_every_call_is_answered_while_the_repository_changes_under_load(
         assert any(n for (d, _, s), n in outcomes.calls.items() if d == door_name and s == 200)
     assert set(outcomes.first_answer_s) == {"http-json", "http-binary", "grpc-unary"}
     gone = {(d, m) for (d, m, s), n in outcomes.calls.items() if s == GONE}
-    assert all(m in ("third", "digits:1") for _, m in gone), gone  # only what went is 404
+    assert all(m in ("third", f"{ROLLED}:1") for _, m in gone), gone  # only what went is 404
     assert outcomes.jobs, "async jobs were accepted"
 
     def statuses(_key: str, ids: list[str]) -> dict[str, str]:
