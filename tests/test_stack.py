@@ -284,6 +284,15 @@ def test_a_fresh_start_logs_no_error_and_answers_a_model_added_while_it_runs(
     (nothing logged as an error), and a model `models add`ed while it runs answers
     a sync call over HTTP and over gRPC at once, with no restart."""
     stack = Stack(var_dir)
+    # A repository of its own (the bundled models linked), so the model it adds is
+    # not left in the checkout's.
+    repository = var_dir / "models"
+    for bundled in (ROOT / "models").iterdir():
+        if bundled.is_dir():
+            (repository / bundled.name).mkdir(parents=True)
+            for version in bundled.iterdir():
+                (repository / bundled.name / version.name).symlink_to(version.resolve())
+    stack.env["MODEL_REPOSITORY"] = str(repository)
     try:
         banner = stack.start()
         for bad in ("does not exist", "Traceback", " ERROR ", '"level": "ERROR"'):

@@ -135,10 +135,16 @@ def test_a_call_whose_worker_dies_on_a_model_not_idempotent_is_answered_503(
     job_id = got["body"]["job_id"]
     time.sleep(2.0)  # the writers' rounds: nothing is recorded of a call never answered
     assert _record(database, job_id) is None
-    # The worker's new child serves the lane: the next call is answered.
-    response = app.test_client().post(f"/v2/models/{SLOW_ONCE}/infer", json=slow_body(0.01),
-                                      headers=auth)  # fmt: skip
-    assert response.status_code == 200, response.json
+
+    # The worker's new child serves the lane: a call is answered once it does (until
+    # then, with no live worker on the queue, a call is refused at once: 503).
+    def answered() -> bool:
+        response = app.test_client().post(f"/v2/models/{SLOW_ONCE}/infer",
+                                          json=slow_body(0.01), headers=auth)  # fmt: skip
+        assert response.status_code in (200, 503), response.json
+        return response.status_code == 200
+
+    wait_until(answered, "the worker's new child to answer", 60, 0.2)
 
 
 def test_a_journaled_record_its_writer_left_is_written_by_a_worker(
