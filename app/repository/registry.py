@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,21 @@ logger = logging.getLogger(__name__)
 # `tenant` for a caller with no tenant (an anonymous metadata request): it sees
 # only the models open to every tenant. `None` (internal callers) sees all.
 PUBLIC = ""
+
+
+def _entries(folder: Path) -> list[Path]:
+    """`folder`'s entries; none when it is not a folder, or went while we looked
+    (a model removed under a scan: pathlib's glob raises then)."""
+    try:
+        with os.scandir(folder) as found:
+            return [Path(entry.path) for entry in found]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _version_dirs(root: Path) -> list[Path]:
+    """Every `<root>/<name>/<version>` entry, sorted."""
+    return sorted(v for m in _entries(root) for v in _entries(m))
 
 
 @dataclass(frozen=True)
@@ -79,10 +95,11 @@ class ModelRepository:
         cards: dict[str, dict[str, ModelCard]] = {}
         broken: dict[tuple[str, str], str] = {}
         if self.root.is_dir():
-            for card_path in sorted(self.root.glob("*/*/card.json")):
-                version_dir = card_path.parent
+            for version_dir in _version_dirs(self.root):
                 if version_dir.parent.name.startswith("."):
                     continue  # `.incoming`: files on their way in
+                if not (version_dir / "card.json").is_file():
+                    continue
                 where = (version_dir.parent.name, version_dir.name)
                 if not (version_dir / "model.onnx").is_file():
                     broken[where] = "model.onnx is missing"
@@ -105,22 +122,25 @@ class ModelRepository:
             return
         # One look at a time: a look that found a change rescans before another
         # look (the repository watch's thread and a request's) can call it seen.
+        # `_synced_at` moves once the look is done: a look under way is waited for,
+        # never taken for done by a caller that then reads the cards it replaces.
         with self._syncing:
             now = self.clock()
             if not force and now - self._synced_at < self.ttl_s:
                 return
-            self._synced_at = now
             states_changed = self.states is not None and self.states.poll()
             if states_changed or self._stamp() != self._folder:
                 self.refresh()
+            self._synced_at = now
 
     def _stamp(self) -> tuple[tuple[str, int], ...]:
         """The folder's shape: its model and version folders and cards, with
         their modification times (a few stats per model)."""
         if not self.root.is_dir():
             return ()
-        paths = [self.root, *self.root.glob("*"), *self.root.glob("*/*"),
-                 *self.root.glob("*/*/card.json")]  # fmt: skip
+        models = _entries(self.root)
+        versions = [v for m in models for v in _entries(m)]
+        paths = [self.root, *models, *versions, *(v / "card.json" for v in versions)]
         stamp = []
         for path in paths:
             try:
