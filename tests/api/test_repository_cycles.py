@@ -53,15 +53,18 @@ def children(worker: WorkerProcess) -> list[psutil.Process]:
 
 
 def census(worker: WorkerProcess) -> dict[int, tuple[int, int]]:
-    """Each child's threads and open sockets (Redis and PostgreSQL), the least of
-    three looks half a second apart (a socket opened and closed meanwhile is not
-    one it holds)."""
-    looks = []
-    for _ in range(3):
+    """Each child's threads and open sockets (Redis and PostgreSQL) once steady:
+    the same in three looks half a second apart (a socket opened and closed
+    meanwhile is not one it holds; one opened late, such as the record writer's
+    at its first flush, is)."""
+    looks: list[dict[int, tuple[int, int]]] = []
+
+    def steady() -> dict[int, tuple[int, int]] | None:
         looks.append({c.pid: (c.num_threads(), len(c.net_connections(kind="all")))
                       for c in children(worker)})  # fmt: skip
-        time.sleep(0.5)
-    return {pid: min(look[pid] for look in looks) for pid in looks[0]}
+        return looks[-1] if len(looks) >= 3 and looks[-1] == looks[-2] == looks[-3] else None
+
+    return wait_until(steady, lambda: f"children steady: {looks[-3:]}", interval=0.5)
 
 
 def call(app: Flask, model: str, tenant: TenantAuth) -> None:
