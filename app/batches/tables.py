@@ -88,6 +88,10 @@ class Batch(Base):
             "finished_at",
             postgresql_where=text("purged_at IS NULL AND finished_at IS NOT NULL"),
         ),
+        # Retention deletes finished batches oldest first, with their chunks.
+        Index(
+            "ix_batches_finished", "finished_at", postgresql_where=text("finished_at IS NOT NULL")
+        ),
         Index(
             "ix_batches_to_export",
             "finished_at",

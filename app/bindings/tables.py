@@ -62,8 +62,9 @@ class StreamEntry(Base):
             "created_at",
             postgresql_where=text("published_at IS NULL"),
         ),
-        # The publisher's look-up of the jobs a NOTIFY named.
-        Index("ix_stream_entries_job", "job_id", postgresql_where=text("published_at IS NULL")),
+        # The publisher's look-up of the jobs a NOTIFY named, and a job's deletion
+        # (its entries go with it: the cascade finds them here).
+        Index("ix_stream_entries_job", "job_id"),
         # Retention deletes old rows by age: a BRIN index costs next to nothing to keep.
         Index("ix_stream_entries_created", "created_at", postgresql_using="brin"),
     )

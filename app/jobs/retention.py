@@ -1,10 +1,20 @@
-"""Retention of the logs that grow with every job: job events, webhook payloads,
-delivery logs, dead letters and audit rows, each kept for its own setting.
+"""Retention of what grows with every job: the jobs' rows themselves, and the
+logs they leave (job events, webhook payloads, delivery logs, dead letters and
+audit rows), each kept for its own setting.
 
 The purge sweep deletes in batches of BATCH rows, one unit of work each, walking
 the table's primary key upwards (ids grow with time, so old rows come first and
 each batch is one index range), and at most MAX_BATCHES a table per run, so an
 hourly purge never holds a lock or a worker for long; the next run goes on.
+
+A finished job's row goes JOB_RETENTION_SECONDS after it finished, and with it
+everything that hangs on it (events, deliveries and their attempts, its
+idempotency key, stream entries: ON DELETE CASCADE, each found by an index on
+its job id). Batched deletes in `finished_at` order, not time partitions: the
+jobs' id is a UUID that six tables reference, and a partitioned table's unique
+keys must hold its partition column, so partitions would change every key and
+reference; a batch of deletes is one range of a partial index, and autovacuum
+hands the space to the next inserts, so the tables stay flat (they do not shrink).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from app.jobs.tables import TERMINAL_STATUSES
 from app.platform.settings import Settings
 
 BATCH = 500
@@ -63,6 +74,27 @@ def rules(settings: Settings) -> list[tuple[Rule, float]]:
         ),
         (Rule("audit_events", "audit_events", "at"), settings.audit_retention_seconds),
     ]
+
+
+# Finished jobs outside batches (a batch's chunks go with it: app.batches.retention),
+# oldest first (ix_jobs_finished), but those a dead letter still names.
+_OLDEST_FINISHED = """
+    SELECT id FROM jobs j
+    WHERE finished_at < now() - make_interval(secs => :age) AND batch_id IS NULL
+      AND status = ANY(:terminal)
+      AND NOT EXISTS (SELECT 1 FROM dead_letters l WHERE l.job_id = j.id)
+    ORDER BY finished_at LIMIT :limit
+"""
+_OLD_JOBS = text(
+    f"DELETE FROM jobs WHERE id IN ({_OLDEST_FINISHED} FOR UPDATE SKIP LOCKED) RETURNING id"
+)
+
+
+def delete_old_jobs(session: Session, older_than_s: float) -> int:
+    """Up to BATCH jobs finished longer ago than `older_than_s`, deleted with what
+    hangs on them; how many."""
+    params = {"age": older_than_s, "terminal": sorted(TERMINAL_STATUSES), "limit": BATCH}
+    return len(session.execute(_OLD_JOBS, params).all())
 
 
 def prune_piece(session: Session, rule: Rule, older_than_s: float, after: int) -> list[int]:

@@ -75,6 +75,12 @@ class Job(Base):
             postgresql_where=text("status = 'queued' AND enqueued_at IS NULL"),
         ),
         Index("ix_jobs_lease", "lease_expires_at", postgresql_where=text("status = 'running'")),
+        # Retention deletes finished jobs oldest first (a batch's go with it).
+        Index(
+            "ix_jobs_finished",
+            "finished_at",
+            postgresql_where=text("finished_at IS NOT NULL AND batch_id IS NULL"),
+        ),
         Index(
             "ix_jobs_deadline",
             "deadline_at",
@@ -208,8 +214,9 @@ class IdempotencyKey(Base):
     )
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     request_hash: Mapped[str] = mapped_column(String(64))
+    # Indexed: a job's deletion finds its key here (the cascade).
     job_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE")
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
     )
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), index=True

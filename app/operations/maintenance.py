@@ -10,8 +10,8 @@ the others done and none holds a lock for long.
   get a wake-up; wake-ups are per model, so a backlog costs one message;
 - deadlines: jobs past their deadline expire;
 - retention: old inputs and outputs are deleted a piece at a time, idempotency
-  keys after 24 h, and each log jobs leave after its own setting
-  (app.jobs.retention).
+  keys after 24 h, each log jobs leave after its own setting, and finished jobs'
+  and batches' rows after theirs (app.jobs.retention).
 """
 
 from __future__ import annotations
@@ -49,20 +49,22 @@ class MaintenanceSettings:
     """RETRY_BACKOFF_SECONDS and RETRY_BACKOFF_MAX_SECONDS (for jobs taken back from
     a dead worker), REPUBLISH_AFTER_SECONDS (a queued job seen by no worker for that
     long gets a new wake-up), RETENTION_SECONDS (jobs' inputs and outputs, batches'
-    objects) and each log's own retention (app.jobs.retention)."""
+    objects), JOB_RETENTION_SECONDS (finished jobs' and batches' rows) and each
+    log's own retention (app.jobs.retention)."""
 
     backoff_s: float
     backoff_max_s: float
     republish_after_s: float
     retention_s: float
     rules: tuple[tuple[Rule, float], ...]
+    job_retention_s: float = 0.0
 
     @classmethod
     def of(cls, settings: Settings) -> MaintenanceSettings:
         return cls(
             settings.retry_backoff_seconds, settings.retry_backoff_max_seconds,
             settings.republish_after_seconds, settings.retention_seconds,
-            tuple(retention.rules(settings)),
+            tuple(retention.rules(settings)), settings.job_retention_seconds,
         )  # fmt: skip
 
 
@@ -115,10 +117,38 @@ class Maintenance:
             objects = self.purge_batch_objects(age)
         secrets = self._step(keys.forget_previous_secrets)
         pruned = {rule.name: self.prune(rule, age) for rule, age in self.settings.rules if age > 0}
+        if (age := self.settings.job_retention_s) > 0:
+            pruned.update(self.delete_old_rows(age))
         if any(pruned.values()):
             logger.info("retention: %s", pruned)
         return {"purged": purged, "batch_objects": objects, "idempotency_keys": keys_forgotten,
                 "previous_webhook_secrets": secrets, **pruned}  # fmt: skip
+
+    def delete_old_rows(self, older_than_s: float) -> dict[str, int]:
+        """Finished jobs and batches older than `older_than_s`, deleted with what
+        hangs on them, a piece a unit, at most MAX_BATCHES pieces a run (the next
+        run goes on); how many jobs (chunks included) and batches."""
+        jobs = batches = pieces = 0
+        while pieces < retention.MAX_BATCHES:
+            pieces += 1
+            count = self._step(retention.delete_old_jobs, older_than_s)
+            jobs += count
+            if count < retention.BATCH:
+                break
+        while pieces < retention.MAX_BATCHES:
+            expired = self._step(batch_retention.expired, older_than_s, BATCH)
+            for batch_id in expired:
+                while pieces < retention.MAX_BATCHES:
+                    pieces += 1
+                    count = self._step(batch_retention.delete_chunks, batch_id, retention.BATCH)
+                    jobs += count
+                    if count < retention.BATCH:
+                        self._step(batch_retention.delete_batch, self._store, batch_id)
+                        batches += 1
+                        break
+            if len(expired) < BATCH:
+                break
+        return {"jobs": jobs, "batches": batches}
 
     def purge_batch_objects(self, older_than_s: float) -> int:
         """Delete the file store's objects of batches finished longer ago than

@@ -40,6 +40,16 @@ def count(database: Database, sql: str, **params: Any) -> int:
     return value
 
 
+def purge(settings: Settings) -> dict[str, Any]:
+    """One purge run, as the control worker's is, with these settings."""
+    container = Container(settings)
+    try:
+        with container.scope():
+            return container.maintenance.purge()
+    finally:
+        container.close()
+
+
 def delivery(database: Database, tenant: TenantAuth, job_id: uuid.UUID, status: str,
              age_days: float) -> int:  # fmt: skip
     row = run(
@@ -94,12 +104,7 @@ def test_logs_are_pruned_each_after_its_retention(
             "(:t, 'test.retention', 'x', now() - make_interval(days => :age))",
             t=tenant.id, age=age)  # fmt: skip
 
-    container = Container(settings)
-    try:
-        with container.scope():
-            result = container.maintenance.purge()
-    finally:
-        container.close()
+    result = purge(settings)
 
     assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=old_job) == 0
     assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=new_job) >= 1
@@ -162,3 +167,98 @@ def test_a_rotated_out_webhook_secret_is_erased_when_its_overlap_ends(
         if other is not None:  # still within its overlap: kept
             kept = session.scalar(sa.select(Tenant).where(Tenant.name == other))
             assert kept is not None and kept.previous_webhook_secret is not None
+
+
+def finished(database: Database, tenant: TenantAuth, age_days: float, status: str = "succeeded",
+             batch: uuid.UUID | None = None) -> uuid.UUID:  # fmt: skip
+    """A job that ended `status` `age_days` ago (its events with it), in `batch`."""
+    job_id = insert_queued_job(database, tenant.id)
+    run(database, "UPDATE jobs SET status = :s, finished_at = now() - make_interval(days => :age), "
+        "batch_id = :b, batch_index = CASE WHEN CAST(:b AS uuid) IS NULL THEN NULL ELSE "
+        "(SELECT count(*) FROM jobs WHERE batch_id = :b) END WHERE id = :j",
+        s=status, age=age_days, b=batch, j=job_id)  # fmt: skip
+    return job_id
+
+
+def finished_batch(database: Database, tenant: TenantAuth, age_days: float) -> uuid.UUID:
+    batch_id = uuid.uuid4()
+    run(database, "INSERT INTO batches (id, tenant_id, model, model_version, status, chunk_rows, "
+        "finished_at) VALUES (:id, :t, 'staged', '1', 'succeeded', 1, "
+        "now() - make_interval(days => :age))", id=batch_id, t=tenant.id, age=age_days)  # fmt: skip
+    return batch_id
+
+
+def jobs_left(database: Database, job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    with database.engine.connect() as conn:
+        return set(conn.execute(sa.text("SELECT id FROM jobs WHERE id = ANY(:ids)"),
+                                {"ids": job_ids}).scalars())  # fmt: skip
+
+
+def test_finished_jobs_and_batches_are_deleted_with_what_hangs_on_them_after_their_retention(
+    app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    settings: Settings = container_of(app).settings.with_overrides(
+        job_retention_seconds=30 * DAY, dead_letter_retention_seconds=90 * DAY
+    )
+    old, recent = finished(database, tenant, 31), finished(database, tenant, 29)
+    old_failed = finished(database, tenant, 40, "failed")
+    lettered = finished(database, tenant, 40, "failed")  # kept while its letter is
+    dead_letter(database, tenant, lettered, 40)
+    unfinished = insert_queued_job(database, tenant.id)
+    run(database, "UPDATE jobs SET created_at = now() - interval '60 days' WHERE id = :j",
+        j=unfinished)  # fmt: skip
+    gone_delivery = delivery(database, tenant, old, "delivered", 1)
+    run(database, "INSERT INTO idempotency_keys (tenant_id, key, request_hash, job_id) "
+        "VALUES (:t, :k, 'x', :j)", t=tenant.id, k=f"key-{uuid.uuid4().hex}", j=old)  # fmt: skip
+    old_batch, new_batch = finished_batch(database, tenant, 31), finished_batch(database, tenant, 2)
+    old_chunks = [finished(database, tenant, 31, batch=old_batch) for _ in range(3)]
+    new_chunks = [finished(database, tenant, 31, batch=new_batch) for _ in range(2)]
+
+    result = purge(settings)
+
+    mine = [old, recent, old_failed, lettered, unfinished, *old_chunks, *new_chunks]
+    assert jobs_left(database, mine) == {recent, lettered, unfinished, *new_chunks}
+    assert count(database, "SELECT count(*) FROM job_events WHERE job_id = ANY(:j)",
+                 j=[old, old_failed, *old_chunks]) == 0  # fmt: skip
+    assert count(database, "SELECT count(*) FROM job_events WHERE job_id = :j", j=recent) >= 1
+    assert count(database, "SELECT count(*) FROM webhook_deliveries WHERE id = :d",
+                 d=gone_delivery) == 0  # fmt: skip
+    assert count(database, "SELECT count(*) FROM webhook_attempts WHERE delivery_id = :d",
+                 d=gone_delivery) == 0  # fmt: skip
+    assert count(database, "SELECT count(*) FROM idempotency_keys WHERE job_id = :j", j=old) == 0
+    batches = count(database, "SELECT count(*) FROM batches WHERE id = ANY(:b)",
+                    b=[old_batch, new_batch])  # fmt: skip
+    assert batches == 1 and jobs_left(database, new_chunks) == set(new_chunks)
+    assert result["jobs"] >= 5 and result["batches"] >= 1
+
+
+def test_deleting_old_jobs_goes_in_bounded_pieces(
+    monkeypatch: pytest.MonkeyPatch, app: Flask, database: Database, tenant: TenantAuth
+) -> None:
+    monkeypatch.setattr(retention, "BATCH", 3)
+    monkeypatch.setattr(retention, "MAX_BATCHES", 2)
+    jobs = [finished(database, tenant, 400) for _ in range(8)]
+    container = container_of(app)
+    with container.scope():
+        maintenance = container.maintenance
+        runs = [maintenance.delete_old_rows(365 * DAY)["jobs"] for _ in range(3)]
+    # Two pieces of three a run; other tests' jobs are younger than a year.
+    assert runs == [6, 2, 0]
+    assert jobs_left(database, jobs) == set()
+
+
+def test_the_oldest_finished_jobs_are_found_by_an_index_range(database: Database) -> None:
+    with database.engine.connect() as conn, conn.begin():
+        conn.execute(sa.text("SET LOCAL enable_seqscan = off"))  # as with many rows
+        plan = conn.execute(
+            sa.text("EXPLAIN (FORMAT JSON) " + retention._OLDEST_FINISHED),
+            {"age": 30 * DAY, "terminal": ["succeeded"], "limit": 500},
+        ).scalar_one()  # fmt: skip
+    found = {node.get("Index Name") for node in nodes(plan[0]["Plan"])}
+    assert "ix_jobs_finished" in found, plan
+
+
+def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)

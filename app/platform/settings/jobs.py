@@ -64,6 +64,13 @@ class JobSettings(ServiceSettings):
         description="Inputs and outputs of finished jobs are deleted after this long (the "
         "job's metadata stays). 0 keeps them forever.",
     )
+    job_retention_seconds: float = Field(
+        default=30 * 24 * 3600.0,
+        description="How long the hourly purge keeps a finished job's row, with its events, "
+        "webhook deliveries and idempotency key (a batch's chunks go with their batch, this "
+        "long after it finished), so the tables stay flat; a job or batch with a dead letter "
+        "is kept while the letter is. 0 keeps them forever.",
+    )
     job_event_retention_seconds: float = Field(
         default=30 * 24 * 3600.0,
         description="How long the hourly purge keeps job events (event streams, the job's "
