@@ -17,7 +17,7 @@ the others done and none holds a lock for long.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -128,27 +128,33 @@ class Maintenance:
         """Finished jobs and batches older than `older_than_s`, deleted with what
         hangs on them, a piece a unit, at most MAX_BATCHES pieces a run (the next
         run goes on); how many jobs (chunks included) and batches."""
-        jobs = batches = pieces = 0
-        while pieces < retention.MAX_BATCHES:
-            pieces += 1
-            count = self._step(retention.delete_old_jobs, older_than_s)
-            jobs += count
-            if count < retention.BATCH:
+        budget = iter(range(retention.MAX_BATCHES))  # the run's pieces, shared
+        jobs, _ = self._in_pieces(budget, retention.delete_old_jobs, older_than_s)
+        batches = 0
+        for batch_id in self._step(batch_retention.expired, older_than_s, BATCH):
+            chunks, done = self._in_pieces(
+                budget, batch_retention.delete_chunks, batch_id, retention.BATCH
+            )
+            jobs += chunks
+            if not done:
                 break
-        while pieces < retention.MAX_BATCHES:
-            expired = self._step(batch_retention.expired, older_than_s, BATCH)
-            for batch_id in expired:
-                while pieces < retention.MAX_BATCHES:
-                    pieces += 1
-                    count = self._step(batch_retention.delete_chunks, batch_id, retention.BATCH)
-                    jobs += count
-                    if count < retention.BATCH:
-                        self._step(batch_retention.delete_batch, self._store, batch_id)
-                        batches += 1
-                        break
-            if len(expired) < BATCH:
-                break
+            self._step(batch_retention.delete_batch, self._store, batch_id)
+            batches += 1
         return {"jobs": jobs, "batches": batches}
+
+    def _in_pieces(
+        self, budget: Iterator[int], step: Callable[..., int], *args: Any
+    ) -> tuple[int, bool]:
+        """`step` (which deletes up to retention.BATCH rows, and says how many) as a
+        unit of work each, while `budget` lasts: the rows deleted, and whether a
+        short piece said none are left."""
+        total = 0
+        for _ in budget:
+            count = self._step(step, *args)
+            total += count
+            if count < retention.BATCH:
+                return total, True
+        return total, False
 
     def purge_batch_objects(self, older_than_s: float) -> int:
         """Delete the file store's objects of batches finished longer ago than
