@@ -167,8 +167,11 @@ def test_a_roll_reaches_another_process_and_an_unloaded_or_removed_version_stops
     plane = container_of(here)
     plane.models.add(digits, name)
     pixels = [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]
-    first = http_json(there, name, tenant, pixels)
-    assert first.status_code == 200 and first.json["model_version"] == "1", first.json
+    first = wait_until(
+        lambda: (r := http_json(there, name, tenant, pixels)).status_code == 200 and r,
+        "the other process to serve the added model", LIVENESS_S, 0.01,
+    )  # fmt: skip
+    assert first.json["model_version"] == "1", first.json
     plane.models.add(digits, name)  # version 2
     wait_until(lambda: http_json(there, name, tenant, pixels).json["model_version"] == "2",
                "the other process to serve version 2", LIVENESS_S, 0.01)  # fmt: skip
