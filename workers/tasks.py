@@ -23,6 +23,7 @@ from app.operations.schedules import TICK_TASK
 from app.operations.webhooks import DELIVER_TASK
 from app.operations.webhooks import SWEEP_TASK as WEBHOOK_SWEEP_TASK
 from app.platform.database import database_unavailable
+from app.platform.fencing import Fenced
 from app.platform.periodic import clear_pending
 
 logger = logging.getLogger(__name__)
@@ -35,12 +36,19 @@ def services(task: Task) -> Container:
 
 
 @contextmanager
-def _sweeping(task: Task, name: str) -> Iterator[Container]:
-    """Once the sweep is over, beat may send the next (see app.platform.periodic)."""
+def _sweeping(task: Task, name: str, fence: int | None) -> Iterator[Container]:
+    """Once the sweep is over, beat may send the next (see app.platform.periodic).
+    Its units of work are fenced by the lease term `fence` it was sent in (see
+    app.platform.fencing): a term that ended stops it before it writes."""
     container = services(task)
     settings = container.settings
     try:
-        yield container
+        lease = settings.control_queue
+        with container.parts.database.fenced(lease, fence, settings.control_lease_seconds):
+            yield container
+    except Fenced as exc:
+        logger.info("%s not run further: %s (another beat sends the sweeps)", name, exc)
+        metrics.SWEEPS_FENCED.labels(name).inc()
     finally:
         clear_pending(settings.redis_url, settings.control_queue, name)
         metrics.SWEEPS.labels(name).inc()  # they log only when they did something
@@ -86,33 +94,36 @@ def split_batch(self: Task, batch_id: str) -> str:
 
 
 @shared_task(name=TICK_TASK, bind=True, ignore_result=True)
-def fire_schedules(self: Task) -> dict[str, int]:
+def fire_schedules(self: Task, fence: int | None = None) -> dict[str, int]:
     """Beat's tick: fire due schedules, then write finished runs' results."""
-    with _sweeping(self, TICK_TASK) as container:
-        fired = container.schedules.fire_due(container.batches.start_split)
-        written = container.schedules.export_finished()
-    return {"fired": len(fired), "written": written}
+    done = {"fired": 0, "written": 0}
+    with _sweeping(self, TICK_TASK, fence) as container:
+        done["fired"] = len(container.schedules.fire_due(container.batches.start_split))
+        done["written"] = container.schedules.export_finished()
+    return done
 
 
 @shared_task(name=SWEEP_TASK, bind=True, ignore_result=True)
-def sweep(self: Task) -> dict[str, int]:
-    with _sweeping(self, SWEEP_TASK) as container:
+def sweep(self: Task, fence: int | None = None) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    with _sweeping(self, SWEEP_TASK, fence) as container:
         counts = container.maintenance.sweep()  # (the sweep logs what it moved)
         for action, jobs in counts.items():
             if jobs:
                 metrics.SWEEP_JOBS.labels(action).inc(jobs)
         counts["batches"] = container.batches.sweep()
-    if counts["batches"]:
-        logger.info("sweep: %d batch(es) finished or sent to split again", counts["batches"])
+        if counts["batches"]:
+            logger.info("sweep: %d batch(es) finished or sent to split again", counts["batches"])
     return counts
 
 
 @shared_task(name=PURGE_TASK, bind=True, ignore_result=True)
-def purge(self: Task) -> dict[str, Any]:
-    with _sweeping(self, PURGE_TASK) as container:
+def purge(self: Task, fence: int | None = None) -> dict[str, Any]:
+    counts: dict[str, Any] = {}
+    with _sweeping(self, PURGE_TASK, fence) as container:
         counts = container.maintenance.purge()  # logs its own
-    if done := {k: v for k, v in counts.items() if k in _PURGE_OWN and v}:
-        logger.info("purge: %s", done)
+        if done := {k: v for k, v in counts.items() if k in _PURGE_OWN and v}:
+            logger.info("purge: %s", done)
     return counts
 
 
@@ -125,9 +136,10 @@ def deliver_webhook(self: Task, delivery_id: int) -> str | None:
 
 
 @shared_task(name=WEBHOOK_SWEEP_TASK, bind=True, ignore_result=True)
-def sweep_webhooks(self: Task) -> int:
+def sweep_webhooks(self: Task, fence: int | None = None) -> int:
     """Send due deliveries (and those whose worker died mid-send) to the webhooks queue."""
-    with _sweeping(self, WEBHOOK_SWEEP_TASK) as container:
+    ids: list[int] = []
+    with _sweeping(self, WEBHOOK_SWEEP_TASK, fence) as container:
         settings = container.settings
 
         def send(delivery_id: int) -> None:

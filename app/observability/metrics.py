@@ -136,6 +136,11 @@ SWEEPS = Counter(
     "inference_sweeps", "Periodic sweeps run (beat's tasks), whether or not they found work",
     ["task"],
 )  # fmt: skip
+SWEEPS_FENCED = Counter(
+    "inference_sweeps_fenced",
+    "Sweeps refused by the control lease's fence: sent in a term that ended before they ran",
+    ["task"],
+)  # fmt: skip
 SWEEP_JOBS = Counter(
     "inference_sweep_jobs",
     "Jobs the sweep moved: requeued_after_lost_worker, expired, woken_for",

@@ -29,6 +29,8 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from sqlalchemy import Connection, Engine, Result, TextClause, create_engine, event, exc, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.platform import fencing
+
 # A connection that sat unused this long is pinged before use: PostgreSQL may
 # have restarted meanwhile. Busy connections are not, which saves a round trip
 # per request (SQLAlchemy's pool_pre_ping pings every checkout).
@@ -65,6 +67,9 @@ class Database:
         self.sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
         self._scoped: ContextVar[Session | None] = ContextVar(f"session-{id(self)}", default=None)
         self._unit: ContextVar[_Unit | None] = ContextVar(f"unit-{id(self)}", default=None)
+        self._fence: ContextVar[tuple[str, int, float] | None] = ContextVar(
+            f"fence-{id(self)}", default=None
+        )
 
     def session(self) -> Session:
         """The current scope's session, made on first use."""
@@ -103,6 +108,17 @@ class Database:
         the outer unit catches does not undo what the inner one wrote before it.
         Functions given to `once_committed` run once the outermost unit committed."""
         return UnitOfWork(self)
+
+    @contextmanager
+    def fenced(self, lease: str, token: int | None, ttl_s: float) -> Iterator[None]:
+        """Units of work opened inside check first that the term `token` of the lease
+        named `lease` is current, and raise app.platform.fencing.Fenced before
+        writing when it is not (see that module). None: not fenced (sent by hand)."""
+        reset = self._fence.set(None if token is None else (lease, token, ttl_s))
+        try:
+            yield
+        finally:
+            self._fence.reset(reset)
 
     def separate_unit_of_work(self) -> AbstractContextManager[Session]:
         """A unit of work on a session of its own, beside the scope's: for a thread
@@ -169,7 +185,17 @@ class UnitOfWork:
         if database._unit.get() is None:  # the outermost: this unit ends the transaction
             self._unit = _Unit()
             self._token = database._unit.set(self._unit)
+            if (fence := database._fence.get()) is not None:
+                self._check(*fence)
         return self._session
+
+    def _check(self, lease: str, token: int, ttl_s: float) -> None:
+        try:
+            fencing.check(self._session, lease, token, ttl_s)
+        except BaseException:
+            self._session.rollback()
+            self._database._unit.reset(self._token)
+            raise
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         unit = self._unit

@@ -30,6 +30,7 @@ from tests.conftest import (
     WorkerProcess,
     insert_queued_job,
 )
+from tests.control.conftest import plane_env
 from tests.support import starts_processes, wait_until
 from tests.webhooks.test_webhooks import ScriptedReceiver
 
@@ -45,23 +46,6 @@ def kill_tree(worker: WorkerProcess) -> None:
     worker.proc.kill()
     worker.proc.wait()
     worker.log.close()
-
-
-@pytest.fixture
-def plane(settings: Settings) -> Settings:
-    queue = f"{settings.jobs_queue}-cp-{uuid.uuid4().hex[:4]}"
-    return settings.with_overrides(
-        jobs_queue=queue, control_queue=f"{queue}-control", webhooks_queue=f"{queue}-hooks"
-    )
-
-
-def plane_env(plane: Settings) -> dict[str, str]:
-    return {
-        "JOBS_QUEUE": plane.jobs_queue, "CONTROL_QUEUE": plane.control_queue,
-        "WEBHOOKS_QUEUE": plane.webhooks_queue, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
-        "SWEEP_INTERVAL_SECONDS": "1", "SCHEDULE_TICK_SECONDS": "1",
-        "ORT_INTRA_OP_THREADS": "1", "DRAIN_LINGER_MS": "0",
-    }  # fmt: skip
 
 
 def queued(database: Database, model: str) -> int:

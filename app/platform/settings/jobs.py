@@ -34,6 +34,14 @@ class JobSettings(ServiceSettings):
     sweep_interval_seconds: float = Field(
         default=5.0, description="How often beat runs the sweeps (leases, retries, deadlines)."
     )
+    control_lease_seconds: float = Field(
+        default=4.0,
+        gt=0,
+        description="The control lease: of the beats running (one per control host), the one "
+        "holding it sends the sweeps and renews it every second; a standby takes over once it "
+        "has not been renewed for this long. Below SWEEP_INTERVAL_SECONDS, so a lost control "
+        "host costs at most one sweep.",
+    )
     retry_backoff_seconds: float = Field(
         default=2.0,
         description="Backoff before the first retry of a job that failed for a transient "
