@@ -12,6 +12,7 @@ from app.grpc import codec, status
 from app.grpc.generated import grpc_service_pb2 as pb
 from app.observability import metrics
 from app.operations.calls import Answer, Call
+from app.platform.broker import broker_unavailable
 from app.platform.database import database_unavailable
 
 
@@ -36,6 +37,8 @@ def refused(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInfe
         mapped = status.of(exc)
     elif database_unavailable(exc):
         mapped = status.Status(grpc.StatusCode.UNAVAILABLE, "the database did not answer")
+    elif broker_unavailable(exc):
+        mapped = status.Status(grpc.StatusCode.UNAVAILABLE, "Redis (the broker) did not answer")
     else:
         mapped = status.unexpected(exc)
     return failure(request.id, request.model_name, mapped, None)

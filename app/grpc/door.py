@@ -25,6 +25,7 @@ from app.errors import DomainError
 from app.grpc import status
 from app.observability import metrics
 from app.operations import OPERATOR, Caller
+from app.platform.broker import broker_unavailable
 from app.platform.database import database_unavailable
 
 logger = logging.getLogger(__name__)
@@ -193,6 +194,10 @@ def _fail(context: grpc.ServicerContext, name: str, exc: BaseException, started:
         mapped = status.Status(
             grpc.StatusCode.UNAVAILABLE, "the database did not answer", (("retry-after", "5"),)
         )
+    elif isinstance(exc, Exception) and broker_unavailable(exc):
+        logger.warning("%s: Redis unavailable: %s", name, exc)
+        unavailable, retry = grpc.StatusCode.UNAVAILABLE, (("retry-after", "2"),)
+        mapped = status.Status(unavailable, "Redis (the broker) did not answer", retry)
     else:
         mapped = status.unexpected(exc)
     _count(name, mapped.code, started)

@@ -146,3 +146,9 @@ def make_celery(
 def redis_client(url: str) -> redis.Redis:
     """A client for the broker's Redis (`unix://` sockets too)."""
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def broker_unavailable(error: BaseException) -> bool:
+    """Redis did not answer (restarting, cut off): the caller may retry shortly, so
+    the doors answer 503 / UNAVAILABLE, never an internal error."""
+    return isinstance(error, redis.ConnectionError | redis.TimeoutError)

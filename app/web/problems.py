@@ -153,6 +153,7 @@ def register_error_handlers(app: Flask) -> None:
     def _unexpected(exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
             return problem_response(problem_from_http_exception(exc))
+        from app.platform.broker import broker_unavailable
         from app.platform.database import database_disk_full, database_unavailable
 
         if database_disk_full(exc):
@@ -172,6 +173,16 @@ def register_error_handlers(app: Flask) -> None:
                     "service-unavailable",
                     "The database did not answer.",
                     headers={"Retry-After": "5"},
+                )
+            )
+        if broker_unavailable(exc):
+            app.logger.warning("Redis unavailable: %s", exc)
+            return problem_response(
+                Problem(
+                    "service-unavailable",
+                    "Redis (the broker) did not answer, so nothing of this request was kept; "
+                    "retry shortly.",
+                    headers={"Retry-After": "2"},
                 )
             )
         if _nul_in_text(exc):

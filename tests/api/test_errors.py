@@ -5,15 +5,21 @@ Bad input is refused at submit time, so no job is created for it.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from typing import Any
 
 import pytest
+import redis
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select, text
 
+from app import create_app
 from app.jobs.tables import Job
 from app.platform.database import Database
+from app.platform.settings import Settings
 from tests.conftest import TenantAuth
 
 PIXELS = [[0.0] * 64]
@@ -201,3 +207,32 @@ def test_a_full_database_disk_is_503_naming_it(
     assert "disk is full" in refused["detail"], refused
     assert int(response.headers["Retry-After"]) > 0
     assert job_count(database) == before
+
+
+def test_redis_not_answering_is_503_not_an_internal_error(settings: Settings) -> None:
+    """Redis restarting closes each connection as it opens (what a process saw
+    through a proxy while Redis restarted, before its reply subscriber noticed):
+    whatever route was using it answers 503 with Retry-After, not 500."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def close_each() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    app = create_app(settings)
+
+    @app.get("/redis-probe")
+    def probe() -> str:
+        redis.Redis(port=port, socket_timeout=2).ping()
+        return "unreachable"
+
+    try:
+        response = app.test_client().get("/redis-probe")
+    finally:
+        listener.close()
+    body = problem(response, 503, "service-unavailable")
+    assert "Redis" in body["detail"] and response.headers["Retry-After"] == "2"
