@@ -333,7 +333,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
 
     return {
         "sweep-jobs": periodic(SWEEP_TASK, settings.sweep_interval_seconds, settings),
-        "purge-old-job-data": periodic(PURGE_TASK, 3600.0, settings),
+        "purge-old-job-data": periodic(PURGE_TASK, settings.purge_interval_seconds, settings),
         "send-due-webhooks": periodic(WEBHOOK_SWEEP_TASK, 1.0, settings),
         "fire-schedules": periodic(TICK_TASK, settings.schedule_tick_seconds, settings),
     }

@@ -262,3 +262,19 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield plan
     for child in plan.get("Plans", []):
         yield from nodes(child)
+
+
+def test_the_purge_runs_as_often_as_purge_interval_seconds_says(settings: Settings) -> None:
+    """A run deletes at most MAX_BATCHES pieces of each kind, so a service finishing
+    more jobs than that an hour sets the purge to run more often."""
+    from app.execution.dispatch import PURGE_TASK
+    from app.parts import beat_schedule
+
+    often = beat_schedule(settings.with_overrides(purge_interval_seconds=60.0))
+    purge = next(entry for entry in often.values() if entry["task"] == PURGE_TASK)
+    assert purge["schedule"] == 60.0
+    assert purge["options"]["expires"] == 120  # one pending message at most, as every sweep
+    hourly = beat_schedule(settings)
+    assert next(e for e in hourly.values() if e["task"] == PURGE_TASK)["schedule"] == 3600.0
+    per_run = retention.BATCH * retention.MAX_BATCHES
+    assert per_run / 3600 > 270 and per_run / 60 > 16_000  # what the setting's help says

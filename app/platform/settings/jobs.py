@@ -72,6 +72,13 @@ class JobSettings(ServiceSettings):
         description="Inputs and outputs of finished jobs are deleted after this long (the "
         "job's metadata stays). 0 keeps them forever.",
     )
+    purge_interval_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="How often beat runs the purge (retention below). Each run deletes at most "
+        "a million rows of each kind, so at 3600 it keeps up with about 270 finished jobs a "
+        "second; above that, run it more often (60: 16,000 a second).",
+    )
     job_retention_seconds: float = Field(
         default=30 * 24 * 3600.0,
         description="How long the hourly purge keeps a finished job's row, with its events, "
