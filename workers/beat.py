@@ -59,7 +59,7 @@ class OnePendingScheduler(PersistentScheduler):
         if token is None:
             return
         if queue and ttl and redis_url:
-            if not control.mark_pending(redis_url, queue, entry.task, int(ttl)):
+            if not control.mark_pending(redis_url, queue, entry.task, int(ttl), token):
                 logger.debug("Scheduler: %s still pending; not sent again", entry.name)
                 return
             fenced = copy.copy(entry)
@@ -67,7 +67,7 @@ class OnePendingScheduler(PersistentScheduler):
             try:
                 self.apply_async(fenced, producer=producer, advance=False)
             except Exception:
-                control.clear_pending(redis_url, queue, entry.task)  # try again next tick
+                control.clear_pending(redis_url, queue, entry.task, token)  # again next tick
                 logger.exception("Scheduler: could not send %s", entry.name)
             else:
                 # DEBUG: a sweep is sent every second; one that does something says so.

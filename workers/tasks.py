@@ -50,7 +50,7 @@ def _sweeping(task: Task, name: str, fence: int | None) -> Iterator[Container]:
         logger.info("%s not run further: %s (another beat sends the sweeps)", name, exc)
         metrics.SWEEPS_FENCED.labels(name).inc()
     finally:
-        clear_pending(settings.redis_url, settings.control_queue, name)
+        clear_pending(settings.redis_url, settings.control_queue, name, fence)
         metrics.SWEEPS.labels(name).inc()  # they log only when they did something
 
 
