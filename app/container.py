@@ -177,8 +177,9 @@ class Container(Lazy):
 
         parts, settings = self.parts, self.settings
         rules = Rules(
-            parts.repository, settings.data_dir, Chunking.of(settings), settings.max_upload_bytes
-        )
+            parts.repository, settings.data_dir, Chunking.of(settings), settings.max_upload_bytes,
+            settings.schedule_catch_up_seconds,
+        )  # fmt: skip
         return ScheduleOperations(parts.database, parts.store, rules)
 
     @made

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -39,6 +39,18 @@ class Rules:
     data_dir: Path
     chunking: Chunking
     max_upload_bytes: int
+    catch_up_s: float = 300.0
+
+
+def following(
+    cron: str, timezone: str, tick: datetime, now: datetime, catch_up_s: float
+) -> datetime:
+    """The tick to fire after `tick`: the next one, even if due already (missed for
+    at most `catch_up_s`, it fires late), but none missed for longer."""
+    after = next_tick(cron, timezone, tick)
+    if (now - after).total_seconds() > catch_up_s:
+        after = next_tick(cron, timezone, max(tick, now - timedelta(seconds=catch_up_s)))
+    return after
 
 
 def next_tick(cron: str, timezone: str, after: datetime) -> datetime:

@@ -4,8 +4,10 @@ Beat sends `schedules.tick` every SCHEDULE_TICK_SECONDS; a worker's schedule
 operations then fire every due schedule, each in a unit of work of its own that
 locks it with SKIP LOCKED, moves `next_run_at` past now and creates the run's
 batch (unique per schedule and tick). So two beats, or two workers taking their
-ticks, never fire a run twice, and a schedule that missed ticks while the
-service was down fires once, for the earliest, not once per tick. Finished
+ticks, never fire a run twice. Ticks missed for at most SCHEDULE_CATCH_UP_SECONDS
+(a restart, a failover) each fire, late, one after the other; of those missed
+for longer only the earliest fires (a schedule down for a day fires once, not
+once per tick). Finished
 runs' results are written to the schedule's output folder, a batch a unit.
 Nothing here commits.
 """
@@ -29,7 +31,7 @@ from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch
 from app.errors import DomainError, InvalidRequest, UnknownModel
 from app.platform.filestore import FileStore
 from app.schedules import paths
-from app.schedules.definitions import Rules, next_tick, now_of, root_of, tenant_of
+from app.schedules.definitions import Rules, following, now_of, root_of, tenant_of
 from app.schedules.tables import Schedule
 
 logger = logging.getLogger(__name__)
@@ -59,12 +61,13 @@ def fire(session: Session, store: FileStore, rules: Rules, schedule: Schedule) -
 
 
 def _run(session: Session, store: FileStore, rules: Rules, schedule: Schedule) -> Batch:
-    """The run for the schedule's due tick, and the tick moved past now (missed
-    ticks are not run again). A run whose input or model is unavailable is
+    """The run for the schedule's due tick, and the tick moved to the next one to
+    fire (see `following`). A run whose input or model is unavailable is
     recorded as a failed batch saying why, so every tick leaves a trace."""
     tick = schedule.next_run_at
     now = now_of(session)
-    schedule.next_run_at = next_tick(schedule.cron, schedule.timezone, max(now, tick))
+    schedule.next_run_at = following(schedule.cron, schedule.timezone, tick, now,
+                                     rules.catch_up_s)  # fmt: skip
     schedule.last_run_at = now
     try:
         tenant = tenant_of(session, schedule.tenant_id).name

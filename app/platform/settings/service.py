@@ -133,6 +133,14 @@ class ServiceSettings(BaseSettings):
     schedule_tick_seconds: float = Field(
         default=10.0, description="How often beat asks a worker to fire due schedules."
     )
+    schedule_catch_up_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="A schedule's ticks missed for at most this long (Redis or PostgreSQL "
+        "restarting, the control plane changing hands) each fire, late; ticks missed for "
+        "longer are left out, but for the earliest, which fires once so the outage leaves a "
+        "trace. 0: only that one.",
+    )
     jobs_queue: str = Field(
         default="inference",
         description="The Celery queue of batch file splits, and of the wake-ups of models "
