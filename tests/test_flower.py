@@ -34,8 +34,11 @@ from tests.conftest import (
 )
 from tests.support import process_started, starts_processes, wait_until
 
-# What a task may take: a model's name, or the id of a row that holds the rest.
-ARGUMENTS = {"model": str, "batch_id": str, "delivery_id": int}
+# What a task may take: a model's name, or the id of a row that holds the rest; a
+# sweep, the control lease's term it was sent in (app.platform.fencing).
+ARGUMENTS: dict[str, object] = {
+    "model": str, "batch_id": str, "delivery_id": int, "fence": int | None,
+}  # fmt: skip
 PIXEL = 13.371337  # a value no id, name or count contains
 TEXT = "flower must never show this sentence"
 
@@ -50,7 +53,7 @@ def test_every_task_takes_ids_or_model_names_only(app: Flask) -> None:
     for name, task in tasks.items():
         hints = typing.get_type_hints(task.run)
         for parameter in inspect.signature(task.run).parameters:
-            assert ARGUMENTS.get(parameter) is hints.get(parameter), (
+            assert ARGUMENTS.get(parameter) == hints.get(parameter), (
                 f"task {name} takes {parameter}: {hints.get(parameter)}; tasks take ids and "
                 "model names, the job's row holds its inputs"
             )

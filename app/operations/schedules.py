@@ -74,19 +74,24 @@ class ScheduleOperations:
         Returns the runs' batch ids."""
         fired: list[uuid.UUID] = []
         for _ in range(FIRE_LIMIT):
-            batch = self._fire_next()
-            if batch is None:
+            took, batch = self._fire_next()
+            if not took:
                 break
+            if batch is None:  # that tick had its run already
+                continue
             fired.append(batch.id)
             if batch.status == "queued" and not start_split(batch.id):
                 logger.warning("schedule run %s: split not sent; the sweep sends it", batch.id)
         return fired
 
     @transactional
-    def _fire_next(self) -> Batch | None:
+    def _fire_next(self) -> tuple[bool, Batch | None]:
+        """Whether a due schedule was taken, and the run it fired (None: none)."""
         session = self.database.session()
         due = firing.take_due(session)
-        return None if due is None else firing.fire(session, self._store, self._rules, due)
+        if due is None:
+            return False, None
+        return True, firing.fire(session, self._store, self._rules, due)
 
     def export_finished(self) -> int:
         """Write finished runs' results into their schedules' output folders (up to

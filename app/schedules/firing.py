@@ -51,9 +51,17 @@ def take_due(session: Session) -> Schedule | None:
     )
 
 
-def fire(session: Session, store: FileStore, rules: Rules, schedule: Schedule) -> Batch:
-    """The run for the schedule's due tick, and the tick moved past now: committed
-    together, or neither. The caller sends a queued run's split once committed."""
+def fire(session: Session, store: FileStore, rules: Rules, schedule: Schedule) -> Batch | None:
+    """The run for the schedule's due tick, and the tick moved on: committed
+    together, or neither. The caller sends a queued run's split once committed.
+    None when that tick has its run already (its `next_run_at` was moved back):
+    a tick never fires twice, and the schedule moves on all the same."""
+    tick = schedule.next_run_at
+    ran = select(Batch.id).where(Batch.schedule_id == schedule.id, Batch.scheduled_for == tick)
+    if session.scalar(ran) is not None:
+        schedule.next_run_at = following(schedule.cron, schedule.timezone, tick,
+                                         now_of(session), rules.catch_up_s)  # fmt: skip
+        return None
     batch = _run(session, store, rules, schedule)
     logger.info("schedule %s fired for %s: batch %s (%s)", schedule.name,
                 batch.scheduled_for, batch.id, batch.status)  # fmt: skip
