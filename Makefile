@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test test-fast test-faults lint format models clean-var browser bench docs docs-build
+.PHONY: run test test-fast test-faults test-fleet lint format models clean-var browser bench docs docs-build
 
 $(VENV)/.runtime: requirements.txt requirements-build.txt requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,15 +31,19 @@ run: $(VENV)/.runtime
 
 ## test: lint, type-check and the test suite on real PostgreSQL, Redis and workers
 test: $(VENV)/.dev browser lint docs-build
-	$(PY) -m pytest -m "not faults"
+	$(PY) -m pytest -m "not faults and not fleet"
 
 ## test-fast: the inner loop: the tests that start no worker, server or browser process
 test-fast: $(VENV)/.dev
-	$(PY) -m pytest -m "not processes and not stack and not faults"
+	$(PY) -m pytest -m "not processes and not stack and not faults and not fleet"
 
 ## test-faults: kill workers, Redis, PostgreSQL mid-run; writes docs/reliability.md
 test-faults: $(VENV)/.dev
 	$(PY) -m pytest -m faults tests/faults
+
+## test-fleet: a fleet of hosts in network namespaces (root): scaling, faults between hosts
+test-fleet: $(VENV)/.dev
+	$(PY) -m pytest -m fleet tests/fleet -s
 
 ## docs: the documentation site at http://127.0.0.1:8008, rebuilt as pages change
 docs: $(VENV)/.dev
