@@ -56,26 +56,25 @@ def fire(session: Session, store: FileStore, rules: Rules, schedule: Schedule) -
     together, or neither. The caller sends a queued run's split once committed.
     None when that tick has its run already (its `next_run_at` was moved back):
     a tick never fires twice, and the schedule moves on all the same."""
-    tick = schedule.next_run_at
+    tick, now = schedule.next_run_at, now_of(session)
+    schedule.next_run_at = following(schedule.cron, schedule.timezone, tick, now,
+                                     rules.catch_up_s)  # fmt: skip
     ran = select(Batch.id).where(Batch.schedule_id == schedule.id, Batch.scheduled_for == tick)
     if session.scalar(ran) is not None:
-        schedule.next_run_at = following(schedule.cron, schedule.timezone, tick,
-                                         now_of(session), rules.catch_up_s)  # fmt: skip
         return None
-    batch = _run(session, store, rules, schedule)
+    batch = _run(session, store, rules, schedule, tick, now)
     logger.info("schedule %s fired for %s: batch %s (%s)", schedule.name,
                 batch.scheduled_for, batch.id, batch.status)  # fmt: skip
     return batch
 
 
-def _run(session: Session, store: FileStore, rules: Rules, schedule: Schedule) -> Batch:
-    """The run for the schedule's due tick, and the tick moved to the next one to
-    fire (see `following`). A run whose input or model is unavailable is
-    recorded as a failed batch saying why, so every tick leaves a trace."""
-    tick = schedule.next_run_at
-    now = now_of(session)
-    schedule.next_run_at = following(schedule.cron, schedule.timezone, tick, now,
-                                     rules.catch_up_s)  # fmt: skip
+def _run(
+    session: Session, store: FileStore, rules: Rules, schedule: Schedule, tick: datetime,
+    now: datetime,
+) -> Batch:  # fmt: skip
+    """The run for the schedule's tick `tick`, fired at `now`. A run whose input or
+    model is unavailable is recorded as a failed batch saying why, so every tick
+    leaves a trace."""
     schedule.last_run_at = now
     try:
         tenant = tenant_of(session, schedule.tenant_id).name

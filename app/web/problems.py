@@ -9,6 +9,7 @@ relative URI under `/problems/`, which the API serves as documentation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, json, request
@@ -153,38 +154,11 @@ def register_error_handlers(app: Flask) -> None:
     def _unexpected(exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
             return problem_response(problem_from_http_exception(exc))
-        from app.platform.broker import broker_unavailable
-        from app.platform.database import database_disk_full, database_unavailable
-
-        if database_disk_full(exc):
-            app.logger.warning("database disk full: %s", exc)
-            return problem_response(
-                Problem(
-                    "service-unavailable",
-                    "The database's disk is full, so nothing of this request was kept; "
-                    "retry later, once an operator has freed space.",
-                    headers={"Retry-After": "30"},
-                )
-            )
-        if database_unavailable(exc):
-            app.logger.warning("database unavailable: %s", exc)
-            return problem_response(
-                Problem(
-                    "service-unavailable",
-                    "The database did not answer.",
-                    headers={"Retry-After": "5"},
-                )
-            )
-        if broker_unavailable(exc):
-            app.logger.warning("Redis unavailable: %s", exc)
-            return problem_response(
-                Problem(
-                    "service-unavailable",
-                    "Redis (the broker) did not answer, so nothing of this request was kept; "
-                    "retry shortly.",
-                    headers={"Retry-After": "2"},
-                )
-            )
+        for applies, said, detail, retry_after in _unavailable_kinds():
+            if applies(exc):
+                app.logger.warning("%s: %s", said, exc)
+                headers = {"Retry-After": retry_after}
+                return problem_response(Problem("service-unavailable", detail, headers=headers))
         if _nul_in_text(exc):
             return problem_response(
                 Problem(
@@ -196,6 +170,21 @@ def register_error_handlers(app: Flask) -> None:
             )
         app.logger.exception("unhandled error")
         return problem_response(Problem("internal-error", "An unexpected error occurred."))
+
+
+def _unavailable_kinds() -> list[tuple[Callable[[BaseException], bool], str, str, str]]:
+    """A part the service needs not answering: (which errors, what the log says, the
+    503's detail, Retry-After). Imported late: the doors load the platform lazily."""
+    from app.platform.broker import broker_unavailable
+    from app.platform.database import database_disk_full, database_unavailable
+
+    return [
+        (database_disk_full, "database disk full", "The database's disk is full, so nothing "
+         "of this request was kept; retry later, once an operator has freed space.", "30"),
+        (database_unavailable, "database unavailable", "The database did not answer.", "5"),
+        (broker_unavailable, "Redis unavailable", "Redis (the broker) did not answer, so "
+         "nothing of this request was kept; retry shortly.", "2"),
+    ]  # fmt: skip
 
 
 def _nul_in_text(exc: BaseException | None) -> bool:
