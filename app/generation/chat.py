@@ -15,21 +15,47 @@ equals the final text.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
 from app.cards import GenerationSpec
+from app.generation.guides import CLOSING_MARGIN, Grammars, JsonGuide, shortest
 from app.generation.requests import GenerationRequest
+from app.runtime.sampling import TokenLogprob
 from app.runtime.tensors import InvalidInputs
+
+
+def _byte_level() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_level()
 
 
 class ChatFormat:
     def __init__(self, tokenizer_path: Path, spec: GenerationSpec) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.spec = spec
+        self.vocab = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
         self._newline = self._encode("\n")
+        self._grammars: Grammars | None = None
+        self._lock = threading.Lock()
+        self._special = set(spec.special.values())
+        self._bytes: dict[int, bytes] = {}
 
     def _encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -48,7 +74,29 @@ class ChatFormat:
                 f"the prompt is {len(ids)} tokens and max_tokens {wanted}: together at most "
                 f"{context}, this model's context; shorten the prompt or lower max_tokens"
             })  # fmt: skip
+        if unknown := [t for t, _ in request.sampling.logit_bias if t >= self.vocab]:
+            raise InvalidInputs({"logit_bias": f"token id(s) {unknown} are not in this model's "
+                                 f"vocabulary (0 to {self.vocab - 1})"})  # fmt: skip
+        if request.constraint is not None:
+            least = shortest(request.constraint.schema)
+            if least is not None and (n := len(self._encode(least))) > wanted:
+                raise InvalidInputs({"max_tokens": (
+                    f"the shortest output the response format allows ({least}) is {n} tokens, "
+                    f"more than max_tokens {wanted}; raise max_tokens")})  # fmt: skip
         return ids
+
+    def guide(self, request: GenerationRequest) -> JsonGuide | None:
+        """The request's grammar state, when its output is constrained."""
+        if request.constraint is None:
+            return None
+        with self._lock:
+            if self._grammars is None:
+                control = {i: self.tokenizer.id_to_token(i) or "" for i in self._special}
+                self._grammars = Grammars(self.tokenizer.to_str(), control,
+                                          self.spec.stop_tokens, self.vocab)  # fmt: skip
+        least = shortest(request.constraint.schema)
+        reserve = len(self._encode(least)) if least is not None else 2 * CLOSING_MARGIN
+        return self._grammars.guide(request.constraint, reserve + CLOSING_MARGIN)
 
     def chat_ids(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
         start, end = self.spec.special["im_start"], self.spec.special["im_end"]
@@ -59,6 +107,27 @@ class ChatFormat:
         for role, content in turns:
             ids += [start, *self._encode(f"{role}\n{content}"), end, *self._newline]
         return [*ids, start, *self._encode("assistant\n")]
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes (a byte-level token may hold part of a character)."""
+        found = self._bytes.get(token)
+        if found is None:
+            piece = self.tokenizer.id_to_token(token) or ""
+            found = (piece.encode() if self.tokenizer.token_to_id(piece) in self._special
+                     else bytes(_BYTE_OF.get(ch, 0x3F) for ch in piece))  # fmt: skip
+            self._bytes[token] = found
+        return found
+
+    def logprob_entry(self, logprob: TokenLogprob) -> dict[str, Any]:
+        """A token's log-probability as OpenAI's chat `logprobs.content` item."""
+
+        def item(token: int, value: float) -> dict[str, Any]:
+            raw = self.token_bytes(token)
+            return {"token": raw.decode("utf-8", errors="replace"), "bytes": list(raw),
+                    "logprob": value}  # fmt: skip
+
+        return {**item(logprob.token, logprob.logprob),
+                "top_logprobs": [item(t, v) for t, v in logprob.top]}  # fmt: skip
 
     def text_stream(self, stop: tuple[str, ...]) -> TextStream:
         return TextStream(self.tokenizer, stop)

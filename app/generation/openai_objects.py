@@ -15,16 +15,19 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-# OpenAI's fields that map onto the job's parameters.
-_SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop")
+# OpenAI's fields (and vLLM's extra `top_k`, `repetition_penalty`) that map onto the
+# job's parameters of the same names.
+_SAMPLING = (
+    "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "response_format",
+)  # fmt: skip
 # Fields OpenAI's clients may send that change nothing here at these values.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False,),
-    "user": (), "stream_options": (), "parallel_tool_calls": (), "store": (False,),
+    "n": (1,), "user": (), "stream_options": (), "parallel_tool_calls": (), "store": (False,),
     "metadata": (), "service_tier": ("auto", "default"),
 }  # fmt: skip
 _KNOWN = {"model", "messages", "prompt", "stream", "max_tokens", "max_completion_tokens",
-          *_SAMPLING, *_NEUTRAL}  # fmt: skip
+          "logprobs", "top_logprobs", *_SAMPLING, *_NEUTRAL}  # fmt: skip
 
 
 class BadField(ValueError):
@@ -67,10 +70,22 @@ def completion_request(body: dict[str, Any], chat: bool) -> CompletionRequest:
         if allowed and value is not None and value not in allowed:
             raise BadField(name, f"only {allowed[0]!r} is supported")
     parameters = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
+    parameters |= _logprobs(body, chat)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         parameters["max_tokens"] = max_tokens
     return CompletionRequest(model, completion_inputs(body, chat), parameters)
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """The job's `logprobs` and `top_logprobs`: a chat's as they are; a text
+    completion's `logprobs` is the number of alternatives (OpenAI's legacy form)."""
+    wanted = body.get("logprobs")
+    if chat or wanted is None or isinstance(wanted, bool):
+        return {k: body[k] for k in ("logprobs", "top_logprobs") if body.get(k) is not None}
+    if not isinstance(wanted, int) or not 0 <= wanted <= 5:
+        raise BadField("logprobs", "expected an integer from 0 to 5 (the alternatives per token)")
+    return {"logprobs": True, "top_logprobs": wanted}
 
 
 def streaming(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -107,6 +122,7 @@ class CompletionShape:
     ) -> None:
         self.id, self.model, self.chat = str(job_id), model, chat
         self.created = int(time.time()) if created is None else created
+        self._offset = 0  # (a text completion's logprobs: where the next token begins)
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -128,23 +144,48 @@ class CompletionShape:
 
     def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]:
         """The whole answer of a call that succeeded (or was cancelled: its text so far)."""
+        logprobs = self.logprobs(final.get("logprobs"))
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": self.reason(final)}  # fmt: skip
+                      "logprobs": logprobs, "finish_reason": self.reason(final)}  # fmt: skip
             kind = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None,
+            choice = {"index": 0, "text": text, "logprobs": logprobs,
                       "finish_reason": self.reason(final)}  # fmt: skip
             kind = "text_completion"
         return {**self._head(kind), "choices": [choice], "usage": self.usage(final)}
 
-    def chunk(self, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    def chunk(
+        self, delta: dict[str, Any], reason: str | None, logprobs: Any = None
+    ) -> dict[str, Any]:
+        shaped = self.logprobs(logprobs) if logprobs else None
         if self.chat:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None,
+        choice = {"index": 0, "text": delta.get("content", ""), "logprobs": shaped,
                   "finish_reason": reason}  # fmt: skip
         return {**self._head("text_completion"), "choices": [choice]}
+
+    def logprobs(self, entries: Any) -> dict[str, Any] | None:
+        """Tokens' log-probabilities (the worker's are a chat's `content` items) in
+        this call's shape: a chat's, or a text completion's legacy columns, whose
+        `text_offset` goes on from the tokens shaped before in this call."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": list(entries), "refusal": None}
+        offsets = []
+        for entry in entries:
+            offsets.append(self._offset)
+            self._offset += len(entry["token"])
+        return {
+            "tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [
+                {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries
+            ],
+            "text_offset": offsets,
+        }
 
     def usage_chunk(self, final: dict[str, Any]) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"

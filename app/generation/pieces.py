@@ -41,6 +41,7 @@ class _Pending:
     tokens: int = 0
     index: int = 0
     at: int = 0  # where `text` begins in the job's output
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # its tokens', if asked
     since: float = field(default_factory=time.monotonic)
 
 
@@ -57,12 +58,14 @@ class PiecePublisher:
         that had more of it skips what it already has."""
         self._pending[job_id] = _Pending(at=at)
 
-    def add(self, job_id: uuid.UUID, text: str) -> None:
+    def add(self, job_id: uuid.UUID, text: str, logprob: dict[str, Any] | None = None) -> None:
         pending = self._pending.setdefault(job_id, _Pending())
-        if not pending.text:
+        if not pending.text and not pending.logprobs:
             pending.since = time.monotonic()
         pending.text += text
         pending.tokens += 1
+        if logprob is not None:
+            pending.logprobs.append(logprob)
 
     def flush(self, finals: dict[uuid.UUID, dict[str, Any]] | None = None) -> None:
         """Publish the pieces due (all of a finishing job's), then the finals."""
@@ -73,13 +76,15 @@ class PiecePublisher:
             # A job's first text goes at once (the time to first token), the rest coalesced.
             first = pending.index == 0
             due = first or now - pending.since >= FLUSH_S or pending.tokens >= FLUSH_TOKENS
-            if pending.text and (due or job_id in finals):
+            if (pending.text or pending.logprobs) and (due or job_id in finals):
                 piece = {"index": pending.index, "at": pending.at, "text": pending.text,
                          "tokens": pending.tokens}  # fmt: skip
+                if pending.logprobs:
+                    piece["logprobs"] = pending.logprobs
                 messages.append((channel(job_id), orjson.dumps(piece)))
                 pending.index += 1
                 pending.at += len(pending.text)
-                pending.text, pending.tokens = "", 0
+                pending.text, pending.tokens, pending.logprobs = "", 0, []
         for job_id, final in finals.items():
             index = self._pending.pop(job_id, _Pending()).index
             messages.append((channel(job_id), orjson.dumps({"index": index, **final})))
@@ -101,6 +106,7 @@ class Followed:
 
     text: str
     final: dict[str, Any] | None = None
+    logprobs: tuple[dict[str, Any], ...] = ()  # the new tokens', when the call asked
 
 
 def follow(
@@ -122,7 +128,7 @@ def follow(
     (TimeoutError)."""
     pubsub = redis.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel(job_id))
-    sent, gap = "", False
+    sent, gap, given = "", False, 0
     deadline = time.monotonic() + timeout_s
     next_check = time.monotonic() + check_s
     try:
@@ -140,9 +146,12 @@ def follow(
                 elif not gap:
                     new = _beyond(sent, data.get("at", len(sent)), data["text"])
                     gap = new is None
-                    if new:
-                        sent += new
-                        yield Followed(new)
+                    # (a retry's piece repeats none of the tokens already passed on)
+                    entries = tuple(data.get("logprobs") or ()) if new is not None else ()
+                    if new or entries:
+                        sent += new or ""
+                        given += len(entries)
+                        yield Followed(new or "", logprobs=entries)
             now = time.monotonic()
             if final is None and now >= next_check:
                 next_check = now + check_s
@@ -154,7 +163,7 @@ def follow(
             if final is not None:
                 output = final.get("output") or ""
                 rest = output[len(sent) :] if output.startswith(sent) else ""
-                yield Followed(rest, final)
+                yield Followed(rest, final, tuple((final.get("logprobs") or [])[given:]))
                 return
             if now >= deadline:
                 raise TimeoutError(f"job {job_id} did not finish within {timeout_s:g} s")

@@ -1,8 +1,10 @@
 """A generation request as every door takes it, checked against the model's card.
 
 `{"messages": [{"role", "content"}, ...]}` or `{"prompt": "..."}` as the inputs,
-and the sampling parameters (`max_tokens`, `temperature`, `top_p`, `top_k`,
-`seed`, `stop`) beside them. Every problem is named per field, as the tensor
+and the parameters beside them: sampling (`max_tokens`, `temperature`, `top_p`,
+`top_k`, `seed`, `stop`, the penalties, `logit_bias`), what comes back with each
+token (`logprobs`, `top_logprobs`) and what the output must be
+(`response_format`, app.generation.guides). Every problem is named per field, as the tensor
 inputs' checks name theirs (app.runtime.tensors.InvalidInputs), so a door maps
 them to its own error shape; nothing here knows a door.
 """
@@ -17,13 +19,21 @@ import numpy as np
 import orjson
 
 from app.cards import GenerationSpec
+from app.generation.guides import Constraint, response_format
 from app.runtime.sampling import Sampling
 from app.runtime.tensors import InvalidInputs, unpack
 
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 MAX_STOP_CHARS = 64
+MAX_TOP_LOGPROBS = 20  # as OpenAI allows
+MAX_LOGIT_BIAS = 300  # tokens, as OpenAI allows
+JSON_PARAMETERS = ("response_format", "logit_bias")
 REQUEST_INPUT = "generation_request"  # the stored request: one BYTES value of JSON
-PARAMETERS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+PARAMETERS = (
+    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs",
+    "response_format",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -31,11 +41,15 @@ class GenerationRequest:
     messages: tuple[tuple[str, str], ...] | None
     prompt: str | None
     sampling: Sampling
+    constraint: Constraint | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The job's stored inputs (and what `from_json` reads back in the worker)."""
         sampling = {k: v for k, v in asdict(self.sampling).items() if v is not None}
         sampling["stop"] = list(self.sampling.stop)
+        sampling["logit_bias"] = [list(pair) for pair in self.sampling.logit_bias]
+        if self.constraint is not None:
+            sampling["constraint"] = self.constraint.to_json()
         source: dict[str, Any] = (
             {"messages": [{"role": r, "content": c} for r, c in self.messages]}
             if self.messages is not None
@@ -47,11 +61,14 @@ class GenerationRequest:
     def from_json(cls, raw: dict[str, Any]) -> GenerationRequest:
         params = dict(raw["parameters"])
         params["stop"] = tuple(params.get("stop", ()))
+        params["logit_bias"] = tuple((int(t), float(b)) for t, b in params.get("logit_bias", ()))
+        constraint = params.pop("constraint", None)
         messages = raw.get("messages")
         return cls(
             messages=tuple((m["role"], m["content"]) for m in messages) if messages else None,
             prompt=raw.get("prompt"),
             sampling=Sampling(**params),
+            constraint=Constraint.from_json(constraint) if constraint else None,
         )
 
 
@@ -61,10 +78,18 @@ def parse(spec: GenerationSpec, inputs: Any, parameters: Any) -> GenerationReque
     (app.generation.chat.ChatFormat.encode)."""
     errors: dict[str, str] = {}
     messages, prompt = _source(spec, inputs, errors)
+    if isinstance(parameters, dict):
+        parameters = _objects(parameters, errors)
     sampling = _sampling(spec, parameters, errors)
+    constraint = None
+    if sampling is not None and isinstance(parameters, dict):
+        try:
+            constraint = response_format(parameters.get("response_format"))
+        except InvalidInputs as exc:
+            errors |= exc.errors
     if errors or sampling is None:
         raise InvalidInputs(errors)
-    return GenerationRequest(messages, prompt, sampling)
+    return GenerationRequest(messages, prompt, sampling, constraint)
 
 
 def parse_row(spec: GenerationSpec, row: Any) -> GenerationRequest:
@@ -161,9 +186,66 @@ def _sampling(spec: GenerationSpec, raw: Any, errors: dict[str, str]) -> Samplin
         )
     elif len(stop) > MAX_STOP:
         errors["stop"] = f"expected at most {MAX_STOP} stop sequences, got {len(stop)}"
+    presence = _number(raw, "presence_penalty", 0.0, -2.0, 2.0, errors)
+    frequency = _number(raw, "frequency_penalty", 0.0, -2.0, 2.0, errors)
+    repetition = _number(raw, "repetition_penalty", 1.0, 0.0, 10.0, errors)
+    if repetition == 0:
+        errors["repetition_penalty"] = "expected a number above 0 and at most 10 (1: none)"
+    logit_bias = _logit_bias(raw.get("logit_bias"), errors)
+    logprobs = _logprobs(raw, errors)
     if errors:
         return None
-    return Sampling(int(max_tokens), temperature, top_p, int(top_k), seed, tuple(stop))
+    return Sampling(int(max_tokens), temperature, top_p, int(top_k), seed, tuple(stop),
+                    presence, frequency, repetition, logit_bias, logprobs)  # fmt: skip
+
+
+def _objects(raw: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+    """`response_format` and `logit_bias` may come as their JSON in a string: the
+    form a door of scalar parameters (gRPC's InferParameter, Triton's) can carry."""
+    decoded = dict(raw)
+    for name in JSON_PARAMETERS:
+        if isinstance(value := raw.get(name), str):
+            try:
+                decoded[name] = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                errors[name] = "expected an object, or its JSON in a string"
+    return decoded
+
+
+def _logit_bias(raw: Any, errors: dict[str, str]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: token ids (as strings or numbers) to -100..100. That
+    the ids are in the model's vocabulary is checked with its tokenizer
+    (app.generation.chat.ChatFormat.encode)."""
+    if raw is None:
+        return ()
+    expected = f"an object of at most {MAX_LOGIT_BIAS} token ids to numbers from -100 to 100"
+    if not isinstance(raw, dict) or len(raw) > MAX_LOGIT_BIAS:
+        errors["logit_bias"] = f"expected {expected}"
+        return ()
+    pairs = []
+    for token, bias in raw.items():
+        text = str(token)
+        good_bias = isinstance(bias, int | float) and not isinstance(bias, bool)
+        if not text.isdigit() or not good_bias or not -100 <= bias <= 100:
+            errors["logit_bias"] = f"expected {expected}; got {token!r}: {bias!r}"
+            return ()
+        pairs.append((int(text), float(bias)))
+    return tuple(sorted(pairs))
+
+
+def _logprobs(raw: dict[str, Any], errors: dict[str, str]) -> int | None:
+    """How many alternatives each token's log-probability comes with; None: none asked."""
+    wanted, top = raw.get("logprobs"), raw.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        errors["logprobs"] = "expected true or false"
+        return None
+    if top is not None and (not _integer(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        errors["top_logprobs"] = f"expected an integer from 0 to {MAX_TOP_LOGPROBS}, got {top!r}"
+        return None
+    if top is not None and not wanted:
+        errors["top_logprobs"] = "needs logprobs: true"
+        return None
+    return int(top or 0) if wanted else None
 
 
 def _integer(value: Any) -> bool:

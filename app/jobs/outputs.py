@@ -14,8 +14,10 @@ throttle); it says the text so far when it is sent. Nothing here commits.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, INTEGER, TEXT, UUID
 from sqlalchemy.orm import Session
@@ -31,18 +33,19 @@ class Piece:
     attempt: int
     text: str
     tokens: tuple[int, ...]
+    logprobs: tuple[dict[str, Any], ...] = ()  # the tokens', when asked for
 
 
 _RECORD = text(
     f"""
     WITH v AS (
-        SELECT * FROM unnest(:ids, :attempts, :texts, :tokens)
-            AS v(id, attempt, text, tokens)
+        SELECT * FROM unnest(:ids, :attempts, :texts, :tokens, :logprobs)
+            AS v(id, attempt, text, tokens, logprobs)
     ),
     recorded AS (
-        INSERT INTO job_events (job_id, status, attempt, text, tokens)
+        INSERT INTO job_events (job_id, status, attempt, text, tokens, logprobs)
         SELECT v.id, '{OUTPUT}', v.attempt, v.text,
-               CAST(string_to_array(v.tokens, ',') AS integer[])
+               CAST(string_to_array(v.tokens, ',') AS integer[]), CAST(v.logprobs AS jsonb)
         FROM v JOIN jobs AS j ON j.id = v.id
         WHERE j.status = 'running' AND j.attempts = v.attempt
         RETURNING job_id
@@ -68,6 +71,7 @@ _RECORD = text(
     bindparam("attempts", type_=ARRAY(INTEGER)),
     bindparam("texts", type_=ARRAY(TEXT)),
     bindparam("tokens", type_=ARRAY(TEXT)),
+    bindparam("logprobs", type_=ARRAY(TEXT)),
 )
 
 
@@ -82,6 +86,7 @@ def record(session: Session, pieces: list[Piece]) -> None:
             "attempts": [p.attempt for p in pieces],
             "texts": [p.text for p in pieces],
             "tokens": [",".join(map(str, p.tokens)) for p in pieces],
+            "logprobs": [orjson.dumps(p.logprobs).decode() if p.logprobs else None for p in pieces],
         },
     )
 
@@ -109,6 +114,7 @@ class _Open:
     tokens: list[int] | None = None
     since: float = 0.0
     recorded: bool = False  # a first piece went
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Recorder:
@@ -120,8 +126,9 @@ class Recorder:
         self._open: dict[uuid.UUID, _Open] = {}
 
     def add(
-        self, job_id: uuid.UUID, attempt: int, text: str, token: int | None, now: float
-    ) -> None:
+        self, job_id: uuid.UUID, attempt: int, text: str, token: int | None, now: float,
+        logprob: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         """A token and the text it let out; `token` None for text without one (a tail
         held back for stop sequences, out once the sequence ended)."""
         piece = self._open.setdefault(job_id, _Open(attempt))
@@ -129,6 +136,8 @@ class Recorder:
             piece.tokens, piece.since = [], now
         if token is not None:
             piece.tokens.append(token)
+        if logprob is not None:
+            piece.logprobs.append(logprob)
         piece.text += text
 
     def due(self, now: float) -> list[Piece]:
@@ -143,13 +152,15 @@ class Recorder:
         for job_id in job_ids:
             piece = self._open.pop(job_id, None)
             if piece is not None and (piece.tokens or piece.text):
-                pieces.append(Piece(job_id, piece.attempt, piece.text, tuple(piece.tokens or ())))
+                pieces.append(Piece(job_id, piece.attempt, piece.text, tuple(piece.tokens or ()),
+                                    tuple(piece.logprobs)))  # fmt: skip
         return pieces
 
     def _cut(self, job_id: uuid.UUID) -> Piece:
         piece = self._open[job_id]
-        cut = Piece(job_id, piece.attempt, piece.text, tuple(piece.tokens or ()))
-        piece.text, piece.tokens = "", []
+        cut = Piece(job_id, piece.attempt, piece.text, tuple(piece.tokens or ()),
+                    tuple(piece.logprobs))  # fmt: skip
+        piece.text, piece.tokens, piece.logprobs = "", [], []
         piece.recorded = piece.recorded or bool(cut.text)
         return cut
 
@@ -157,9 +168,19 @@ class Recorder:
 _RECORDED = text(
     f"SELECT tokens FROM job_events WHERE job_id = :id AND status = '{OUTPUT}' ORDER BY id"
 )
+_RECORDED_LOGPROBS = text(
+    f"SELECT logprobs FROM job_events WHERE job_id = :id AND status = '{OUTPUT}' "
+    "AND logprobs IS NOT NULL ORDER BY id"
+)
 
 
 def recorded_tokens(session: Session, job_id: uuid.UUID) -> list[int]:
     """Every token a job's earlier attempts recorded, in order: where a retry of a
     generation goes on from."""
     return [t for tokens in session.execute(_RECORDED, {"id": job_id}).scalars() for t in tokens]
+
+
+def recorded_logprobs(session: Session, job_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The log-probabilities of those tokens (a generation that asked for them)."""
+    rows = session.execute(_RECORDED_LOGPROBS, {"id": job_id}).scalars()
+    return [entry for entries in rows for entry in entries]

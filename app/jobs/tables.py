@@ -202,6 +202,8 @@ class JobEvent(Base):
     # worker, app.jobs.outputs): its text and the token ids that made it.
     text: Mapped[str | None] = mapped_column(Text)
     tokens: Mapped[list[int] | None] = mapped_column(ARRAY(Integer))
+    # Its tokens' log-probabilities (OpenAI's `logprobs.content` items), when asked for.
+    logprobs: Mapped[list[Any] | None] = mapped_column(JSONB)
 
 
 class IdempotencyKey(Base):

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 from sqlalchemy.orm import undefer
 
 from app.cards import ModelCard
@@ -81,6 +82,9 @@ class Completions:
             outputs = stored_outputs(job) or {}
         usage = {k: outputs[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")
                  if k in outputs}  # fmt: skip
-        return {"final": True, "status": job.status, "output": outputs.get("text", ""),
-                "finish_reason": outputs.get("finish_reason"), "usage": usage,
-                "error": job.error_message}  # fmt: skip
+        final = {"final": True, "status": job.status, "output": outputs.get("text", ""),
+                 "finish_reason": outputs.get("finish_reason"), "usage": usage,
+                 "error": job.error_message}  # fmt: skip
+        if "logprobs" in outputs:
+            final["logprobs"] = orjson.loads(outputs["logprobs"])
+        return final

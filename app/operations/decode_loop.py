@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import orjson
 import psutil
 
 from app.cards import ModelCard
@@ -103,6 +104,7 @@ class Running:
     compute_s: float = 0.0
     stopped: str | None = None  # a stop sequence ended it
     first: bool = True  # its first token is still to come (time to first token)
+    logprobs: list[dict[str, Any]] | None = None  # each token's, when asked for
 
 
 @dataclass
@@ -121,11 +123,14 @@ def ended_outcome(running: Running) -> tuple[Outcome, dict[str, Any]]:
     reason = running.stopped or sequence.finish_reason or "cancelled"
     usage = {"prompt_tokens": len(running.prompt), "completion_tokens": len(sequence.generated)}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    outputs = pack({
+    arrays = {
         "text": np.array(running.text.text, dtype=object),
         "finish_reason": np.array(reason, dtype=object),
         **{k: np.array(v, np.int64) for k, v in usage.items()},
-    })  # fmt: skip
+    }
+    if running.logprobs is not None:  # (OpenAI's chat `logprobs.content`, as JSON)
+        arrays["logprobs"] = np.array(orjson.dumps(running.logprobs).decode(), dtype=object)
+    outputs = pack(arrays)
     job = running.job
     if reason == "time_limit":
         outcome = Outcome(job.id, job.attempt, "failed", error_code="time_limit",
@@ -138,6 +143,8 @@ def ended_outcome(running: Running) -> tuple[Outcome, dict[str, Any]]:
                       prompt_tokens=usage["prompt_tokens"],
                       completion_tokens=usage["completion_tokens"])  # fmt: skip
     final = {"final": True, "finish_reason": reason, "usage": usage, "output": running.text.text}
+    if running.logprobs is not None:
+        final["logprobs"] = running.logprobs
     return outcome, final
 
 

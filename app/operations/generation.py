@@ -41,7 +41,7 @@ from app.generation.sharing import Holder, Waiter, preemptions
 from app.jobs import claims, telemetry
 from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
-from app.jobs.outputs import Piece, Recorder, record, recorded_tokens
+from app.jobs.outputs import Piece, Recorder, record, recorded_logprobs, recorded_tokens
 from app.jobs.transitions import Outcome, finish_rows
 from app.observability import metrics
 from app.operations.decode_loop import (
@@ -213,11 +213,7 @@ class Generation:
             running = loop.running.get(loop.paused.pop(0))
             if running is None:
                 continue
-            before = running.sequence
-            running.sequence = Sequence.resumed(
-                before.key, running.prompt, before.generated, before.sampling
-            )
-            running.sequence.rng = before.rng
+            running.sequence = running.sequence.going_on(running.prompt)
             running.joined = time.monotonic()
             loop.engine.add(running.sequence)
 
@@ -266,6 +262,7 @@ class Generation:
         try:
             request = stored_request(bytes(job.input_data or b""))
             prompt = fmt.encode(request)
+            guide = fmt.guide(request)
         except (KeyError, TypeError, ValueError, InvalidInputs) as exc:
             failed = Outcome(job.id, job.attempt, "failed", error_code="invalid_input",
                              error_message=f"{type(exc).__name__}: {exc}",
@@ -282,9 +279,11 @@ class Generation:
         # (Only the fault suite turns the `resume` guard off: a retry starts afresh.)
         resume = job.attempt > 1 and self.runner.guards.resume
         made = self._recorded(job.id) if resume else []
-        sequence = Sequence.resumed(job.id, prompt, made, request.sampling)
+        sequence = Sequence.resumed(job.id, prompt, made, request.sampling, guide)
         running = Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,
-                           prompt=prompt, joined=time.monotonic(), first=not made)  # fmt: skip
+                          prompt=prompt, joined=time.monotonic(), first=not made)  # fmt: skip
+        if request.sampling.logprobs is not None:
+            running.logprobs = self._recorded_logprobs(job.id) if made else []
         loop.running[job.id] = running
         if not made:  # (a retry's prompt was counted by its first attempt)
             self.meter.charge(job, loop.card.name, "prompt", len(prompt))
@@ -301,6 +300,10 @@ class Generation:
     @transactional
     def _recorded(self, job_id: uuid.UUID) -> list[int]:
         return recorded_tokens(self.database.session(), job_id)
+
+    @transactional
+    def _recorded_logprobs(self, job_id: uuid.UUID) -> list[dict[str, Any]]:
+        return recorded_logprobs(self.database.session(), job_id)
 
     def _step(self, loop: Loop) -> int:
         """A step: prefill (the step's budget of prompt tokens), then decode. Each
@@ -351,9 +354,14 @@ class Generation:
                 running.first = False
                 self.meter.first_token(job, loop.card.name)
             piece = running.text.add(item.token)
-            if piece.text:
-                self.publisher.add(job.id, piece.text)
-            self.recorder.add(job.id, job.attempt, piece.text, item.token, time.monotonic())
+            entry = None
+            if item.logprob is not None and running.logprobs is not None:
+                entry = chat_format(loop.card).logprob_entry(item.logprob)
+                running.logprobs.append(entry)
+            if piece.text or entry:
+                self.publisher.add(job.id, piece.text, entry)
+            self.recorder.add(job.id, job.attempt, piece.text, item.token, time.monotonic(),
+                              entry)  # fmt: skip
             if piece.stopped:
                 loop.engine.cancel(running.job.id)
                 running.stopped = "stop"

@@ -25,13 +25,37 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
 
 from app.runtime.kvcache import KVCache, cache_for
-from app.runtime.sampling import Sampling, generator, pick, skip_draw
+from app.runtime.sampling import (
+    Sampling,
+    Seen,
+    TokenLogprob,
+    generator,
+    logprob_of,
+    pick,
+    shape,
+    skip_draw,
+)
+
+
+class Guide(Protocol):
+    """What a sequence's output must match (a grammar: app.generation.guides)."""
+
+    def mask(self, logits: np.ndarray, left: int) -> np.ndarray:
+        """The row with every token the grammar forbids next at -inf (a copy);
+        `left`: the tokens the sequence may still make."""
+
+    def accept(self, token: int) -> None:
+        """The token was picked: the grammar moves past it."""
+
+    @property
+    def finished(self) -> bool:
+        """The output is whole: nothing may follow."""
 
 
 @dataclass(eq=False)
@@ -39,7 +63,9 @@ class Sequence:
     key: Any  # the caller's name for it (a job id)
     prompt: list[int]
     sampling: Sampling
+    guide: Guide | None = None
     rng: np.random.Generator = field(init=False)
+    seen: Seen = field(init=False)
     generated: list[int] = field(default_factory=list)
     slot: int = -1
     filled: int = 0  # positions of its cache rows written
@@ -47,19 +73,34 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.rng = generator(self.sampling)
+        self.seen = Seen(self.prompt, self.sampling)
 
     @classmethod
-    def resumed(cls, key: Any, prompt: list[int], made: list[int], sampling: Sampling) -> Sequence:
+    def resumed(
+        cls, key: Any, prompt: list[int], made: list[int], sampling: Sampling,
+        guide: Guide | None = None,
+    ) -> Sequence:  # fmt: skip
         """A sequence going on from tokens an earlier run made: they are prefilled
-        with the prompt and count as generated, and a seeded generator draws as
-        many times as it drew for them, so the rest is what one uninterrupted run
-        makes."""
-        sequence = cls(key, prompt + made, sampling)
+        with the prompt and count as generated (for the penalties and the guide
+        too), and a seeded generator draws as many times as it drew for them, so
+        the rest is what one uninterrupted run makes."""
+        sequence = cls(key, prompt + made, sampling, guide)
+        sequence.seen = Seen(prompt, sampling)
         sequence.generated = list(made)
-        if not sampling.greedy:
-            for _ in made:
+        for token in made:
+            sequence.seen.add(token)
+            if guide is not None:
+                guide.accept(token)
+            if not sampling.greedy:
                 skip_draw(sequence.rng)
         return sequence
+
+    def going_on(self, prompt: list[int]) -> Sequence:
+        """This sequence again from its prompt and tokens (a paused one going on):
+        its generator, penalties and guide where they were."""
+        again = Sequence(self.key, prompt + self.generated, self.sampling, self.guide)
+        again.generated, again.rng, again.seen = list(self.generated), self.rng, self.seen
+        return again
 
 
 @dataclass(frozen=True)
@@ -70,6 +111,7 @@ class Emitted:
     sequence: Sequence
     token: int | None
     finished: str | None  # "stop", "length" or None
+    logprob: TokenLogprob | None = None  # when the sampling asks for log-probabilities
 
 
 GROW = 256  # positions the cache buffer grows or shrinks by
@@ -178,16 +220,27 @@ class DecodeEngine:
         return emitted
 
     def _next(self, sequence: Sequence, logits: np.ndarray) -> Emitted:
-        token = pick(logits, sequence.sampling, sequence.rng)
+        sampling, guide = sequence.sampling, sequence.guide
+        row = shape(logits, sampling, sequence.seen)
+        if guide is not None:
+            row = guide.mask(row, sampling.max_tokens - len(sequence.generated))
+        token = pick(row, sampling, sequence.rng)
         if token in self.stop_tokens:
             self._leave(sequence, "stop")
             return Emitted(sequence, None, "stop")
+        logprob = None if sampling.logprobs is None else logprob_of(row, token, sampling.logprobs)
         sequence.generated.append(token)
+        sequence.seen.add(token)
+        if guide is not None:
+            guide.accept(token)
+            if guide.finished:  # the output is whole: no need to wait for a stop token
+                self._leave(sequence, "stop")
+                return Emitted(sequence, token, "stop", logprob)
         full = sequence.filled + 1 >= self.context
-        if len(sequence.generated) >= sequence.sampling.max_tokens or full:
+        if len(sequence.generated) >= sampling.max_tokens or full:
             self._leave(sequence, "length")
-            return Emitted(sequence, token, "length")
-        return Emitted(sequence, token, None)
+            return Emitted(sequence, token, "length", logprob)
+        return Emitted(sequence, token, None, logprob)
 
     def _leave(self, sequence: Sequence, reason: str) -> None:
         sequence.finish_reason = reason

@@ -97,8 +97,9 @@ def _call(body: dict[str, Any], *, chat: bool) -> Response | dict[str, Any]:
         try:
             yield shape.sse(shape.chunk({"role": "assistant", "content": ""}, None))
             for followed in operations.follow(tenant, job.id):
-                if followed.text:
-                    yield shape.sse(shape.chunk({"content": followed.text}, None))
+                if followed.text or followed.logprobs:
+                    delta = {"content": followed.text}
+                    yield shape.sse(shape.chunk(delta, None, followed.logprobs))
                 if (final := followed.final) is not None:
                     finished = True
                     if not shape.succeeded(final):

@@ -68,11 +68,13 @@ class Problem(Exception):
 
 
 def problem_response(problem: Problem) -> Response:
+    status = problem.status
     if request and request.path.startswith("/v1/"):
         body, mimetype = openai_error(problem), "application/json"
+        status = 400 if status == 422 else status  # (OpenAI's clients: BadRequestError)
     else:
         body, mimetype = problem.to_dict(), PROBLEM_JSON
-    response = Response(json.dumps(body), status=problem.status, mimetype=mimetype)
+    response = Response(json.dumps(body), status=status, mimetype=mimetype)
     for name, value in problem.headers.items():
         response.headers[name] = value
     return response

@@ -4,9 +4,11 @@ model is: a response per piece of text, then (when asked) an empty one flagged
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -16,7 +18,9 @@ from tritonclient.utils import InferenceServerException
 
 from app.grpc.server import Running
 from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
+from tests.generation.schemas import PERSON
 from tests.generation.test_doors import PROMPT
+from tests.generation.test_openai import PERSON_FORMAT
 from tests.grpc.conftest import grpc_server  # noqa: F401  (the fixture)
 from tests.support import wait_until
 
@@ -161,3 +165,22 @@ def test_a_stream_cut_mid_generation_cancels_it(
     job = wait_for_job(client, tenant.headers, job_id, timeout=30)
     assert job["status"] == "cancelled"
     assert 0 < job["outputs"]["completion_tokens"] < 2000
+
+
+def test_a_response_format_as_json_in_a_string_parameter_shapes_the_answer(
+    grpc_server: Running,  # noqa: F811
+    tenant: TenantAuth,
+    worker: WorkerProcess,
+) -> None:
+    """gRPC's parameters are scalars: the schema comes as its JSON in a string, as
+    Triton's vLLM backend takes its guided-decoding options."""
+    client = triton.InferenceServerClient(f"127.0.0.1:{grpc_server.port}")
+    asked = {**GREEDY, "max_tokens": 60, "response_format": json.dumps(PERSON_FORMAT)}
+    text = triton.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Tom Baker is 87 years old."], dtype=object))
+    result = client.infer("smollm2", [text], headers=key_of(tenant), parameters=asked)
+    jsonschema.validate(json.loads(text_of(result)), PERSON)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("smollm2", [text], headers=key_of(tenant),
+                     parameters={**asked, "response_format": "{not json"})  # fmt: skip
+    assert "response_format" in str(caught.value) and "INVALID_ARGUMENT" in str(caught.value)

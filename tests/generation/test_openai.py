@@ -3,16 +3,20 @@ each call a job run by a real worker's decode loop."""
 
 from __future__ import annotations
 
+import json
+import math
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
 from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
+from tests.generation.schemas import PERSON, messages, response_format
 from tests.support import LiveServer
 
 pytestmark = pytest.mark.processes
@@ -90,8 +94,48 @@ def test_models_lists_the_generative_ones(client_of: openai.OpenAI) -> None:
         ({"max_tokens": 100_000}, "max_tokens", "from 1 to 2048"),
         ({"temperature": "hot"}, "temperature", "expected a number"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "unknown role"),
-        ({"frequency_penalty": 1.5}, "frequency_penalty", "only 0"),
-        ({"logit_bias": {"1": 2}}, "logit_bias", "not supported"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty", "from -2 to 2"),
+        ({"logit_bias": {"1": 200}}, "logit_bias", "from -100 to 100"),
+        ({"logit_bias": {"60000": 1}}, "logit_bias", "not in this model's vocabulary"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", "from 0 to 20"),
+        ({"n": 2}, "n", "only 1"),
+        ({"response_format": {"type": "yaml"}}, "response_format", "json_schema"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "strict": True,
+                        "schema": {
+                            "type": "array",
+                            "items": {"type": "integer"},
+                            "uniqueItems": True,
+                        },
+                    },
+                }
+            },
+            "response_format.json_schema.schema",
+            "uniqueItems",
+        ),
+        (
+            {
+                "max_tokens": 3,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": {"type": "string"}},
+                        },
+                    },
+                },
+            },
+            "max_tokens",
+            "shortest output",
+        ),
         ({"model": "digits"}, "model", "does not generate"),
         ({"messages": [{"role": "user", "content": "word " * 9000}]}, "messages", "context"),
     ],
@@ -99,12 +143,12 @@ def test_models_lists_the_generative_ones(client_of: openai.OpenAI) -> None:
 def test_bad_requests_are_openai_errors_naming_the_field(
     client_of: openai.OpenAI, change: dict[str, Any], param: str, words: str
 ) -> None:
-    """400 for what the door itself refuses, 422 for inputs the model cannot take
-    (as on every door); either way OpenAI's error object, naming the field."""
+    """400 with OpenAI's error object, naming the field: for what the door itself
+    refuses and for inputs the model cannot take (422 on the other doors)."""
     body: dict[str, Any] = {"model": "smollm2", "messages": CHAT, **change}
     with pytest.raises(openai.APIStatusError) as caught:
         client_of.chat.completions.create(**body)
-    assert caught.value.status_code in (400, 422)
+    assert caught.value.status_code == 400
     error = caught.value.body
     assert isinstance(error, dict), error
     assert error["param"] == param and words in error["message"], error
@@ -119,3 +163,70 @@ def test_a_wrong_key_is_an_openai_authentication_error(client_of: openai.OpenAI)
     assert (
         isinstance(caught.value.body, dict) and caught.value.body["type"] == "authentication_error"
     )
+
+
+PERSON_FORMAT = response_format("person", PERSON)
+
+
+def test_a_json_schema_answer_parses_and_validates_whole_and_streamed(
+    client_of: openai.OpenAI,
+) -> None:
+    """The official client's own structured-output helper parses the answer."""
+    asked = {"model": "smollm2", "messages": messages("Maria, aged 29, works as a nurse."),
+             "temperature": 0, "max_tokens": 80, "response_format": PERSON_FORMAT}  # fmt: skip
+    answer = client_of.chat.completions.create(**asked)
+    text = answer.choices[0].message.content or ""
+    jsonschema.validate(json.loads(text), PERSON)
+    assert answer.choices[0].finish_reason == "stop"
+    streamed = client_of.chat.completions.create(**asked, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
+
+
+def test_log_probabilities_come_in_openai_s_shapes(client_of: openai.OpenAI) -> None:
+    answer = client_of.chat.completions.create(
+        model="smollm2", messages=CHAT, temperature=0, max_tokens=6, logprobs=True,
+        top_logprobs=3,
+    )  # fmt: skip
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert "".join(t.token for t in logprobs.content) == answer.choices[0].message.content
+    for token in logprobs.content:
+        tops = [t.logprob for t in token.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert token.logprob == tops[0] <= 0  # greedy: the pick is the likeliest
+        assert sum(math.exp(t) for t in tops) <= 1.0
+    streamed = client_of.chat.completions.create(
+        model="smollm2", messages=CHAT, temperature=0, max_tokens=6, logprobs=True,
+        top_logprobs=3, stream=True,
+    )  # fmt: skip
+    entries = [t for c in streamed if c.choices and c.choices[0].logprobs
+               for t in c.choices[0].logprobs.content or ()]  # fmt: skip
+    assert [t.model_dump() for t in entries] == [t.model_dump() for t in logprobs.content]
+    legacy = client_of.completions.create(
+        model="smollm2", prompt="The capital of France is", temperature=0, max_tokens=2,
+        logprobs=2,
+    )  # fmt: skip
+    columns = legacy.choices[0].logprobs
+    assert columns is not None and "".join(columns.tokens or ()) == " Paris."
+    assert columns.text_offset == [0, len(columns.tokens[0])]  # type: ignore[index]
+    assert all(len(top) == 2 for top in columns.top_logprobs or ())
+
+
+def test_a_job_takes_the_same_parameters_and_keeps_the_log_probabilities(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    body = {"model": "smollm2", "inputs": {"messages": messages("Kenji is 31.")},
+            "parameters": {"temperature": 0, "max_tokens": 60, "response_format": PERSON_FORMAT,
+                           "logprobs": True, "presence_penalty": 0.5}}  # fmt: skip
+    created = client.post("/jobs", json=body, headers=auth)
+    assert created.status_code == 202, created.get_json()
+    job = wait_for_job(client, auth, created.get_json()["id"])
+    assert job["status"] == "succeeded", job
+    jsonschema.validate(json.loads(job["outputs"]["text"]), PERSON)
+    entries = json.loads(job["outputs"]["logprobs"])
+    assert "".join(e["token"] for e in entries) == job["outputs"]["text"]
+    bad = client.post("/jobs", headers=auth, json={**body, "parameters": {
+        "response_format": {"type": "json_schema", "json_schema": {
+            "schema": {"type": "object", "not": {}}, "strict": True}}}})  # fmt: skip
+    assert bad.status_code == 422 and bad.mimetype == "application/problem+json"
+    assert '"not"' in bad.get_json()["errors"]["response_format.json_schema.schema"]

@@ -135,12 +135,12 @@ def test_a_repeated_custom_id_or_a_second_model_refuses_the_file(
     client_of: openai.OpenAI,
 ) -> None:
     twice = upload(client_of, [line("a", chat(0)), line("b", chat(1)), line("a", chat(2))])
-    with pytest.raises(openai.UnprocessableEntityError) as caught:
+    with pytest.raises(openai.BadRequestError) as caught:
         client_of.batches.create(input_file_id=twice, endpoint=CHAT, completion_window="24h")
     assert "custom_id 'a' is line 1's too" in caught.value.message
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input_file_id"
     models = upload(client_of, [line("a", chat(0)), line("b", chat(1, model="digits"))])
-    with pytest.raises(openai.UnprocessableEntityError) as caught:
+    with pytest.raises(openai.BadRequestError) as caught:
         client_of.batches.create(input_file_id=models, endpoint=CHAT, completion_window="24h")
     assert "one model" in caught.value.message
     # Past the first MiB the file is read by the worker: the batch fails validating,
