@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from app.operations.calls import CallOperations
     from app.operations.completions import Completions
     from app.operations.dead_letters import DeadLetterOperations
+    from app.operations.embeddings import Embeddings
     from app.operations.execution import Execution
     from app.operations.files import FileOperations
     from app.operations.generation import Generation
@@ -119,6 +120,13 @@ class Container(Lazy):
             parts.database, self.jobs, self._submitter, parts.repository,
             lambda: parts._reply_redis, settings.job_time_limit_seconds + 60,
         )  # fmt: skip
+
+    @made
+    def embeddings(self) -> Embeddings:
+        """Embeddings as sync calls (the OpenAI-compatible door's /v1/embeddings)."""
+        from app.operations.embeddings import Embeddings
+
+        return Embeddings(self.calls, self._submitter)
 
     @made
     def calls(self) -> CallOperations:

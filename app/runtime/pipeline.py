@@ -116,6 +116,16 @@ def load(card: ModelCard) -> None:
             _tokenizer(card, _tokenizer_path(card, step), int(step["max_length"]))
 
 
+def text_tokenizer(card: ModelCard) -> tuple[Tokenizer, int] | None:
+    """The tokenizer of the card's `tokenize` step and its max_length (it cuts
+    longer text: its encodings' `overflowing` tells), None without one."""
+    for step in card.pipeline.pre if card.pipeline else ():
+        if step["step"] == "tokenize":
+            length = int(step["max_length"])
+            return _tokenizer(card, _tokenizer_path(card, step), length), length
+    return None
+
+
 def retain(serving: set[str]) -> None:
     """Forget the tokenizers of versions that no longer serve."""
     with _lock:

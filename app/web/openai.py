@@ -1,4 +1,5 @@
-"""The OpenAI-compatible door: /v1/chat/completions, /v1/completions, /v1/models.
+"""The OpenAI-compatible door: /v1/chat/completions, /v1/completions, /v1/embeddings,
+/v1/models.
 
 The official `openai` client works with `base_url=<service>/v1` and an API key
 of the service. Each call is a job (its `id` is the job's id: GET /jobs/<id>
@@ -17,6 +18,7 @@ format share (their routes, /v1/files and /v1/batches: app.web.openai_batches).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +70,36 @@ def chat_completions() -> Response | dict[str, Any]:
 def completions() -> Response | dict[str, Any]:
     """OpenAI's (legacy) text completion: a `prompt` continued."""
     return _call(json_body(), chat=False)
+
+
+@blp.post("/embeddings")
+@authenticated
+def embeddings() -> tuple[dict[str, Any], int, dict[str, str]]:
+    """OpenAI's embeddings: `input` (a string, strings or token arrays) to vectors,
+    `encoding_format` float or base64 (little-endian float32)."""
+    body = json_body()
+    model, encoding = body.get("model"), body.get("encoding_format", "float")
+    if not isinstance(model, str) or not model:
+        raise invalid("model", "expected the name of an embedding model")
+    if encoding not in ("float", "base64"):
+        raise invalid("encoding_format", 'expected "float" or "base64"')
+    if unknown := sorted(set(body) - {"model", "input", "encoding_format", "dimensions", "user"}):
+        raise invalid(unknown[0], "is not supported by this service")
+    try:
+        made = services().embeddings.embed(
+            current_tenant(), model, body.get("input"), body.get("dimensions")
+        )
+    except BadField as exc:
+        raise invalid(exc.param, exc.message) from None
+    data = [
+        {"object": "embedding", "index": i, "embedding": (
+            base64.b64encode(vector.astype("<f4").tobytes()).decode() if encoding == "base64"
+            else vector.tolist())}
+        for i, vector in enumerate(made.vectors)
+    ]  # fmt: skip
+    usage = {"prompt_tokens": made.tokens, "total_tokens": made.tokens}
+    headers = {"X-Job-Id": str(made.job_id)} if made.job_id else {}
+    return {"object": "list", "data": data, "model": model, "usage": usage}, 200, headers
 
 
 def _call(body: dict[str, Any], *, chat: bool) -> Response | dict[str, Any]:

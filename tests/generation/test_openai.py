@@ -3,6 +3,7 @@ each call a job run by a real worker's decode loop."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import uuid
@@ -10,11 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from tokenizers import Tokenizer
 
+from app.platform.settings import ROOT
 from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
 from tests.generation.schemas import PERSON, messages, response_format
 from tests.support import LiveServer
@@ -230,3 +234,49 @@ def test_a_job_takes_the_same_parameters_and_keeps_the_log_probabilities(
             "schema": {"type": "object", "not": {}}, "strict": True}}}})  # fmt: skip
     assert bad.status_code == 422 and bad.mimetype == "application/problem+json"
     assert '"not"' in bad.get_json()["errors"]["response_format.json_schema.schema"]
+
+
+def test_embeddings_equal_the_job_door_s_vectors(
+    client_of: openai.OpenAI, client: FlaskClient, auth: dict[str, str]
+) -> None:
+    texts = ["A cat sat on the mat.", "Stock markets fell sharply on Monday."]
+    made = client_of.embeddings.create(model="minilm", input=texts)
+    assert [d.index for d in made.data] == [0, 1] and len(made.data[0].embedding) == 384
+    assert made.usage.prompt_tokens == made.usage.total_tokens > 10
+    created = client.post("/jobs", json={"model": "minilm", "inputs": {"text": texts}},
+                          headers=auth)  # fmt: skip
+    job = wait_for_job(client, auth, created.get_json()["id"])
+    for got, want in zip(made.data, job["outputs"]["embedding"], strict=True):
+        a, b = np.array(got.embedding), np.array(want)
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) >= 0.9999
+    # The client asks for base64 by default and decodes it; token arrays are decoded
+    # with the model's tokenizer.
+    floats = client_of.embeddings.create(model="minilm", input=texts[0], encoding_format="float")
+    assert floats.data[0].embedding == pytest.approx(made.data[0].embedding, abs=1e-6)
+    packed = client_of.embeddings.create(model="minilm", input=texts[0], encoding_format="base64")
+    raw = base64.b64decode(packed.data[0].embedding)  # type: ignore[arg-type]
+    assert np.frombuffer(raw, "<f4").tolist() == pytest.approx(made.data[0].embedding, abs=1e-6)
+    ids = Tokenizer.from_file(str(ROOT / "models/minilm/1/tokenizer.json")).encode(texts[0]).ids
+    from_ids = client_of.embeddings.create(model="minilm", input=[ids[1:-1]])
+    assert from_ids.data[0].embedding == pytest.approx(made.data[0].embedding, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "words"),
+    [
+        ({"input": "word " * 300}, "input", "more than 256 tokens"),
+        ({"input": ["fine", ""]}, "input[1]", "non-empty"),
+        ({"input": [[1, 2, 10**7]]}, "input[0]", "vocabulary"),
+        ({"model": "smollm2"}, "model", "does not make embeddings"),
+        ({"dimensions": 128}, "dimensions", "384"),
+        ({"encoding_format": "int8"}, "encoding_format", "base64"),
+    ],
+)
+def test_bad_embedding_requests_name_the_field(
+    client_of: openai.OpenAI, change: dict[str, Any], param: str, words: str
+) -> None:
+    body: dict[str, Any] = {"model": "minilm", "input": "hello", **change}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_of.embeddings.create(**body)
+    error = caught.value.body
+    assert isinstance(error, dict) and error["param"] == param and words in error["message"]
