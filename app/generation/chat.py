@@ -85,6 +85,12 @@ class ChatFormat:
                     f"more than max_tokens {wanted}; raise max_tokens")})  # fmt: skip
         return ids
 
+    def label_ids(self, request: GenerationRequest) -> list[list[int]] | None:
+        """The candidate labels' tokens, as the answer would begin with them."""
+        if request.labels is None:
+            return None
+        return [self._encode(label) for label in request.labels]
+
     def guide(self, request: GenerationRequest) -> JsonGuide | None:
         """The request's grammar state, when its output is constrained."""
         if request.constraint is None:

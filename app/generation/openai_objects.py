@@ -15,11 +15,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-# OpenAI's fields (and vLLM's extra `top_k`, `repetition_penalty`) that map onto the
-# job's parameters of the same names.
+# OpenAI's fields (and vLLM's extra `top_k`, `repetition_penalty`; this service's
+# `labels`, to score) that map onto the job's parameters of the same names.
 _SAMPLING = (
     "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "logit_bias", "response_format",
+    "repetition_penalty", "logit_bias", "response_format", "labels",
 )  # fmt: skip
 # Fields OpenAI's clients may send that change nothing here at these values.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -153,6 +153,8 @@ class CompletionShape:
             choice = {"index": 0, "text": text, "logprobs": logprobs,
                       "finish_reason": self.reason(final)}  # fmt: skip
             kind = "text_completion"
+        if "label_scores" in final:  # (a scored request: each label's probability)
+            choice["label_scores"] = final["label_scores"]
         return {**self._head(kind), "choices": [choice], "usage": self.usage(final)}
 
     def chunk(

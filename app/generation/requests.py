@@ -32,8 +32,10 @@ REQUEST_INPUT = "generation_request"  # the stored request: one BYTES value of J
 PARAMETERS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs",
-    "response_format",
+    "response_format", "labels",
 )  # fmt: skip
+MAX_LABELS = 64  # candidate labels one request scores
+MAX_LABEL_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class GenerationRequest:
     prompt: str | None
     sampling: Sampling
     constraint: Constraint | None = None
+    labels: tuple[str, ...] | None = None  # score these instead of generating
 
     def to_json(self) -> dict[str, Any]:
         """The job's stored inputs (and what `from_json` reads back in the worker)."""
@@ -50,6 +53,8 @@ class GenerationRequest:
         sampling["logit_bias"] = [list(pair) for pair in self.sampling.logit_bias]
         if self.constraint is not None:
             sampling["constraint"] = self.constraint.to_json()
+        if self.labels is not None:
+            sampling["labels"] = list(self.labels)
         source: dict[str, Any] = (
             {"messages": [{"role": r, "content": c} for r, c in self.messages]}
             if self.messages is not None
@@ -63,12 +68,14 @@ class GenerationRequest:
         params["stop"] = tuple(params.get("stop", ()))
         params["logit_bias"] = tuple((int(t), float(b)) for t, b in params.get("logit_bias", ()))
         constraint = params.pop("constraint", None)
+        labels = params.pop("labels", None)
         messages = raw.get("messages")
         return cls(
             messages=tuple((m["role"], m["content"]) for m in messages) if messages else None,
             prompt=raw.get("prompt"),
             sampling=Sampling(**params),
             constraint=Constraint.from_json(constraint) if constraint else None,
+            labels=tuple(labels) if labels is not None else None,
         )
 
 
@@ -87,9 +94,31 @@ def parse(spec: GenerationSpec, inputs: Any, parameters: Any) -> GenerationReque
             constraint = response_format(parameters.get("response_format"))
         except InvalidInputs as exc:
             errors |= exc.errors
+    labels = _labels(parameters.get("labels") if isinstance(parameters, dict) else None, errors)
+    if labels is not None and constraint is not None:
+        errors["labels"] = "labels are scored, not generated: leave out response_format"
     if errors or sampling is None:
         raise InvalidInputs(errors)
-    return GenerationRequest(messages, prompt, sampling, constraint)
+    return GenerationRequest(messages, prompt, sampling, constraint, labels)
+
+
+def _labels(raw: Any, errors: dict[str, str]) -> tuple[str, ...] | None:
+    """Candidate labels to score: 1 to MAX_LABELS different non-empty strings."""
+    if raw is None:
+        return None
+    expected = (f"a list of 1 to {MAX_LABELS} different non-empty strings of at most "
+                f"{MAX_LABEL_CHARS} characters")  # fmt: skip
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_LABELS:
+        errors["labels"] = f"expected {expected}"
+        return None
+    for i, label in enumerate(raw):
+        if not isinstance(label, str) or not 0 < len(label) <= MAX_LABEL_CHARS:
+            errors[f"labels[{i}]"] = f"expected a non-empty string; labels are {expected}"
+            return None
+        if label in raw[:i]:
+            errors[f"labels[{i}]"] = f"{label!r} is labels[{raw.index(label)}] too; {expected}"
+            return None
+    return tuple(raw)
 
 
 def parse_row(spec: GenerationSpec, row: Any) -> GenerationRequest:

@@ -85,6 +85,7 @@ class Completions:
         final = {"final": True, "status": job.status, "output": outputs.get("text", ""),
                  "finish_reason": outputs.get("finish_reason"), "usage": usage,
                  "error": job.error_message}  # fmt: skip
-        if "logprobs" in outputs:
-            final["logprobs"] = orjson.loads(outputs["logprobs"])
+        for name in ("logprobs", "label_scores"):
+            if name in outputs:
+                final[name] = orjson.loads(outputs[name])
         return final

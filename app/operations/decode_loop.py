@@ -105,6 +105,8 @@ class Running:
     stopped: str | None = None  # a stop sequence ended it
     first: bool = True  # its first token is still to come (time to first token)
     logprobs: list[dict[str, Any]] | None = None  # each token's, when asked for
+    labels: tuple[str, ...] = ()  # a scored request's candidates
+    label_scores: dict[str, float] | None = None  # and their probabilities, once scored
 
 
 @dataclass
@@ -130,6 +132,9 @@ def ended_outcome(running: Running) -> tuple[Outcome, dict[str, Any]]:
     }
     if running.logprobs is not None:  # (OpenAI's chat `logprobs.content`, as JSON)
         arrays["logprobs"] = np.array(orjson.dumps(running.logprobs).decode(), dtype=object)
+    if running.label_scores is not None:
+        arrays["label_scores"] = np.array(orjson.dumps(running.label_scores).decode(),
+                                          dtype=object)  # fmt: skip
     outputs = pack(arrays)
     job = running.job
     if reason == "time_limit":
@@ -145,6 +150,8 @@ def ended_outcome(running: Running) -> tuple[Outcome, dict[str, Any]]:
     final = {"final": True, "finish_reason": reason, "usage": usage, "output": running.text.text}
     if running.logprobs is not None:
         final["logprobs"] = running.logprobs
+    if running.label_scores is not None:
+        final["label_scores"] = running.label_scores
     return outcome, final
 
 

@@ -57,6 +57,7 @@ from app.operations.decode_loop import (
 from app.platform.database import Database, transactional
 from app.runtime.decode import Emitted, Sequence
 from app.runtime.engines import EnginePool
+from app.runtime.labels import LabelScores
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import InvalidInputs
 from app.tenancy.tokens import TokenMeter
@@ -263,6 +264,7 @@ class Generation:
             request = stored_request(bytes(job.input_data or b""))
             prompt = fmt.encode(request)
             guide = fmt.guide(request)
+            labels = fmt.label_ids(request)
         except (KeyError, TypeError, ValueError, InvalidInputs) as exc:
             failed = Outcome(job.id, job.attempt, "failed", error_code="invalid_input",
                              error_message=f"{type(exc).__name__}: {exc}",
@@ -277,13 +279,16 @@ class Generation:
         # A retry goes on from the tokens its earlier attempts recorded; the text they
         # made (recorded and sent already) is replayed into the text stream unsent.
         # (Only the fault suite turns the `resume` guard off: a retry starts afresh.)
-        resume = job.attempt > 1 and self.runner.guards.resume
+        resume = job.attempt > 1 and self.runner.guards.resume and labels is None
         made = self._recorded(job.id) if resume else []
         sequence = Sequence.resumed(job.id, prompt, made, request.sampling, guide)
+        if labels is not None:  # (scored afresh by a retry: nothing of it is recorded)
+            sequence.scores = LabelScores(labels)
         running = Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,
                           prompt=prompt, joined=time.monotonic(), first=not made)  # fmt: skip
         if request.sampling.logprobs is not None:
             running.logprobs = self._recorded_logprobs(job.id) if made else []
+        running.labels = request.labels or ()
         loop.running[job.id] = running
         if not made:  # (a retry's prompt was counted by its first attempt)
             self.meter.charge(job, loop.card.name, "prompt", len(prompt))
@@ -367,9 +372,23 @@ class Generation:
                 running.stopped = "stop"
                 return running
         if item.finished:
+            if item.sequence.scores is not None:
+                self._answer_label(loop, running, item.sequence.scores)
             self._tail(running)
             return running
         return None
+
+    def _answer_label(self, loop: Loop, running: Running, scores: LabelScores) -> None:
+        """A scored request's answer: the likeliest label as its text, every label's
+        probability beside it. Published, not recorded: a retry scores afresh."""
+        probabilities = scores.probabilities()
+        running.label_scores = dict(zip(running.labels, probabilities, strict=True))
+        best = scores.labels[probabilities.index(max(probabilities))]
+        running.sequence.generated = list(best)
+        self.meter.charge(running.job, loop.card.name, "completion", len(best))
+        for token in best:
+            if text := running.text.add(token).text:
+                self.publisher.add(running.job.id, text)
 
     def _tail(self, running: Running) -> None:
         """Text held back for stop sequences, out once the sequence ended."""

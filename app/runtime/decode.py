@@ -31,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from app.runtime.kvcache import KVCache, cache_for
+from app.runtime.labels import LabelScores
 from app.runtime.sampling import (
     Sampling,
     Seen,
@@ -64,6 +65,7 @@ class Sequence:
     prompt: list[int]
     sampling: Sampling
     guide: Guide | None = None
+    scores: LabelScores | None = None  # labels to score instead of generating
     rng: np.random.Generator = field(init=False)
     seen: Seen = field(init=False)
     generated: list[int] = field(default_factory=list)
@@ -98,7 +100,8 @@ class Sequence:
     def going_on(self, prompt: list[int]) -> Sequence:
         """This sequence again from its prompt and tokens (a paused one going on):
         its generator, penalties and guide where they were."""
-        again = Sequence(self.key, prompt + self.generated, self.sampling, self.guide)
+        scores = self.scores.fresh() if self.scores is not None else None
+        again = Sequence(self.key, prompt + self.generated, self.sampling, self.guide, scores)
         again.generated, again.rng, again.seen = list(self.generated), self.rng, self.seen
         return again
 
@@ -181,8 +184,8 @@ class DecodeEngine:
         and publish each first token as soon as it is made."""
         emitted: list[Emitted] = []
         budget = self.prefill_tokens if budget is None else budget
-        self.prefilled = 0
-        while self.waiting and budget > 0 and (prompts is None or len(emitted) < prompts):
+        self.prefilled = whole = 0
+        while self.waiting and budget > 0 and (prompts is None or whole < prompts):
             sequence = self.waiting[0]
             if sequence.slot < 0:
                 sequence.slot = max(self._free)
@@ -199,7 +202,9 @@ class DecodeEngine:
                 break  # the rest in the next step's budget
             self.waiting.popleft()
             self.decoding.append(sequence)
-            emitted.append(self._next(sequence, logits[0]))
+            whole += 1
+            if (item := self._next(sequence, logits[0])) is not None:
+                emitted.append(item)
         return emitted
 
     def decode(self) -> list[Emitted]:
@@ -209,17 +214,21 @@ class DecodeEngine:
         self._compact()
         batch = sorted(self.decoding, key=lambda s: s.slot)  # row i is slot i's
         self._fit(max(s.filled for s in batch) + 1)
-        ids = np.array([[s.generated[-1]] for s in batch], np.int64)
+        ids = np.array([[s.scores.feed() if s.scores else s.generated[-1]] for s in batch],
+                       np.int64)  # fmt: skip
         lengths = np.array([s.filled for s in batch], np.int32)
         logits = self._run(0, len(batch), ids, lengths)
         self.steps += 1
         emitted = []
         for sequence, row in zip(batch, logits, strict=True):
             sequence.filled += 1
-            emitted.append(self._next(sequence, row))
+            if (item := self._next(sequence, row)) is not None:
+                emitted.append(item)
         return emitted
 
-    def _next(self, sequence: Sequence, logits: np.ndarray) -> Emitted:
+    def _next(self, sequence: Sequence, logits: np.ndarray) -> Emitted | None:
+        if sequence.scores is not None:
+            return self._score(sequence, sequence.scores, logits)
         sampling, guide = sequence.sampling, sequence.guide
         row = shape(logits, sampling, sequence.seen)
         if guide is not None:
@@ -241,6 +250,18 @@ class DecodeEngine:
             self._leave(sequence, "length")
             return Emitted(sequence, token, "length", logprob)
         return Emitted(sequence, token, None, logprob)
+
+    def _score(self, sequence: Sequence, scores: LabelScores, logits: np.ndarray) -> Emitted | None:
+        """A scoring sequence's step: its labels' tokens read from the logits; it
+        rewinds to the prompt's end for each label, and leaves once all are read."""
+        done = (scores.first(logits, sequence.filled) if scores.start < 0
+                else scores.take(logits))  # fmt: skip
+        if not done:
+            if scores.at == 1:  # a new label: it begins where the prompt ends
+                sequence.filled = scores.start
+            return None
+        self._leave(sequence, "stop")
+        return Emitted(sequence, None, "stop")
 
     def _leave(self, sequence: Sequence, reason: str) -> None:
         sequence.finish_reason = reason

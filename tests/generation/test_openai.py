@@ -280,3 +280,31 @@ def test_bad_embedding_requests_name_the_field(
         client_of.embeddings.create(**body)
     error = caught.value.body
     assert isinstance(error, dict) and error["param"] == param and words in error["message"]
+
+
+def test_labels_are_scored_with_their_probabilities_on_both_doors(
+    client_of: openai.OpenAI, client: FlaskClient, auth: dict[str, str]
+) -> None:
+    ask = "Is the sentiment of this review positive, negative or neutral? Answer with one word."
+    chat = [{"role": "user", "content": f"{ask}\n\nAbsolutely wonderful experience!"}]
+    labels = ["positive", "negative", "neutral"]
+    answer = client_of.chat.completions.create(
+        model="smollm2",
+        messages=chat,
+        extra_body={"labels": labels},  # type: ignore[arg-type]
+    )
+    choice = answer.choices[0]
+    scores = (choice.model_extra or {})["label_scores"]
+    assert sorted(scores) == sorted(labels) and sum(scores.values()) == pytest.approx(1.0)
+    assert choice.message.content == max(scores, key=scores.get) == "positive"
+    body = {"model": "smollm2", "inputs": {"messages": chat}, "parameters": {"labels": labels}}
+    job = wait_for_job(client, auth, client.post("/jobs", json=body, headers=auth).get_json()["id"])
+    assert job["status"] == "succeeded" and job["outputs"]["text"] == "positive"
+    assert json.loads(job["outputs"]["label_scores"]) == pytest.approx(scores, abs=1e-6)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_of.chat.completions.create(
+            model="smollm2",
+            messages=chat,
+            extra_body={"labels": ["a", "a"]},  # type: ignore[arg-type]
+        )
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "labels[1]"

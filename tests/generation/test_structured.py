@@ -18,6 +18,7 @@ from app.generation.guides import shortest
 from app.generation.requests import GenerationRequest, parse
 from app.platform.settings import ROOT
 from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.labels import LabelScores, log_softmax
 from app.runtime.sampling import Sampling, Seen, logprob_of, shape
 from app.runtime.tensors import InvalidInputs
 from modelbuild.bundled import ensure_models
@@ -213,3 +214,72 @@ def test_the_shortest_answer_a_schema_allows() -> None:
         '["no","no"]'
     )
     assert shortest({"type": "string", "pattern": "a+"}) is None  # beyond the estimate
+
+
+SENTIMENT_LABELS = ["positive", "negative", "neutral"]
+REVIEWS = ["I love this phone, the battery lasts for days!", "Absolutely wonderful experience!"]
+
+
+def review(text: str) -> dict[str, Any]:
+    ask = "Is the sentiment of this review positive, negative or neutral? Answer with one word."
+    return {"messages": [{"role": "user", "content": f"{ask}\n\n{text}"}]}
+
+
+def scored(chat: ChatFormat, key: Any, asked: GenerationRequest) -> Sequence:
+    made = Sequence(key, chat.encode(asked), asked.sampling)
+    labels = chat.label_ids(asked)
+    assert labels is not None
+    made.scores = LabelScores(labels)
+    return made
+
+
+def test_label_scores_are_the_labels_log_likelihoods_read_from_one_prefill(
+    card: ModelCard, chat: ChatFormat, session: ort.InferenceSession
+) -> None:
+    """Labels of one to three tokens, batched with each other's steps: each label's
+    score equals its tokens' log-probabilities read by prefilling prompt + label
+    afresh, and the probabilities sum to 1."""
+    labels = ["very positive", "quite negative indeed", "neutral"]
+    sequences = [scored(chat, i, request(card, review(text), labels=labels))
+                 for i, text in enumerate(REVIEWS)]  # fmt: skip
+    run_all(session, card, sequences)
+    assert card.generation is not None
+    one = DecodeEngine(session, slots=1, context=512, stop_tokens=())
+    for made in sequences:
+        assert made.scores is not None and made.finish_reason == "stop"
+        assert sum(made.scores.probabilities()) == pytest.approx(1.0)
+        assert [len(t) for t in made.scores.labels] == [2, 3, 1]
+        for tokens, got in zip(made.scores.labels, made.scores.sums, strict=True):
+            want = 0.0
+            for j, token in enumerate(tokens):
+                ids = np.array([made.prompt + tokens[:j]], np.int64)
+                want += log_softmax(one._run(0, 1, ids, np.array([0], np.int32))[0])[token]
+            assert got == pytest.approx(want, abs=1e-3)
+
+
+def test_the_greedy_answer_s_label_scores_highest_on_clear_cases(
+    card: ModelCard, chat: ChatFormat, session: ort.InferenceSession
+) -> None:
+    for text in REVIEWS:
+        made = scored(chat, 0, request(card, review(text), labels=SENTIMENT_LABELS))
+        greedy = sequence(chat, 1, request(card, review(text), max_tokens=3))
+        run_all(session, card, [made, greedy])
+        assert made.scores is not None
+        answer = chat.tokenizer.decode(greedy.generated).strip().lower()
+        probabilities = made.scores.probabilities()
+        assert SENTIMENT_LABELS[probabilities.index(max(probabilities))] == answer == "positive"
+
+
+@pytest.mark.parametrize(
+    ("labels", "field", "words"),
+    [
+        ([], "labels", "1 to 64"),
+        (["yes", ""], "labels[1]", "non-empty"),
+        (["yes", "no", "yes"], "labels[2]", "labels[0] too"),
+        ("yes", "labels", "a list"),
+    ],
+)
+def test_bad_labels_name_the_label(card: ModelCard, labels: Any, field: str, words: str) -> None:
+    with pytest.raises(InvalidInputs) as caught:
+        request(card, {"prompt": "hi"}, labels=labels)
+    assert words in caught.value.errors[field], caught.value.errors
