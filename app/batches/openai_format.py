@@ -31,6 +31,7 @@ from app.errors import InputsDoNotFit
 from app.generation.openai_objects import (
     BadField,
     CompletionShape,
+    ToolPlan,
     completion_request,
     error_object,
     streaming,
@@ -178,7 +179,10 @@ def _request(card: ModelCard, chat: bool, custom_id: str, body: Any) -> Line:
         errors = exc.extra.get("errors") or {}
         param = next(iter(errors), None) if isinstance(errors, dict) else None
         return _refused(custom_id, 422, "invalid_input", exc.detail, param)
-    return Line(arrays, {"batch_line": {"custom_id": custom_id}})
+    line: dict[str, Any] = {"custom_id": custom_id}
+    if asked.tools is not None:  # (the answer's tool calls are shaped from its text)
+        line["tools"] = asked.tools.to_json()
+    return Line(arrays, {"batch_line": line})
 
 
 def _failed(code: str, message: str, line: dict[str, Any]) -> Line:
@@ -219,11 +223,15 @@ def answer(model: str, chat: bool, chunk: Chunk) -> dict[str, Any]:
         return {**head, "response": answered, "error": None}
 
     created = int(chunk.finished_at.timestamp()) if chunk.finished_at else None
-    shape = CompletionShape(chunk.job_id or uuid.UUID(int=0), model, chat, created)
+    tools = ToolPlan.from_json(fields["tools"]) if fields.get("tools") else None
+    shape = CompletionShape(chunk.job_id or uuid.UUID(int=0), model, chat, created, tools)
     if chunk.status == "succeeded" and chunk.output_data is not None:
         outputs = {name: array.tolist() for name, array in unpack(chunk.output_data).items()}
         final = {"status": "succeeded", "finish_reason": outputs.get("finish_reason"),
                  "usage": outputs}  # fmt: skip
+        for name in ("logprobs", "label_scores"):
+            if name in outputs:
+                final[name] = orjson.loads(outputs[name])
         return response(200, shape.whole(str(outputs.get("text", "")), final))
     message = chunk.error_message or ""
     if fields.get("refused") == "request":

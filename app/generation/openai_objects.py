@@ -15,6 +15,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from app.generation.fields import BadField
+from app.generation.tools import ToolPlan, call_id, plan, with_tools
+
+__all__ = [
+    "BadField", "CompletionRequest", "CompletionShape", "ToolPlan", "completion_inputs",
+    "completion_request", "error_object", "streaming",
+]  # fmt: skip
+
 # OpenAI's fields (and vLLM's extra `top_k`, `repetition_penalty`; this service's
 # `labels`, to score) that map onto the job's parameters of the same names.
 _SAMPLING = (
@@ -27,15 +35,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "metadata": (), "service_tier": ("auto", "default"),
 }  # fmt: skip
 _KNOWN = {"model", "messages", "prompt", "stream", "max_tokens", "max_completion_tokens",
-          "logprobs", "top_logprobs", *_SAMPLING, *_NEUTRAL}  # fmt: skip
-
-
-class BadField(ValueError):
-    """A field OpenAI's API has that this service refuses (a door answers 400)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param, self.message = param, message
+          "logprobs", "top_logprobs", "tools", "tool_choice", *_SAMPLING, *_NEUTRAL}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class CompletionRequest:
     model: str
     inputs: dict[str, Any]
     parameters: dict[str, Any]
+    tools: ToolPlan | None = None  # how the answer becomes tool calls
 
 
 def completion_inputs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -71,10 +72,19 @@ def completion_request(body: dict[str, Any], chat: bool) -> CompletionRequest:
             raise BadField(name, f"only {allowed[0]!r} is supported")
     parameters = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
     parameters |= _logprobs(body, chat)
+    tools, tool_format, told = plan(body) if chat else (None, None, None)
+    if tool_format is not None:
+        if "response_format" in parameters:
+            raise BadField("response_format", "a required or named tool_choice shapes the "
+                           "answer as the call's arguments: leave out response_format")  # fmt: skip
+        parameters["response_format"] = tool_format
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         parameters["max_tokens"] = max_tokens
-    return CompletionRequest(model, completion_inputs(body, chat), parameters)
+    inputs = completion_inputs(body, chat)
+    if chat:
+        inputs["messages"] = with_tools(inputs["messages"], told)
+    return CompletionRequest(model, inputs, parameters, tools)
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -118,9 +128,11 @@ class CompletionShape:
     when the answer was made (now, by default)."""
 
     def __init__(
-        self, job_id: uuid.UUID, model: str, chat: bool, created: int | None = None
-    ) -> None:
+        self, job_id: uuid.UUID, model: str, chat: bool, created: int | None = None,
+        tools: ToolPlan | None = None,
+    ) -> None:  # fmt: skip
         self.id, self.model, self.chat = str(job_id), model, chat
+        self.tools, self._call_id = tools, call_id(job_id)
         self.created = int(time.time()) if created is None else created
         self._offset = 0  # (a text completion's logprobs: where the next token begins)
 
@@ -146,8 +158,9 @@ class CompletionShape:
         """The whole answer of a call that succeeded (or was cancelled: its text so far)."""
         logprobs = self.logprobs(final.get("logprobs"))
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": logprobs, "finish_reason": self.reason(final)}  # fmt: skip
+            message, reason = self.message(text, final)
+            choice = {"index": 0, "message": message, "logprobs": logprobs,
+                      "finish_reason": reason}  # fmt: skip
             kind = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": logprobs,
@@ -156,6 +169,22 @@ class CompletionShape:
         if "label_scores" in final:  # (a scored request: each label's probability)
             choice["label_scores"] = final["label_scores"]
         return {**self._head(kind), "choices": [choice], "usage": self.usage(final)}
+
+    def message(self, text: str, final: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The assistant's message and finish reason: its text, or its tool calls."""
+        calls = self.tools.calls(text, self._call_id) if self.tools else None
+        if calls is None or not self.succeeded(final) or final.get("status") == "cancelled":
+            return {"role": "assistant", "content": text}, self.reason(final)
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+
+    def whole_delta(self, text: str, final: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """A streamed call with tools: its whole answer as one delta (a call's JSON
+        is known to be one only once it is whole)."""
+        message, reason = self.message(text, final)
+        if "tool_calls" not in message:
+            return {"content": text}, reason
+        return {"tool_calls": [{"index": i, **call} for i, call in
+                               enumerate(message["tool_calls"])]}, reason  # fmt: skip
 
     def chunk(
         self, delta: dict[str, Any], reason: str | None, logprobs: Any = None

@@ -113,7 +113,7 @@ def _call(body: dict[str, Any], *, chat: bool) -> Response | dict[str, Any]:
     if operations.card(tenant, job_request.model).generation is None:
         raise invalid("model", f"{job_request.model} does not generate text (GET /v1/models)")
     job = operations.start(tenant, job_request)
-    shape = CompletionShape(job.id, job_request.model, chat)
+    shape = CompletionShape(job.id, job_request.model, chat, tools=asked.tools)
     if not stream:
         text = ""
         for followed in operations.follow(tenant, job.id):
@@ -128,18 +128,25 @@ def _call(body: dict[str, Any], *, chat: bool) -> Response | dict[str, Any]:
         finished = False
         try:
             yield shape.sse(shape.chunk({"role": "assistant", "content": ""}, None))
+            held = ""  # a call with tools: its answer is sent whole
             for followed in operations.follow(tenant, job.id):
-                if followed.text or followed.logprobs:
+                if shape.tools is not None:
+                    held += followed.text
+                elif followed.text or followed.logprobs:
                     delta = {"content": followed.text}
                     yield shape.sse(shape.chunk(delta, None, followed.logprobs))
                 if (final := followed.final) is not None:
                     finished = True
                     if not shape.succeeded(final):
                         yield shape.sse({"error": shape.error(final)})
-                    else:
-                        yield shape.sse(shape.chunk({}, shape.reason(final)))
-                        if include_usage:
-                            yield shape.sse(shape.usage_chunk(final))
+                        continue
+                    reason = shape.reason(final)
+                    if shape.tools is not None:
+                        delta, reason = shape.whole_delta(held, final)
+                        yield shape.sse(shape.chunk(delta, None, final.get("logprobs")))
+                    yield shape.sse(shape.chunk({}, reason))
+                    if include_usage:
+                        yield shape.sse(shape.usage_chunk(final))
             yield "data: [DONE]\n\n"
         finally:
             if not finished:  # the client went away (or the follow failed): stop generating

@@ -308,3 +308,62 @@ def test_labels_are_scored_with_their_probabilities_on_both_doors(
             extra_body={"labels": ["a", "a"]},  # type: ignore[arg-type]
         )
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "labels[1]"
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}  # fmt: skip
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"type": "string"}}, "required": ["zone"], "additionalProperties": False}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_a_required_or_named_tool_choice_returns_arguments_that_parse(
+    client_of: openai.OpenAI, choice: Any
+) -> None:
+    chat = [{"role": "user", "content": "What is the weather like in Paris, in celsius?"}]
+    answer = client_of.chat.completions.create(
+        model="smollm2", messages=chat, tools=[WEATHER, TIME], tool_choice=choice,
+        temperature=0, max_tokens=80,
+    )  # fmt: skip
+    choice_ = answer.choices[0]
+    assert choice_.finish_reason == "tool_calls" and choice_.message.content is None
+    (call,) = choice_.message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_")
+    schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), schema["function"]["parameters"])
+    streamed = client_of.chat.completions.create(
+        model="smollm2", messages=chat, tools=[WEATHER, TIME], tool_choice=choice,
+        temperature=0, max_tokens=80, stream=True,
+    )  # fmt: skip
+    chunks = [c for c in streamed if c.choices]
+    (delta,) = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+    assert delta.function is not None and delta.function.arguments == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # The call and its result go back as the next turn's history.
+    follow_up = client_of.chat.completions.create(
+        model="smollm2", temperature=0, max_tokens=20, messages=[
+            *chat, choice_.message.model_dump(exclude_none=True),  # type: ignore[list-item]
+            {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}],
+    )  # fmt: skip
+    assert follow_up.choices[0].finish_reason in ("stop", "length")
+
+
+def test_bad_tools_name_the_field(client_of: openai.OpenAI) -> None:
+    for tools, choice, param in [
+        (
+            [{"type": "function", "function": {"name": "no spaces"}}],
+            "auto",
+            "tools[0].function.name",
+        ),
+        ([WEATHER], {"type": "function", "function": {"name": "other"}}, "tool_choice"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client_of.chat.completions.create(model="smollm2", messages=CHAT, tools=tools,
+                                              tool_choice=choice)  # fmt: skip
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param
