@@ -315,9 +315,9 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
         "required": ["city", "unit"], "additionalProperties": False}}}  # fmt: skip
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {
-        "zone": {"type": "string"}}, "required": ["zone"], "additionalProperties": False}}}  # fmt: skip
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"],
+    "additionalProperties": False}}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
