@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from app.operations.jobs import JobOperations
     from app.operations.maintenance import Maintenance
     from app.operations.models import ModelOperations
+    from app.operations.responses import Responses
     from app.operations.schedules import ScheduleOperations
     from app.operations.status import StatusOperations
     from app.operations.submission import Submitter
@@ -120,6 +121,13 @@ class Container(Lazy):
             parts.database, self.jobs, self._submitter, parts.repository,
             lambda: parts._reply_redis, settings.job_time_limit_seconds + 60,
         )  # fmt: skip
+
+    @made
+    def responses(self) -> Responses:
+        """Durable responses (the OpenAI-compatible door's /v1/responses)."""
+        from app.operations.responses import Responses
+
+        return Responses(self.parts.database, self.jobs, self.completions)
 
     @made
     def embeddings(self) -> Embeddings:

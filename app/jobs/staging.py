@@ -18,7 +18,7 @@ from app.cards import ModelCard
 from app.errors import InputsDoNotFit, InvalidRequest
 from app.jobs.inserts import INSERT_JOB, INSERT_JOBS
 from app.jobs.tables import SYNC_PRIORITY, Job
-from app.runtime.tensors import InvalidInputs, pack, parse_inputs
+from app.runtime.tensors import InvalidInputs, pack, parse_inputs, unpack
 
 if TYPE_CHECKING:  # imported where used: one-shot jobs never load the tokenizer
     from app.generation.requests import GenerationRequest
@@ -43,6 +43,21 @@ class Terms:
     webhook: Webhook | None = None
     max_attempts: int = 3
     reply_to: str | None = None
+
+
+RECORD = "record"  # a door's own record beside a job's inputs (JobRequest.record)
+
+
+def record_array(record: dict[str, Any]) -> np.ndarray:
+    return np.array([json.dumps(record, separators=(",", ":"))], dtype=object)
+
+
+def stored_record(input_data: bytes | None) -> dict[str, Any] | None:
+    """The record a door kept beside the job's inputs, None without one."""
+    if not input_data:
+        return None
+    found = unpack(input_data).get(RECORD)
+    return None if found is None else dict(json.loads(found[0]))
 
 
 def job_values(

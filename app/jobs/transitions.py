@@ -275,6 +275,26 @@ def purge_old_data(session: Session, older_than_s: float, limit: int) -> int:
     return count
 
 
+def erase(session: Session, tenant_id: int, job_id: uuid.UUID) -> bool:
+    """Delete a finished job's inputs, outputs and recorded pieces now, as the
+    retention purge does later (a response its owner deleted); its row stays."""
+    erased = session.execute(
+        text(
+            """
+            UPDATE jobs SET inputs = NULL, input_data = NULL, outputs = NULL,
+                   output_data = NULL, purged_at = now()
+            WHERE id = :id AND tenant_id = :tenant AND finished_at IS NOT NULL
+            RETURNING id
+            """
+        ),
+        {"id": job_id, "tenant": tenant_id},
+    ).scalar()
+    if erased is not None:
+        session.execute(text("DELETE FROM job_events WHERE job_id = :id AND status = 'output'"),
+                        {"id": job_id})  # fmt: skip
+    return erased is not None
+
+
 def request_cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> str | None:
     """Cancel a queued job now, or ask a running one to stop at its next checkpoint.
 

@@ -47,6 +47,9 @@ class JobRequest:
     # A sync call's job: the channel its worker sends the answer to (set by the
     # call operations, never by a client).
     reply_to: str | None = None
+    # What a door keeps beside the inputs and reads back itself (the Responses
+    # door's input items, instructions, format); the worker reads none of it.
+    record: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,8 @@ class Submitter:
         arrays = staging.check_inputs(card, request.inputs, request.parameters)
         if request.webhook is not None:
             self.settings.webhooks.check(request.webhook.url)
+        if request.record is not None:
+            arrays[staging.RECORD] = staging.record_array(request.record)
         return arrays
 
     def submit(self, tenant: TenantRef, card: ModelCard, request: JobRequest) -> Job:

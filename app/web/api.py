@@ -44,6 +44,7 @@ def register_api(app: Flask) -> None:
         model_repository,
         openai,
         openai_batches,
+        openai_responses,
         schedules,
         streams,
         usage,
@@ -85,6 +86,7 @@ def register_api(app: Flask) -> None:
     # The OpenAI-compatible door (/v1), described by OpenAI's reference, not ours.
     app.register_blueprint(openai.blp)
     app.register_blueprint(openai_batches.blp)
+    app.register_blueprint(openai_responses.blp)
     # Swagger UI's JavaScript and CSS from the installed package, not a CDN.
     app.register_blueprint(
         Blueprint(
