@@ -146,15 +146,21 @@ class GenerationSpec:
     default_system: str | None
     special: dict[str, int]
     stop_tokens: tuple[int, ...]
+    max_choices: int = 8  # `n` at most (OpenAI's several choices of one request)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "context_length": self.context_length,
             "max_tokens": self.max_tokens,
             "default_max_tokens": self.default_max_tokens,
+            "max_choices": self.max_choices,
             "roles": list(self.roles),
-            "parameters": ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop"],
-        }
+            "parameters": [
+                "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                "logprobs", "top_logprobs", "response_format", "labels",
+            ],
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> GenerationSpec:
@@ -166,9 +172,12 @@ class GenerationSpec:
             default_system=raw.get("default_system"),
             special={str(k): int(v) for k, v in raw["special"].items()},
             stop_tokens=tuple(int(t) for t in raw["stop_tokens"]),
+            max_choices=int(raw.get("max_choices", 8)),
         )
         if not 0 < spec.default_max_tokens <= spec.max_tokens < spec.context_length:
             raise ValueError("generation: 0 < default_max_tokens <= max_tokens < context_length")
+        if not 1 <= spec.max_choices <= 64:
+            raise ValueError("generation.max_choices: from 1 to 64")
         if not {"im_start", "im_end"} <= spec.special.keys():
             raise ValueError("generation.special: the ids of im_start and im_end")
         return spec

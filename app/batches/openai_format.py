@@ -169,6 +169,8 @@ def _request(card: ModelCard, chat: bool, custom_id: str, body: Any) -> Line:
         if streaming(body)[0]:
             raise BadField("stream", "a batch's requests are answered whole; leave it out")
         asked = completion_request(body, chat)
+        if asked.n > 1:
+            raise BadField("n", "a batch's request gets one choice: send a line for each")
         if asked.model != card.name:
             raise BadField("model", f"this batch runs model {card.name}")
     except BadField as exc:

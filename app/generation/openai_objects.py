@@ -31,11 +31,12 @@ _SAMPLING = (
 )  # fmt: skip
 # Fields OpenAI's clients may send that change nothing here at these values.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "user": (), "stream_options": (), "parallel_tool_calls": (), "store": (False,),
+    "user": (), "stream_options": (), "parallel_tool_calls": (), "store": (False,),
     "metadata": (), "service_tier": ("auto", "default"),
 }  # fmt: skip
 _KNOWN = {"model", "messages", "prompt", "stream", "max_tokens", "max_completion_tokens",
-          "logprobs", "top_logprobs", "tools", "tool_choice", *_SAMPLING, *_NEUTRAL}  # fmt: skip
+          "logprobs", "top_logprobs", "tools", "tool_choice", "n", *_SAMPLING,
+          *_NEUTRAL}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class CompletionRequest:
     inputs: dict[str, Any]
     parameters: dict[str, Any]
     tools: ToolPlan | None = None  # how the answer becomes tool calls
+    n: int = 1  # choices: as many jobs of the same request (a seed moved on by each)
 
 
 def completion_inputs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -84,7 +86,14 @@ def completion_request(body: dict[str, Any], chat: bool) -> CompletionRequest:
     inputs = completion_inputs(body, chat)
     if chat:
         inputs["messages"] = with_tools(inputs["messages"], told)
-    return CompletionRequest(model, inputs, parameters, tools)
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise BadField("n", "expected an integer of 1 or more (the model's card sets the most)")
+    if n > 1 and "labels" in parameters:
+        raise BadField("n", "labels are scored once: leave n out")
+    return CompletionRequest(model, inputs, parameters, tools, n)
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -134,7 +143,8 @@ class CompletionShape:
         self.id, self.model, self.chat = str(job_id), model, chat
         self.tools, self._call_id = tools, call_id(job_id)
         self.created = int(time.time()) if created is None else created
-        self._offset = 0  # (a text completion's logprobs: where the next token begins)
+        # (a text completion's logprobs: where each choice's next token begins)
+        self._offsets: dict[int, int] = {}
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -156,19 +166,27 @@ class CompletionShape:
 
     def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]:
         """The whole answer of a call that succeeded (or was cancelled: its text so far)."""
-        logprobs = self.logprobs(final.get("logprobs"))
-        if self.chat:
-            message, reason = self.message(text, final)
-            choice = {"index": 0, "message": message, "logprobs": logprobs,
-                      "finish_reason": reason}  # fmt: skip
-            kind = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs,
-                      "finish_reason": self.reason(final)}  # fmt: skip
-            kind = "text_completion"
-        if "label_scores" in final:  # (a scored request: each label's probability)
-            choice["label_scores"] = final["label_scores"]
-        return {**self._head(kind), "choices": [choice], "usage": self.usage(final)}
+        return self.whole_many([(text, final)])
+
+    def whole_many(self, answers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        """The whole answer of `n` choices (each its text and final message); the
+        prompt counted once, the completions of all."""
+        choices = []
+        for index, (text, final) in enumerate(answers):
+            logprobs = self.logprobs(final.get("logprobs"), index)
+            if self.chat:
+                message, reason = self.message(text, final)
+                choice = {"index": index, "message": message, "logprobs": logprobs,
+                          "finish_reason": reason}  # fmt: skip
+            else:
+                choice = {"index": index, "text": text, "logprobs": logprobs,
+                          "finish_reason": self.reason(final)}  # fmt: skip
+            if "label_scores" in final:  # (a scored request: each label's probability)
+                choice["label_scores"] = final["label_scores"]
+            choices.append(choice)
+        usage = self.total_usage([final for _, final in answers])
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {**self._head(kind), "choices": choices, "usage": usage}
 
     def message(self, text: str, final: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """The assistant's message and finish reason: its text, or its tool calls."""
@@ -187,17 +205,17 @@ class CompletionShape:
                                enumerate(message["tool_calls"])]}, reason  # fmt: skip
 
     def chunk(
-        self, delta: dict[str, Any], reason: str | None, logprobs: Any = None
+        self, delta: dict[str, Any], reason: str | None, logprobs: Any = None, index: int = 0
     ) -> dict[str, Any]:
-        shaped = self.logprobs(logprobs) if logprobs else None
+        shaped = self.logprobs(logprobs, index) if logprobs else None
         if self.chat:
-            choice = {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": reason}
+            choice = {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": delta.get("content", ""), "logprobs": shaped,
+        choice = {"index": index, "text": delta.get("content", ""), "logprobs": shaped,
                   "finish_reason": reason}  # fmt: skip
         return {**self._head("text_completion"), "choices": [choice]}
 
-    def logprobs(self, entries: Any) -> dict[str, Any] | None:
+    def logprobs(self, entries: Any, index: int = 0) -> dict[str, Any] | None:
         """Tokens' log-probabilities (the worker's are a chat's `content` items) in
         this call's shape: a chat's, or a text completion's legacy columns, whose
         `text_offset` goes on from the tokens shaped before in this call."""
@@ -207,8 +225,8 @@ class CompletionShape:
             return {"content": list(entries), "refusal": None}
         offsets = []
         for entry in entries:
-            offsets.append(self._offset)
-            self._offset += len(entry["token"])
+            offsets.append(self._offsets.get(index, 0))
+            self._offsets[index] = offsets[-1] + len(entry["token"])
         return {
             "tokens": [e["token"] for e in entries],
             "token_logprobs": [e["logprob"] for e in entries],
@@ -218,9 +236,16 @@ class CompletionShape:
             "text_offset": offsets,
         }
 
-    def usage_chunk(self, final: dict[str, Any]) -> dict[str, Any]:
+    def usage_chunk(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(kind), "choices": [], "usage": self.usage(final)}
+        return {**self._head(kind), "choices": [], "usage": self.total_usage(finals)}
+
+    def total_usage(self, finals: list[dict[str, Any]]) -> dict[str, int]:
+        """The usage of `n` choices: the prompt counted once, the completions of all."""
+        usage = self.usage(finals[0]) if finals else self.usage({})
+        usage["completion_tokens"] = sum(self.usage(f)["completion_tokens"] for f in finals)
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return usage
 
     def error(self, final: dict[str, Any]) -> dict[str, Any]:
         """A stream's error event for a generation that failed."""

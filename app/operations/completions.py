@@ -8,14 +8,18 @@ whose client went away is cancelled, which frees its decode slot within a step.
 
 from __future__ import annotations
 
+import queue
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import orjson
 from sqlalchemy.orm import undefer
 
 from app.cards import ModelCard
+from app.errors import DomainError
 from app.generation.openai_objects import (
     BadField,
     CompletionShape,
@@ -65,6 +69,58 @@ class Completions:
         self.database.end_reads()  # a follower holds no connection while it waits
         return job
 
+    def start_many(self, tenant: TenantRef, request: JobRequest, n: int) -> list[Job]:
+        """`n` choices of one request: as many jobs, submitted together (so one decode
+        loop takes them together and prefills their prompt once: the others copy its
+        cache rows); a seed is moved on by each, so each choice differs and a seed
+        repeats them all."""
+        card = self.card(tenant, request.model)
+        assert card.generation is not None
+        if n > card.generation.max_choices:
+            raise BadField("n", f"at most {card.generation.max_choices} for {card.name}")
+        parameters = dict(request.parameters or {})
+        seed = parameters.get("seed")
+        requests = [
+            replace(request, parameters={**parameters, "seed": seed + i})
+            if isinstance(seed, int) and not isinstance(seed, bool) else request
+            for i in range(n)
+        ]  # fmt: skip
+        made = self._jobs.submit_many(tenant, requests)
+        self.database.end_reads()
+        jobs = [job for job in made if isinstance(job, Job)]
+        if len(jobs) < n:
+            self._jobs.cancel_many(tenant, [job.id for job in jobs])
+            raise next(error for error in made if isinstance(error, DomainError))
+        return jobs
+
+    def follow_many(
+        self, tenant: TenantRef, job_ids: list[uuid.UUID]
+    ) -> Iterator[tuple[int, Followed]]:
+        """Several jobs' text as it comes, each piece with its job's place in
+        `job_ids`, until every one has ended (a thread follows each)."""
+        if len(job_ids) == 1:
+            yield from ((0, followed) for followed in self.follow(tenant, job_ids[0]))
+            return
+        came: queue.Queue[tuple[int, Followed | BaseException]] = queue.Queue()
+
+        def follow_one(index: int, job_id: uuid.UUID) -> None:
+            try:
+                for followed in self.follow(tenant, job_id):
+                    came.put((index, followed))
+            except BaseException as exc:  # passed to the caller's thread
+                came.put((index, exc))
+
+        for index, job_id in enumerate(job_ids):
+            threading.Thread(target=follow_one, args=(index, job_id), daemon=True,
+                             name=f"follow-{job_id}").start()  # fmt: skip
+        left = len(job_ids)
+        while left:
+            index, item = came.get()
+            if isinstance(item, BaseException):
+                raise item
+            left -= item.final is not None
+            yield index, item
+
     def follow(self, tenant: TenantRef, job_id: uuid.UUID) -> Iterator[Followed]:
         """The job's text as it comes, then its end (`Followed.final`)."""
         return follow(self._redis(), job_id, lambda: self._ended(tenant, job_id), self.timeout_s)
@@ -72,6 +128,9 @@ class Completions:
     def cancel(self, tenant: TenantRef, job_id: uuid.UUID) -> None:
         """The caller went away: stop the generation (its slot is free within a step)."""
         self._jobs.cancel_many(tenant, [job_id])
+
+    def cancel_many(self, tenant: TenantRef, job_ids: list[uuid.UUID]) -> None:
+        self._jobs.cancel_many(tenant, job_ids)
 
     def _ended(self, tenant: TenantRef, job_id: uuid.UUID) -> dict[str, Any] | None:
         """The final message's fields from the record, once the job has ended."""

@@ -320,7 +320,7 @@ class Generation:
         while engine.waiting and budget > 0:
             ended += self._run(loop, partial(engine.prefill, budget, 1))
             self.publisher.flush()  # (nothing to send costs nothing)
-            if not engine.prefilled:
+            if not engine.prefilled and not engine.joined:
                 break
             budget -= engine.prefilled
         ended += self._run(loop, engine.decode)

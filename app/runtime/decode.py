@@ -71,6 +71,7 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     slot: int = -1
     filled: int = 0  # positions of its cache rows written
+    prompt_logits: np.ndarray | None = None  # the prompt's last logits, for a twin
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:
@@ -143,6 +144,8 @@ class DecodeEngine:
         self.steps = 0  # decode calls made
         self.prefill_calls = 0
         self.prefilled = 0  # prompt tokens the last prefill call took
+        self.joined = 0  # prompts the last prefill call made whole (prefilled or shared)
+        self.shared = 0  # prompts that took a decoding twin's cache rows instead of a prefill
 
     @property
     def busy(self) -> int:
@@ -190,22 +193,41 @@ class DecodeEngine:
             if sequence.slot < 0:
                 sequence.slot = max(self._free)
                 self._free.discard(sequence.slot)
-            chunk = sequence.prompt[sequence.filled : sequence.filled + budget]
-            self._fit(sequence.filled + len(chunk))
-            logits = self._run(sequence.slot, sequence.slot + 1, np.array([chunk], np.int64),
-                               np.array([sequence.filled], np.int32))  # fmt: skip
-            self.prefill_calls += 1
-            sequence.filled += len(chunk)
-            budget -= len(chunk)
-            self.prefilled += len(chunk)
-            if sequence.filled < len(sequence.prompt):
-                break  # the rest in the next step's budget
+            if (twin := self._twin(sequence)) is not None:
+                # The same prompt decodes already (n choices of one request): its rows
+                # are copied and its first logits read again, no prefill.
+                self._fit(len(sequence.prompt))
+                self.cache.move(twin.slot, sequence.slot, len(sequence.prompt))
+                assert twin.prompt_logits is not None
+                sequence.filled, logits = len(sequence.prompt), twin.prompt_logits[None]
+                self.shared += 1
+            else:
+                chunk = sequence.prompt[sequence.filled : sequence.filled + budget]
+                self._fit(sequence.filled + len(chunk))
+                logits = self._run(sequence.slot, sequence.slot + 1, np.array([chunk], np.int64),
+                                   np.array([sequence.filled], np.int32))  # fmt: skip
+                self.prefill_calls += 1
+                sequence.filled += len(chunk)
+                budget -= len(chunk)
+                self.prefilled += len(chunk)
+                if sequence.filled < len(sequence.prompt):
+                    break  # the rest in the next step's budget
             self.waiting.popleft()
             self.decoding.append(sequence)
+            sequence.prompt_logits = logits[0].copy()
             whole += 1
             if (item := self._next(sequence, logits[0])) is not None:
                 emitted.append(item)
+        self.joined = whole
         return emitted
+
+    def _twin(self, sequence: Sequence) -> Sequence | None:
+        """A decoding sequence of the same prompt (cache rows of that prompt), if any."""
+        if sequence.filled or sequence.scores is not None:
+            return None
+        size = len(sequence.prompt)
+        return next((s for s in self.decoding if s.prompt_logits is not None
+                     and len(s.prompt) == size and s.prompt == sequence.prompt), None)  # fmt: skip
 
     def decode(self) -> list[Emitted]:
         """One decode call for every decoding sequence: a token each."""

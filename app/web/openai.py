@@ -112,45 +112,58 @@ def _call(body: dict[str, Any], *, chat: bool) -> Response | dict[str, Any]:
     operations, tenant = services().completions, current_tenant()
     if operations.card(tenant, job_request.model).generation is None:
         raise invalid("model", f"{job_request.model} does not generate text (GET /v1/models)")
-    job = operations.start(tenant, job_request)
-    shape = CompletionShape(job.id, job_request.model, chat, tools=asked.tools)
+    try:
+        jobs = operations.start_many(tenant, job_request, asked.n)
+    except BadField as exc:
+        raise invalid(exc.param, exc.message) from None
+    job_ids = [job.id for job in jobs]
+    shape = CompletionShape(job_ids[0], job_request.model, chat, tools=asked.tools)
     if not stream:
-        text = ""
-        for followed in operations.follow(tenant, job.id):
-            text += followed.text
+        texts = [""] * len(jobs)
+        finals: list[dict[str, Any]] = [{} for _ in jobs]
+        for index, followed in operations.follow_many(tenant, job_ids):
+            texts[index] += followed.text
             if (final := followed.final) is not None:
                 if not shape.succeeded(final):
+                    operations.cancel_many(tenant, job_ids)
                     raise Problem("inference-failed", shape.error(final)["message"], status=500)
-                return shape.whole(text, final)
-        raise AssertionError("a follow ends with its final message")
+                finals[index] = final
+        return shape.whole_many(list(zip(texts, finals, strict=True)))
 
     def events() -> Iterator[str]:
-        finished = False
+        ended = 0
         try:
-            yield shape.sse(shape.chunk({"role": "assistant", "content": ""}, None))
-            held = ""  # a call with tools: its answer is sent whole
-            for followed in operations.follow(tenant, job.id):
+            for index in range(len(job_ids)):
+                yield shape.sse(
+                    shape.chunk({"role": "assistant", "content": ""}, None, index=index)
+                )
+            held = [""] * len(job_ids)  # a call with tools: its answer goes whole
+            finals: list[dict[str, Any]] = []
+            for index, followed in operations.follow_many(tenant, job_ids):
                 if shape.tools is not None:
-                    held += followed.text
+                    held[index] += followed.text
                 elif followed.text or followed.logprobs:
                     delta = {"content": followed.text}
-                    yield shape.sse(shape.chunk(delta, None, followed.logprobs))
-                if (final := followed.final) is not None:
-                    finished = True
-                    if not shape.succeeded(final):
-                        yield shape.sse({"error": shape.error(final)})
-                        continue
-                    reason = shape.reason(final)
-                    if shape.tools is not None:
-                        delta, reason = shape.whole_delta(held, final)
-                        yield shape.sse(shape.chunk(delta, None, final.get("logprobs")))
-                    yield shape.sse(shape.chunk({}, reason))
-                    if include_usage:
-                        yield shape.sse(shape.usage_chunk(final))
+                    yield shape.sse(shape.chunk(delta, None, followed.logprobs, index))
+                if (final := followed.final) is None:
+                    continue
+                ended += 1
+                finals.append(final)
+                if not shape.succeeded(final):
+                    yield shape.sse({"error": shape.error(final)})
+                    continue
+                reason = shape.reason(final)
+                if shape.tools is not None:
+                    delta, reason = shape.whole_delta(held[index], final)
+                    yield shape.sse(shape.chunk(delta, None, final.get("logprobs"), index))
+                yield shape.sse(shape.chunk({}, reason, index=index))
+            if include_usage:
+                yield shape.sse(shape.usage_chunk(finals))
             yield "data: [DONE]\n\n"
         finally:
-            if not finished:  # the client went away (or the follow failed): stop generating
-                operations.cancel(tenant, job.id)
+            if ended < len(job_ids):  # the client went away (or a follow failed): stop
+                operations.cancel_many(tenant, job_ids)
 
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": str(job.id)}
+    ids = ",".join(str(job_id) for job_id in job_ids)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": ids}
     return Response(stream_with_context(events()), mimetype="text/event-stream", headers=headers)

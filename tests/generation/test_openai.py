@@ -367,3 +367,26 @@ def test_bad_tools_name_the_field(client_of: openai.OpenAI) -> None:
             client_of.chat.completions.create(model="smollm2", messages=CHAT, tools=tools,
                                               tool_choice=choice)  # fmt: skip
         assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param
+
+
+def test_n_choices_share_one_prefill_and_a_seed_repeats_them(client_of: openai.OpenAI) -> None:
+    asked = {"model": "smollm2", "messages": CHAT, "temperature": 1.0, "seed": 11, "n": 3,
+             "max_tokens": 12}  # fmt: skip
+    answer = client_of.chat.completions.create(**asked)
+    texts = [c.message.content for c in answer.choices]
+    assert [c.index for c in answer.choices] == [0, 1, 2] and len(set(texts)) > 1
+    again = client_of.chat.completions.create(**asked)
+    assert [c.message.content for c in again.choices] == texts
+    assert answer.usage is not None and answer.usage.completion_tokens == sum(
+        len(c.logprobs.content) if c.logprobs and c.logprobs.content else 0
+        for c in client_of.chat.completions.create(**asked, logprobs=True).choices
+    )
+    streamed = client_of.chat.completions.create(**asked, stream=True)
+    joined = ["", "", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            joined[choice.index] += choice.delta.content or ""
+    assert joined == texts
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_of.chat.completions.create(**{**asked, "n": 9})
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "n"

@@ -283,3 +283,25 @@ def test_bad_labels_name_the_label(card: ModelCard, labels: Any, field: str, wor
     with pytest.raises(InvalidInputs) as caught:
         request(card, {"prompt": "hi"}, labels=labels)
     assert words in caught.value.errors[field], caught.value.errors
+
+
+def test_choices_of_one_prompt_are_prefilled_once_and_decode_as_if_alone(
+    card: ModelCard, chat: ChatFormat, session: ort.InferenceSession
+) -> None:
+    """n choices: the first prompt is prefilled, the others copy its cache rows and
+    read its first logits; each then decodes what it would have alone."""
+    asked = [request(card, {"prompt": "Once upon a time"}, temperature=1.0, seed=5 + i,
+                     max_tokens=12) for i in range(3)]  # fmt: skip
+    together = [sequence(chat, i, a) for i, a in enumerate(asked)]
+    assert card.generation is not None
+    engine = DecodeEngine(session, slots=4, context=512, stop_tokens=card.generation.stop_tokens)
+    for made in together:
+        engine.add(made)
+    while engine.busy:
+        engine.step()
+    assert engine.prefill_calls == 1 and engine.shared == 2
+    for i, a in enumerate(asked):
+        alone = sequence(chat, i, a)
+        run_all(session, card, [alone])
+        assert alone.generated == together[i].generated
+    assert len({tuple(s.generated) for s in together}) == 3
