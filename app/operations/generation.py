@@ -54,6 +54,7 @@ from app.operations.decode_loop import (
     hand_over_key,
     take_lock,
 )
+from app.operations.outflow import Outflow
 from app.platform.database import Database, transactional
 from app.runtime.decode import Emitted, Sequence
 from app.runtime.engines import EnginePool
@@ -97,6 +98,7 @@ class Generation:
         self.publisher = PiecePublisher(lambda: self._redis())
         self.recorder = Recorder()  # the text recorded in pieces (app.jobs.outputs)
         self.meter = LoopMeter(TokenMeter(lambda: self._redis(), settings.database))
+        self.outflow = Outflow(self.publisher, self.recorder, self.meter)
 
     def drain(self, model: str) -> int:
         """Decode `model`'s queued jobs until none is left for DRAIN_LINGER_MS (new
@@ -346,55 +348,7 @@ class Generation:
             for item in emitted:
                 if (running := loop.running.get(item.sequence.key)) is not None:
                     running.compute_s += share
-        return [r for item in emitted if (r := self._emit(loop, item)) is not None]
-
-    def _emit(self, loop: Loop, item: Emitted) -> Running | None:
-        running = loop.running.get(item.sequence.key)
-        if running is None:
-            return None
-        job = running.job
-        if item.token is not None:
-            self.meter.charge(job, loop.card.name, "completion", 1)
-            if running.first:
-                running.first = False
-                self.meter.first_token(job, loop.card.name)
-            piece = running.text.add(item.token)
-            entry = None
-            if item.logprob is not None and running.logprobs is not None:
-                entry = chat_format(loop.card).logprob_entry(item.logprob)
-                running.logprobs.append(entry)
-            if piece.text or entry:
-                self.publisher.add(job.id, piece.text, entry)
-            self.recorder.add(job.id, job.attempt, piece.text, item.token, time.monotonic(),
-                              entry)  # fmt: skip
-            if piece.stopped:
-                loop.engine.cancel(running.job.id)
-                running.stopped = "stop"
-                return running
-        if item.finished:
-            if item.sequence.scores is not None:
-                self._answer_label(loop, running, item.sequence.scores)
-            self._tail(running)
-            return running
-        return None
-
-    def _answer_label(self, loop: Loop, running: Running, scores: LabelScores) -> None:
-        """A scored request's answer: the likeliest label as its text, every label's
-        probability beside it. Published, not recorded: a retry scores afresh."""
-        probabilities = scores.probabilities()
-        running.label_scores = dict(zip(running.labels, probabilities, strict=True))
-        best = scores.labels[probabilities.index(max(probabilities))]
-        running.sequence.generated = list(best)
-        self.meter.charge(running.job, loop.card.name, "completion", len(best))
-        for token in best:
-            if text := running.text.add(token).text:
-                self.publisher.add(running.job.id, text)
-
-    def _tail(self, running: Running) -> None:
-        """Text held back for stop sequences, out once the sequence ended."""
-        if tail := running.text.finish().text:
-            self.publisher.add(running.job.id, tail)
-            self.recorder.add(running.job.id, running.job.attempt, tail, None, time.monotonic())
+        return [r for item in emitted if (r := self.outflow.emit(loop, item)) is not None]
 
     def _cancels(self, loop: Loop) -> int:
         with self.database.separate_core_unit_of_work() as connection:
@@ -411,7 +365,7 @@ class Generation:
             if running.job.id in loop.paused:
                 loop.paused.remove(running.job.id)
             running.leases.close()
-            self._tail(running)  # (a cancelled one's too: its outputs hold all its text)
+            self.outflow.tail(running)  # (a cancelled one's too: its outputs hold all its text)
             outcome, finals[running.job.id] = ended_outcome(running)
             outcomes.append(outcome)
         # The ended jobs' last pieces go in their finishing unit, before their terminal

@@ -1,0 +1,70 @@
+"""What a decode step's tokens become (app.operations.generation steps the engine):
+text published to the job's followers and recorded in pieces for a retry, each
+token counted for its tenant, log-probabilities and label scores kept for the
+job's outcome."""
+
+from __future__ import annotations
+
+import time
+
+from app.generation.formats import chat_format
+from app.generation.pieces import PiecePublisher
+from app.jobs.outputs import Recorder
+from app.operations.decode_loop import Loop, LoopMeter, Running
+from app.runtime.decode import Emitted
+from app.runtime.labels import LabelScores
+
+
+class Outflow:
+    def __init__(self, publisher: PiecePublisher, recorder: Recorder, meter: LoopMeter) -> None:
+        self.publisher, self.recorder, self.meter = publisher, recorder, meter
+
+    def emit(self, loop: Loop, item: Emitted) -> Running | None:
+        """A step's token for its generation: its text published and recorded, its
+        log-probability kept, its cost counted; the generation, when it ended."""
+        running = loop.running.get(item.sequence.key)
+        if running is None:
+            return None
+        job = running.job
+        if item.token is not None:
+            self.meter.charge(job, loop.card.name, "completion", 1)
+            if running.first:
+                running.first = False
+                self.meter.first_token(job, loop.card.name)
+            piece = running.text.add(item.token)
+            entry = None
+            if item.logprob is not None and running.logprobs is not None:
+                entry = chat_format(loop.card).logprob_entry(item.logprob)
+                running.logprobs.append(entry)
+            if piece.text or entry:
+                self.publisher.add(job.id, piece.text, entry)
+            self.recorder.add(job.id, job.attempt, piece.text, item.token, time.monotonic(),
+                              entry)  # fmt: skip
+            if piece.stopped:
+                loop.engine.cancel(running.job.id)
+                running.stopped = "stop"
+                return running
+        if item.finished:
+            if item.sequence.scores is not None:
+                self._answer_label(loop, running, item.sequence.scores)
+            self.tail(running)
+            return running
+        return None
+
+    def _answer_label(self, loop: Loop, running: Running, scores: LabelScores) -> None:
+        """A scored request's answer: the likeliest label as its text, every label's
+        probability beside it. Published, not recorded: a retry scores afresh."""
+        probabilities = scores.probabilities()
+        running.label_scores = dict(zip(running.labels, probabilities, strict=True))
+        best = scores.labels[probabilities.index(max(probabilities))]
+        running.sequence.generated = list(best)
+        self.meter.charge(running.job, loop.card.name, "completion", len(best))
+        for token in best:
+            if text := running.text.add(token).text:
+                self.publisher.add(running.job.id, text)
+
+    def tail(self, running: Running) -> None:
+        """Text held back for stop sequences, out once the sequence ended."""
+        if tail := running.text.finish().text:
+            self.publisher.add(running.job.id, tail)
+            self.recorder.add(running.job.id, running.job.attempt, tail, None, time.monotonic())
