@@ -75,9 +75,10 @@ def _texts(inputs: Any, tokenizer: Any) -> list[str]:
     """OpenAI's `input`: a string, a list of strings, a token array or a list of
     them (decoded with the model's tokenizer)."""
     expected = "a string, a list of strings, a list of token ids or a list of such lists"
-    if isinstance(inputs, str) or (
-        isinstance(inputs, list) and inputs and all(_token(t) for t in inputs)
-    ):
+    one = isinstance(inputs, str) or (
+        isinstance(inputs, list) and bool(inputs) and all(_token(t) for t in inputs)
+    )
+    if one:
         inputs = [inputs]
     if not isinstance(inputs, list) or not inputs:
         raise BadField("input", f"expected {expected}")
@@ -86,13 +87,14 @@ def _texts(inputs: Any, tokenizer: Any) -> list[str]:
     vocabulary = tokenizer.get_vocab_size(with_added_tokens=True)
     texts = []
     for i, item in enumerate(inputs):
+        where = "input" if one else f"input[{i}]"
         if isinstance(item, list) and item and all(_token(t) for t in item):
             if unknown := [t for t in item if t >= vocabulary]:
-                raise BadField(f"input[{i}]", f"token id(s) {unknown[:5]} are not in the "
-                               f"model's vocabulary (0 to {vocabulary - 1})")  # fmt: skip
+                raise BadField(where, f"token id(s) {unknown[:5]} are not in the model's "
+                               f"vocabulary (0 to {vocabulary - 1})")  # fmt: skip
             item = tokenizer.decode(item, skip_special_tokens=True)
         if not isinstance(item, str) or not item:
-            raise BadField(f"input[{i}]", f"expected a non-empty string or token ids: {expected}")
+            raise BadField(where, f"expected a non-empty string or token ids: {expected}")
         texts.append(item)
     return texts
 

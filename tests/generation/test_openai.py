@@ -267,6 +267,7 @@ def test_embeddings_equal_the_job_door_s_vectors(
         ({"input": "word " * 300}, "input", "more than 256 tokens"),
         ({"input": ["fine", ""]}, "input[1]", "non-empty"),
         ({"input": [[1, 2, 10**7]]}, "input[0]", "vocabulary"),
+        ({"input": ""}, "input", "non-empty"),
         ({"model": "smollm2"}, "model", "does not make embeddings"),
         ({"dimensions": 128}, "dimensions", "384"),
         ({"encoding_format": "int8"}, "encoding_format", "base64"),
