@@ -141,8 +141,9 @@ def stream_chat(port: int, path: str, headers: dict[str, str], body: dict[str, A
 
 
 def drive(port: int, path: str, headers: dict[str, str], model: str, streams: int,
-          rounds: int, rss: Any = None) -> Level:  # fmt: skip
-    """`streams` client threads, each making `rounds` calls one after another."""
+          rounds: int, rss: Any = None, extra: dict[str, Any] | None = None) -> Level:  # fmt: skip
+    """`streams` client threads, each making `rounds` calls one after another
+    (`extra`: fields every call's body adds)."""
     calls: list[Call] = []
     lock = threading.Lock()
     peak = [0.0]
@@ -151,7 +152,7 @@ def drive(port: int, path: str, headers: dict[str, str], model: str, streams: in
         for r in range(rounds):
             prompt = PROMPTS[(index + r * streams) % len(PROMPTS)]
             body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-                    "temperature": 0, "max_tokens": MAX_TOKENS}  # fmt: skip
+                    "temperature": 0, "max_tokens": MAX_TOKENS, **(extra or {})}  # fmt: skip
             call = stream_chat(port, path, headers, body)
             with lock:
                 calls.append(call)
@@ -271,6 +272,7 @@ def run_llama_server(gguf: Path, out_dir: Path, quick: bool) -> dict[str, Any]:
 
 
 def run_service(out_dir: Path, quick: bool) -> dict[str, Any]:
+    from bench import structured
     from bench.infra import Servers
 
     with Servers() as servers:
@@ -291,11 +293,13 @@ def run_service(out_dir: Path, quick: bool) -> dict[str, Any]:
                 headers = {"Authorization": f"Bearer {procs.create_api_key(env, ROOT)}"}
                 levels = _levels(port, "/v1/chat/completions", headers, "smollm2", quick,
                                  rss=lambda: _worker_rss(proc.pid))  # fmt: skip
+                progress.note("this service: structured output and label scores ...")
+                structured_ = structured.service(port, headers, quick)
             finally:
                 procs.stop(proc, timeout=60)
         finally:
             servers.drop_database(database)
-    return {"levels": levels}
+    return {"levels": levels, **structured_}
 
 
 def _worker_rss(launcher: int) -> float:
@@ -329,6 +333,7 @@ def _levels(port: int, path: str, headers: dict[str, str], model: str, quick: bo
 
 
 def run(out: Path, quick: bool, with_llama: bool = True) -> dict[str, Any]:
+    from bench import structured
     from modelbuild.bundled import ensure_models
     from modelbuild.gguf_file import gguf_path
 
@@ -343,6 +348,7 @@ def run(out: Path, quick: bool, with_llama: bool = True) -> dict[str, Any]:
         progress.note("raw ONNX Runtime loop ...")
         bar.set_postfix_str("raw ONNX Runtime")
         data["raw_ort"] = raw_ort(card_dir, quick)
+        data["engine_constrained"] = structured.engine(card_dir, quick)
         bar.update()
         progress.note("this service ...")
         bar.set_postfix_str("service")
@@ -386,6 +392,22 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     if s1["ttft_p50_ms"] is not None:
         over = round(s1["ttft_p50_ms"] - raw["batch1_prefill_ms"], 1)
         add("1 stream: TTFT p50 minus raw prefill (ms)", over, "<= 15", over <= 15)
+    for streams in (1, 16):
+        constrained = next(x for x in data["service"]["constrained_levels"]
+                           if x["streams"] == streams)  # fmt: skip
+        plain = _level(data, "service", streams)
+        ratio = round(constrained["tokens_per_s"] / plain["tokens_per_s"], 2)
+        goal = ">= 0.8" if streams == 16 else "(reported)"
+        add(f"{streams} stream(s): constrained tokens/s vs unconstrained", ratio, goal,
+            ratio >= 0.8 if streams == 16 else None)  # fmt: skip
+        engine = data["engine_constrained"]
+        ratio = round(engine[f"constrained{streams}_tokens_per_s"]
+                      / engine[f"free{streams}_tokens_per_s"], 2)  # fmt: skip
+        add(f"engine, {streams} stream(s): constrained tokens/s vs unconstrained", ratio, goal,
+            ratio >= 0.8 if streams == 16 else None)  # fmt: skip
+    labels = data["service"]["labels"]
+    ratio = round(labels["scored_rows_per_s"] / labels["greedy_rows_per_s"], 2)
+    add("label scores: rows/s vs generating the label greedily", ratio, "(reported)", None)
     rss = s16.get("worker_rss_mb")
     add("worker RSS with 16 streams (MB)", rss, "< 1536", None if rss is None else rss < 1536)
     return found
@@ -407,6 +429,18 @@ def markdown(data: dict[str, Any]) -> str:
               f"{raw['batch1_prefill_ms']} (prefill) | | {raw['batch1_itl_ms']} | | |",
               f"| raw ORT static 16 | 16 | {raw['static16_tokens_per_s']} | "
               f"{raw['static16_prefill_ms']} (prefill, all) | | | | |", ""]  # fmt: skip
+    for x in data["service"].get("constrained_levels", []):
+        lines.append(f"| service, JSON schema | {x['streams']} | {x['tokens_per_s']} | "
+                     f"{x['ttft_p50_ms']} | {x['ttft_p99_ms']} | {x['itl_p50_ms']} | "
+                     f"{x['itl_p99_ms']} | {x['tokens']} |")  # fmt: skip
+    engine, labels = data.get("engine_constrained", {}), data["service"].get("labels", {})
+    lines += ["", "| decode engine alone (tokens/s) | 1 stream | 16 streams |", "|---|---:|---:|"]
+    for kind, name in (("free", "free"), ("constrained", "JSON schema")):
+        lines.append(f"| {name} | {engine.get(f'{kind}1_tokens_per_s')} | "
+                     f"{engine.get(f'{kind}16_tokens_per_s')} |")  # fmt: skip
+    lines += ["", f"Label scores, {labels.get('rows')} rows 16 at a time: "
+              f"{labels.get('scored_rows_per_s')} rows/s scored, {labels.get('greedy_rows_per_s')} "
+              "rows/s generating the label greedily.", ""]  # fmt: skip
     if "llama_server" in data:
         lines += [f"llama.cpp: {data['llama_server']['commit']}", ""]
     lines += ["| target | value | goal | met |", "|---|---:|---|---|"]

@@ -27,7 +27,7 @@ MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 MAX_STOP_CHARS = 64
 MAX_TOP_LOGPROBS = 20  # as OpenAI allows
 MAX_LOGIT_BIAS = 300  # tokens, as OpenAI allows
-JSON_PARAMETERS = ("response_format", "logit_bias")
+JSON_PARAMETERS = {"response_format": "an object", "logit_bias": "an object", "labels": "a list"}
 REQUEST_INPUT = "generation_request"  # the stored request: one BYTES value of JSON
 PARAMETERS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",
@@ -229,15 +229,15 @@ def _sampling(spec: GenerationSpec, raw: Any, errors: dict[str, str]) -> Samplin
 
 
 def _objects(raw: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
-    """`response_format` and `logit_bias` may come as their JSON in a string: the
-    form a door of scalar parameters (gRPC's InferParameter, Triton's) can carry."""
+    """`response_format`, `logit_bias` and `labels` may come as their JSON in a string:
+    the form a door of scalar parameters (gRPC's InferParameter, Triton's) can carry."""
     decoded = dict(raw)
-    for name in JSON_PARAMETERS:
+    for name, shape in JSON_PARAMETERS.items():
         if isinstance(value := raw.get(name), str):
             try:
                 decoded[name] = orjson.loads(value)
             except orjson.JSONDecodeError:
-                errors[name] = "expected an object, or its JSON in a string"
+                errors[name] = f"expected {shape}, or its JSON in a string"
     return decoded
 
 
