@@ -27,27 +27,8 @@ from tests.generation.reference import PROMPTS, Reference
 
 
 @pytest.fixture(scope="module")
-def card() -> ModelCard:
-    ensure_models(ROOT / "models")
-    return ModelCard.load(ROOT / "models" / "smollm2" / "1")
-
-
-@pytest.fixture(scope="module")
 def reference(card: ModelCard) -> Reference:
     return Reference(gguf_path(json.loads((card.path / "card.json").read_text())))
-
-
-@pytest.fixture(scope="module")
-def chat(card: ModelCard) -> ChatFormat:
-    assert card.generation is not None
-    return ChatFormat(card.path / "tokenizer.json", card.generation)
-
-
-@pytest.fixture(scope="module")
-def session(card: ModelCard) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    return ort.InferenceSession(str(card.onnx_path), options, providers=["CPUExecutionProvider"])
 
 
 def engine(session: ort.InferenceSession, card: ModelCard, **options: Any) -> DecodeEngine:

@@ -16,32 +16,11 @@ from app.cards import ModelCard
 from app.generation.chat import ChatFormat
 from app.generation.guides import shortest
 from app.generation.requests import GenerationRequest, parse
-from app.platform.settings import ROOT
 from app.runtime.decode import DecodeEngine, Sequence
 from app.runtime.labels import LabelScores, log_softmax
 from app.runtime.sampling import Sampling, Seen, logprob_of, shape
 from app.runtime.tensors import InvalidInputs
-from modelbuild.bundled import ensure_models
 from tests.generation.schemas import CASES, PERSON, messages, response_format
-
-
-@pytest.fixture(scope="module")
-def card() -> ModelCard:
-    ensure_models(ROOT / "models")
-    return ModelCard.load(ROOT / "models" / "smollm2" / "1")
-
-
-@pytest.fixture(scope="module")
-def chat(card: ModelCard) -> ChatFormat:
-    assert card.generation is not None
-    return ChatFormat(card.path / "tokenizer.json", card.generation)
-
-
-@pytest.fixture(scope="module")
-def session(card: ModelCard) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    return ort.InferenceSession(str(card.onnx_path), options, providers=["CPUExecutionProvider"])
 
 
 def request(card: ModelCard, inputs: dict[str, Any], **parameters: Any) -> GenerationRequest:
