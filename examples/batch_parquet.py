@@ -33,7 +33,7 @@ rows.to_parquet("digits.parquet")
 with Client() as client:  # INFERENCE_URL and INFERENCE_API_KEY from the environment
     # 2. Upload the file, start the batch, follow it to its end (with progress bars
     #    on a terminal).
-    results = client.batch("digits", "digits.parquet", timeout=300)
+    results = client.batches.run("digits", "digits.parquet", timeout=300)
     print(f"batch {results.batch.id}: {results.batch.status}, {results.batch.rows_done} rows")
     # 3. The outputs in input order: a DataFrame with a column per output.
     frame = results.to_pandas()

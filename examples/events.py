@@ -21,12 +21,12 @@ PIXELS = [
 ]  # fmt: skip
 
 with Client() as client:  # INFERENCE_URL and INFERENCE_API_KEY from the environment
-    job = client.submit("digits", {"pixels": PIXELS})
+    job = client.jobs.submit("digits", {"pixels": PIXELS})
     print("job:", job.id)
     # One event per change of state, read as it comes; a dropped stream is resumed
     # with Last-Event-ID, so no event is missed or repeated. The terminal event
     # (job.succeeded, job.failed, ...) carries the whole job, then the stream ends.
-    for event in client.events(job.id, timeout=60):
+    for event in client.jobs.events(job.id, timeout=60):
         print(f"event {event.id}: {event.type}")
         if event.terminal and event.job is not None and event.job.outputs is not None:
             print("digit:", event.job.outputs["label"][0])

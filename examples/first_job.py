@@ -20,9 +20,9 @@ PIXELS = [
 ]  # fmt: skip
 
 with Client() as client:  # INFERENCE_URL and INFERENCE_API_KEY from the environment
-    job = client.submit("digits", {"pixels": PIXELS})  # 202: queued, with its id
+    job = client.jobs.submit("digits", {"pixels": PIXELS})  # 202: queued, with its id
     print("job:", job.id)
-    done = client.wait(job.id, timeout=60)  # long-polls GET /jobs/<id>?wait=30
+    done = client.jobs.wait(job.id, timeout=60)  # long-polls GET /jobs/<id>?wait=30
     print("status:", done.status)
     if not done.succeeded or done.outputs is None:
         raise SystemExit(f"the job ended {done.status}: {done.error}")

@@ -59,7 +59,7 @@ print("receiver:", url)
 
 with Client() as client:  # INFERENCE_URL and INFERENCE_API_KEY from the environment
     # Events: the four terminal ones by default; "events": [...] to choose.
-    job = client.submit("digits", {"pixels": PIXELS}, webhook=url)
+    job = client.jobs.submit("digits", {"pixels": PIXELS}, webhook=url)
     print("job:", job.id)
     event = events.get(timeout=60)  # the delivery comes from the webhook worker
     data = event["data"]  # the job, as GET /jobs/<id> returns it

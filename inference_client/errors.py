@@ -1,6 +1,6 @@
 """The client's exceptions. Every answer outside 2xx becomes one `ApiError`,
-carrying the RFC 9457 problem the service sent, so callers branch on
-`status` / `type` instead of parsing text."""
+carrying the RFC 9457 problem the service sent (OpenAI's error object at /v1),
+so callers branch on `status` / `type` instead of parsing text."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 class ApiError(Exception):
     """A non-2xx answer. `problem` holds every member of the problem+json body
-    (extensions such as `errors`, `expected`, `job_id` included); `body` is the
-    body as received, for answers that were not problem+json (a proxy's page)."""
+    (extensions such as `errors`, `expected`, `job_id` included), or of OpenAI's
+    error object at /v1 (`message`, `type`, `param`, `code`); `body` is the body
+    as received, for answers that were neither (a proxy's page)."""
 
     def __init__(
         self,
@@ -69,6 +70,10 @@ class ApiError(Exception):
 
     @classmethod
     def from_response(cls, response: requests.Response) -> ApiError:
+        """The answer's problem+json; at /v1, OpenAI's error object
+        `{"error": {"message", "type", "param", "code"}}` instead: then `problem`
+        holds that object, `type` its type (`invalid_request_error`, ...), `title`
+        the status's reason and `detail` its message."""
         text = response.text
         problem: dict[str, Any] = {}
         try:
@@ -80,6 +85,9 @@ class ApiError(Exception):
         status = response.status_code
         title = problem.get("title")
         detail = problem.get("detail")
+        openai = problem.get("error")
+        if isinstance(openai, dict) and title is None and detail is None:
+            problem, detail = dict(openai), openai.get("message")
         return cls(
             status,
             type=str(problem.get("type") or "about:blank"),
@@ -120,6 +128,18 @@ class WaitTimeout(TimeoutError):
     def __init__(self, message: str, last: Job | Batch | None = None) -> None:
         super().__init__(message)
         self.last: Job | Batch | None = last
+
+
+class JobFailed(Exception):
+    """A job whose outputs a call needs ended without them (failed, cancelled or
+    expired). `job` is the finished job; its `error` says why."""
+
+    def __init__(self, job: Job) -> None:
+        why = f": {job.error.code}" if job.error is not None else ""
+        if job.error is not None and job.error.message:
+            why += f" ({job.error.message})"
+        super().__init__(f"job {job.id} ended {job.status}{why}")
+        self.job = job
 
 
 class WebhookVerificationError(Exception):

@@ -108,11 +108,14 @@ class Job:
 @dataclass(frozen=True)
 class Event:
     """One Server-Sent Event of a job: `type` is `job.<status>`; the terminal
-    event's data carries the whole job."""
+    event's data carries the whole job. A generation's `output` events carry a
+    piece of its text in `text` (their data is not JSON): joined, the pieces are
+    the job's `outputs["text"]`."""
 
     id: int | None
     type: str
     data: dict[str, Any]
+    text: str | None = None
 
     @property
     def status(self) -> str | None:
@@ -235,7 +238,7 @@ class ResultRow:
 
 class BatchResults(Iterable[ResultRow]):
     """A finished batch (`batch`) and its results: its rows, streamed in input
-    order as they are iterated, or `to_pandas()`. From `Client.batch` each
+    order as they are iterated, or `to_pandas()`. From `client.batches.run` each
     iteration reads the rows anew; given `rows`, they are iterated once."""
 
     def __init__(
@@ -254,14 +257,14 @@ class BatchResults(Iterable[ResultRow]):
     def __iter__(self) -> Iterator[ResultRow]:
         if self._rows is not None:
             return self._rows
-        return self._reader().batch_results(self.batch.id)
+        return self._reader().batches.results(self.batch.id)
 
     def to_pandas(self) -> Any:
         """The results as a pandas DataFrame: a row per input row, in input order
         (indexed like the DataFrame the batch was run on), a column per output,
         and `error` / `error_message` columns where rows failed (see
-        `Client.batch_frame`). Needs the `parquet` extra."""
-        return self._reader().batch_frame(self.batch.id, index=self._index)
+        `client.batches.frame`). Needs the `parquet` extra."""
+        return self._reader().batches.frame(self.batch.id, index=self._index)
 
     def _reader(self) -> Client:
         if self._client is None:

@@ -70,6 +70,26 @@ def flatten(value: Any) -> list[Any]:
     return [jsonable(value)]
 
 
+def is_v2_tensors(inputs: Any) -> bool:
+    """A list of KServe v2 tensors (`{"name", "datatype", ...}` each), sent as they are."""
+    return (
+        isinstance(inputs, Sequence)
+        and not isinstance(inputs, str | bytes)
+        and bool(inputs)
+        and all(isinstance(t, Mapping) and "datatype" in t and "name" in t for t in inputs)
+    )
+
+
+def v2_tensor(tensor: Mapping[str, Any]) -> dict[str, Any]:
+    """A v2 tensor as JSON: array data flattened, its shape taken from it if absent."""
+    out = {str(k): v for k, v in tensor.items()}
+    data = out.get("data")
+    if "shape" not in out:
+        out["shape"] = shape_of(data)
+    out["data"] = flatten(data)
+    return out
+
+
 def datatype_of(value: Any) -> str | None:
     """The v2 datatype of a numpy array, or None (the model's metadata decides)."""
     if not is_array(value):

@@ -11,6 +11,7 @@ kept. A file added under examples/ that no check runs fails here.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -230,6 +231,28 @@ def _chat(running: Running, cwd: Path) -> None:
     job = running.job(match.group(3))
     assert job["model"] == "smollm2" and job["outputs"]["text"] == text, (job, out)
     assert "4" in text, text  # greedy SmolLM2 knows what 2+2 is
+
+
+@check("structured_documents.py")
+def _structured(running: Running, cwd: Path) -> None:
+    """Every ticket's row parses and matches the example's schema, its tone's
+    probability is the largest of three; the embeddings and the background
+    response came back."""
+    out = running.run("structured_documents.py", cwd)
+    lines = out.rstrip("\n").split("\n")
+    assert len(lines) == 6, out
+    for line in lines[:4]:
+        row, tone = line.rsplit(" tone=", 1)
+        fields = json.loads(row)
+        assert set(fields) == {"summary", "urgent", "product_area"}, line
+        assert len(fields["summary"]) <= 80 and isinstance(fields["urgent"], bool), line
+        assert fields["product_area"] in ("billing", "mobile app", "sales", "other"), line
+        match = re.fullmatch(r"(positive|negative|neutral) \((0\.\d\d|1\.00)\)", tone)
+        assert match and float(match.group(2)) > 1 / 3 - 0.01, line
+    assert lines[4].startswith("4 embeddings of 384 dimensions"), out
+    match = re.fullmatch(r"response (resp_[0-9a-f]{32}): (completed|incomplete), (\d+) characters",
+                         lines[5])  # fmt: skip
+    assert match and int(match.group(3)) > 0, out
 
 
 @check("export_iris.py")

@@ -193,10 +193,10 @@ def test_make_run_walkthrough_restart_and_cli(var_dir: Path) -> None:
         assert requests.get(f"{stack.base}/jobs", headers=acme, timeout=10).json()["items"] == []
         # The Python client against the running service: the same job, followed by SSE.
         with Client(stack.base, creds["api_key"]) as client:
-            mine = client.submit("digits", {"pixels": walkthrough_pixels()})
-            done = client.wait(mine.id, timeout=60, via="sse")
+            mine = client.jobs.submit("digits", {"pixels": walkthrough_pixels()})
+            done = client.jobs.wait(mine.id, timeout=60, via="sse")
             assert done.status == "succeeded" and done.outputs == job["outputs"], done
-            assert [j.id for j in client.list()] == [mine.id]
+            assert [j.id for j in client.jobs.list()] == [mine.id]
         assert (
             requests.get(f"{stack.base}/jobs/{job['id']}", headers=acme, timeout=10).status_code
             == 404

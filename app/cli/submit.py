@@ -85,9 +85,9 @@ def submit(
             client.close()
         return
     try:
-        job = client.submit(model, inputs, version=version, priority=priority)
+        job = client.jobs.submit(model, inputs, version=version, priority=priority)
         if wait:
-            job = client.wait(job.id, timeout=timeout)
+            job = client.jobs.wait(job.id, timeout=timeout)
     except ApiError as exc:
         raise click.ClickException(f"{exc.status} {exc.title}: {exc.detail}") from None
     except WaitTimeout as exc:
@@ -131,8 +131,8 @@ def _submit_rows(
 
     try:
         with progress.bar(len(rows), "submit", "row", at_least=2) as bar:
-            outcomes = client.submit_many(model, rows, version=version, priority=priority,
-                                          on_bulk=bar.update)  # fmt: skip
+            outcomes = client.jobs.submit_many(model, rows, version=version, priority=priority,
+                                               on_bulk=bar.update)  # fmt: skip
     except ApiError as exc:
         raise click.ClickException(f"{exc.status} {exc.title}: {exc.detail}") from None
     except (requests.RequestException, ValueError) as exc:
@@ -147,7 +147,7 @@ def _submit_rows(
                 job = outcome
                 if wait:
                     try:
-                        job = client.wait(job.id, timeout=timeout)
+                        job = client.jobs.wait(job.id, timeout=timeout)
                     except WaitTimeout as exc:
                         job = exc.last if isinstance(exc.last, Job) else job
                     ok = ok and job.succeeded

@@ -68,17 +68,17 @@ def test_submit_then_wait_by_long_poll_equals_onnx_runtime(
     api: Client, model_repository: Path
 ) -> None:
     x = pixels(3)
-    submitted = api.submit("digits", {"pixels": x})
+    submitted = api.jobs.submit("digits", {"pixels": x})
     assert submitted.model == "digits" and submitted.status in ("queued", "running", "succeeded")
-    job = api.wait(submitted.id, timeout=60)
+    job = api.jobs.wait(submitted.id, timeout=60)
     assert isinstance(job, Job) and job.id == submitted.id
     assert job.succeeded and job.finished and job.error is None, job
     assert job.finished_at is not None and job.created_at is not None
     assert_outputs_equal(job.outputs or {}, direct(model_repository, x))
     # One array for a one-input model: the input is named from the model's metadata.
-    bare = api.submit("digits", x[:1], wait=30)
+    bare = api.jobs.submit("digits", x[:1], wait=30)
     if not bare.finished:
-        bare = api.wait(bare.id, timeout=60)
+        bare = api.jobs.wait(bare.id, timeout=60)
     assert bare.outputs is not None
     assert bare.outputs["label"] == job.outputs["label"][:1]
 
@@ -90,21 +90,21 @@ def test_submit_many_gives_each_input_its_job_or_its_error(
     x = pixels(5)
     inputs: list[Any] = [x[0:1], x[1:2], np.zeros((1, 63), np.float32), x[3:5]]
     keys = [f"many-{uuid.uuid4().hex}-{n}" for n in range(4)]
-    outcomes = api.submit_many("digits", inputs, idempotency_keys=keys, per_request=2)
+    outcomes = api.jobs.submit_many("digits", inputs, idempotency_keys=keys, per_request=2)
     first, second, short, pair = outcomes
     assert isinstance(short, ApiError) and short.status == 422 and "pixels" in short.errors
     assert all(isinstance(job, Job) for job in (first, second, pair))
-    again = api.submit_many("digits", inputs, idempotency_keys=keys)
+    again = api.jobs.submit_many("digits", inputs, idempotency_keys=keys)
     assert [getattr(job, "id", None) for job in again] == [
         getattr(job, "id", None) for job in outcomes
     ]  # a retried call makes no second job
     for job, rows in ((first, x[0:1]), (second, x[1:2]), (pair, x[3:5])):
         assert isinstance(job, Job)
-        done = api.wait(job.id, timeout=60)
+        done = api.jobs.wait(job.id, timeout=60)
         assert done.succeeded, done
         assert_outputs_equal(done.outputs or {}, direct(model_repository, rows))
     with pytest.raises(ValueError, match="one idempotency key"):
-        api.submit_many("digits", inputs, idempotency_keys=keys[:2])
+        api.jobs.submit_many("digits", inputs, idempotency_keys=keys[:2])
 
 
 @pytest.mark.usefixtures("worker")
@@ -112,18 +112,18 @@ def test_wait_via_the_event_stream_and_resume_after_an_event(
     api: Client, model_repository: Path
 ) -> None:
     x = pixels(2)
-    job = api.wait(api.submit("digits", {"pixels": x}).id, via="sse", timeout=60)
+    job = api.jobs.wait(api.jobs.submit("digits", {"pixels": x}).id, via="sse", timeout=60)
     assert job.succeeded, job
     assert_outputs_equal(job.outputs or {}, direct(model_repository, x))
 
-    events = list(api.events(job.id, timeout=60))
+    events = list(api.jobs.events(job.id, timeout=60))
     ids = [e.id for e in events]
     assert all(i is not None for i in ids) and ids == sorted(set(ids))
     assert events[0].type == "job.queued" and events[-1].type == "job.succeeded"
     assert events[-1].job is not None and events[-1].job.outputs == job.outputs
-    resumed = list(api.events(job.id, last_event_id=events[0].id))
+    resumed = list(api.jobs.events(job.id, last_event_id=events[0].id))
     assert [e.id for e in resumed] == ids[1:]
-    assert list(api.events(job.id, last_event_id=events[-1].id)) == []  # all was sent: a 204
+    assert list(api.jobs.events(job.id, last_event_id=events[-1].id)) == []  # all was sent: a 204
 
 
 class CuttingRelay:
@@ -190,11 +190,11 @@ def test_a_cut_event_stream_resumes_after_the_last_event_received(
 ) -> None:
     x = pixels(1)
     with Client(base_url, api_key) as direct_client:
-        submitted = direct_client.submit("digits", {"pixels": x})
+        submitted = direct_client.jobs.submit("digits", {"pixels": x})
     relay = CuttingRelay(base_url)
     try:
         with Client(relay.url, api_key) as through:
-            job = through.wait(submitted.id, via="sse", timeout=60)
+            job = through.jobs.wait(submitted.id, via="sse", timeout=60)
     finally:
         relay.close()
     assert job.succeeded and job.id == submitted.id
@@ -217,24 +217,24 @@ def test_waiting_backs_off_on_429_and_honours_retry_after(
                               stream=True, timeout=30)  # fmt: skip
         assert stream.status_code == 200
         assert next(stream.iter_lines()).startswith(b"id: ")  # the tenant's one wait is held
-        job = limited.submit("digits", {"pixels": pixels(1)})
+        job = limited.jobs.submit("digits", {"pixels": pixels(1)})
 
         with pytest.raises(WaitTimeout) as timed_out:  # Retry-After 1 s is past a 0.5 s budget
-            limited.wait(job.id, timeout=0.5)
+            limited.jobs.wait(job.id, timeout=0.5)
         refused = timed_out.value.__cause__
         assert isinstance(refused, ApiError) and refused.status == 429
         assert refused.type == "/problems/too-many-waits" and refused.retry_after == 1.0
 
         caplog.set_level(logging.WARNING, logger="inference_client")
         with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(limited.wait, job.id, 120)
+            waiting = pool.submit(limited.jobs.wait, job.id, 120)
 
             def backed_off() -> bool:
                 assert not waiting.done()
                 return any("429" in r.getMessage() for r in caplog.records)
 
             wait_until(backed_off, "the client to log a 429 and back off", 60, interval=0.1)
-            limited.cancel(str(held))  # its stream ends, and the wait gets its turn
+            limited.jobs.cancel(str(held))  # its stream ends, and the wait gets its turn
             finished = waiting.result(timeout=120)
         stream.close()
     assert finished.succeeded, finished
@@ -242,25 +242,38 @@ def test_waiting_backs_off_on_429_and_honours_retry_after(
 
 def test_cancel_and_the_conflict_after(api: Client, database: Database, tenant: TenantAuth) -> None:
     queued = str(insert_queued_job(database, tenant.id))
-    cancelled = api.cancel(queued)
+    cancelled = api.jobs.cancel(queued)
     assert cancelled.id == queued and cancelled.status == "cancelled" and cancelled.finished
     with pytest.raises(ApiError) as again:
-        api.cancel(queued)
+        api.jobs.cancel(queued)
     assert again.value.status == 409 and again.value.type == "/problems/conflict"
     assert queued in again.value.detail or "finished" in again.value.detail
     with pytest.raises(ApiError) as missing:
-        api.get(str(uuid.uuid4()))
+        api.jobs.get(str(uuid.uuid4()))
     assert missing.value.status == 404 and missing.value.type == "/problems/not-found"
 
 
 def test_list_follows_the_cursor_across_pages(api: Client) -> None:
     row = pixels(1)
-    submitted = [api.submit("digits", {"pixels": row}, cancel_after=3600).id for _ in range(5)]
-    listed = list(api.list(page_size=2))
+    submitted = [api.jobs.submit("digits", {"pixels": row}, cancel_after=3600).id for _ in range(5)]
+    listed = list(api.jobs.list(page_size=2))
     assert [job.id for job in listed] == submitted[::-1]  # newest first, all five
     assert all(job.outputs is None for job in listed)  # outputs only when asked
-    only = list(api.list(model="digits", status="queued", page_size=200))
+    only = list(api.jobs.list(model="digits", status="queued", page_size=200))
     assert {job.id for job in only} <= set(submitted)
+
+
+def test_models_lists_the_models_and_their_metadata(api: Client) -> None:
+    listed = {model["name"]: model for model in api.models.list()}
+    assert {"digits", "minilm", "smollm2"} <= set(listed)
+    assert listed["digits"]["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": [-1, 64]}]
+    metadata = api.models.get("digits", "1")
+    assert metadata["name"] == "digits" and metadata["versions"] == ["1"]
+    assert [out["name"] for out in metadata["outputs"]] == ["label", "probabilities"]
+    assert api.models.input_names("digits") == ["pixels"]
+    with pytest.raises(ApiError) as unknown:
+        api.models.get("no-such-model")
+    assert unknown.value.status == 404
 
 
 @pytest.mark.usefixtures("worker")
@@ -285,7 +298,7 @@ def test_batch_uploads_follows_and_streams_rows_in_order(
 ) -> None:
     x = pixels(100)  # 7 chunks of at most 16 rows
     seen: list[Batch] = []
-    results = api.batch(CHUNKED, x, on_progress=seen.append, interval=0.2, timeout=180)
+    results = api.batches.run(CHUNKED, x, on_progress=seen.append, interval=0.2, timeout=180)
     assert results.batch.status == "succeeded" and results.batch.rows_done == 100
     assert seen[-1] is results.batch and all(b.id == results.batch.id for b in seen)
     assert results.batch.chunks == {"succeeded": 7} and results.batch.rows_failed == 0
@@ -299,38 +312,38 @@ def test_batch_uploads_follows_and_streams_rows_in_order(
     # The same from a file on disk, read back as one array.
     path = tmp_path / "rows.npy"
     np.save(path, x[:40])
-    uploaded = api.upload(path)
+    uploaded = api.files.upload(path)
     assert uploaded.format == "npy" and uploaded.size_bytes == path.stat().st_size
-    batch = api.create_batch(CHUNKED, file_id=uploaded.id)
-    *_, done = api.follow_batch(batch.id, interval=0.2, timeout=180)
+    batch = api.batches.create(CHUNKED, file_id=uploaded.id)
+    *_, done = api.batches.follow(batch.id, interval=0.2, timeout=180)
     assert done.finished and done.status == "succeeded", done
-    labels = api.batch_array(batch.id, output="label")
+    labels = api.batches.array(batch.id, output="label")
     assert np.array_equal(labels, expected["label"][:40])
 
 
 def test_priority_is_passed_through_only_when_given(api: Client) -> None:
     row = {"pixels": pixels(1)}
-    assert api.submit("digits", row, priority=3, cancel_after=3600).priority == 3
-    assert api.submit("digits", row, cancel_after=3600).priority == 0  # the service's default
+    assert api.jobs.submit("digits", row, priority=3, cancel_after=3600).priority == 3
+    assert api.jobs.submit("digits", row, cancel_after=3600).priority == 0  # the service's default
     with pytest.raises(ApiError) as over:  # past the tenant's allowance
-        api.submit("digits", row, priority=9)
+        api.jobs.submit("digits", row, priority=9)
     assert over.value.status == 422
 
 
 def test_an_idempotency_key_returns_the_same_job(api: Client) -> None:
     key = f"client-{uuid.uuid4()}"
     inputs = {"pixels": pixels(1)}
-    first = api.submit("digits", inputs, idempotency_key=key, cancel_after=3600)
-    again = api.submit("digits", inputs, idempotency_key=key, cancel_after=3600)
+    first = api.jobs.submit("digits", inputs, idempotency_key=key, cancel_after=3600)
+    again = api.jobs.submit("digits", inputs, idempotency_key=key, cancel_after=3600)
     assert again.id == first.id
     with pytest.raises(ApiError) as other:  # the same key for another request
-        api.submit("digits", {"pixels": pixels(1)}, idempotency_key=key)
+        api.jobs.submit("digits", {"pixels": pixels(1)}, idempotency_key=key)
     assert other.value.status == 422
 
 
 def test_errors_carry_the_problem_details(api: Client, base_url: str) -> None:
     with pytest.raises(ApiError) as bad_input:
-        api.submit("digits", {"pixels": [[0.0] * 63]})
+        api.jobs.submit("digits", {"pixels": [[0.0] * 63]})
     error = bad_input.value
     assert error.status == 422 and error.type == "/problems/invalid-input"
     assert error.title == "Inputs do not match the model"
@@ -340,7 +353,7 @@ def test_errors_carry_the_problem_details(api: Client, base_url: str) -> None:
     assert error.retry_after is None
 
     with Client(base_url, "ik_not-a-key") as stranger, pytest.raises(ApiError) as unauthorized:
-        stranger.submit("digits", {"pixels": [[0.0] * 64]})
+        stranger.jobs.submit("digits", {"pixels": [[0.0] * 64]})
     assert unauthorized.value.status == 401 and unauthorized.value.type == "/problems/unauthorized"
     assert unauthorized.value.title and unauthorized.value.detail
 
@@ -383,10 +396,10 @@ def test_wait_gives_up_at_its_timeout_with_the_job_as_it_stands(
     queued = str(insert_queued_job(database, tenant.id))
     for via in ("poll", "sse"):
         with pytest.raises(WaitTimeout) as timed_out:
-            api.wait(queued, timeout=1.0, via=via)
+            api.jobs.wait(queued, timeout=1.0, via=via)
         if via == "poll":
             assert isinstance(timed_out.value.last, Job) and timed_out.value.last.status == "queued"
-    api.cancel(queued)
+    api.jobs.cancel(queued)
 
 
 @pytest.mark.usefixtures("worker")
@@ -400,7 +413,7 @@ sys.modules["numpy"] = None  # as if numpy were not installed
 from inference_client import Client
 with Client({base_url!r}, {api_key!r}) as api:
     outputs = api.infer("digits", {x.tolist()!r})
-    job = api.wait(api.submit("digits", {{"pixels": {x.tolist()!r}}}).id, timeout=60)
+    job = api.jobs.wait(api.jobs.submit("digits", {{"pixels": {x.tolist()!r}}}).id, timeout=60)
 print(json.dumps({{"infer": outputs, "job": job.outputs}}))
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
@@ -421,14 +434,14 @@ def test_the_address_and_key_come_from_the_environment_unless_given(
     monkeypatch.setenv("INFERENCE_API_KEY", api_key)
     with Client() as from_env:
         assert from_env.base_url == base_url
-        job = from_env.submit("digits", {"pixels": pixels(1)}, cancel_after=3600)
+        job = from_env.jobs.submit("digits", {"pixels": pixels(1)}, cancel_after=3600)
 
     monkeypatch.setenv("INFERENCE_URL", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("INFERENCE_API_KEY", "ik_not-a-key")
     with Client(base_url, api_key) as given:  # arguments win
-        assert given.get(job.id).id == job.id  # the same tenant's key: the env's was taken
+        assert given.jobs.get(job.id).id == job.id  # the same tenant's key: the env's was taken
     with Client(base_url) as keyed_by_env, pytest.raises(ApiError) as refused:
-        keyed_by_env.submit("digits", {"pixels": pixels(1)})
+        keyed_by_env.jobs.submit("digits", {"pixels": pixels(1)})
     assert refused.value.status == 401
 
     monkeypatch.delenv("INFERENCE_URL")

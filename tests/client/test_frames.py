@@ -47,27 +47,27 @@ def test_a_dataframe_in_gives_a_dataframe_out_equal_to_the_npy_results(
     frame = wide(x, customer=[f"c{i}" for i in range(40)]).set_index(
         pd.Index([f"r{i}" for i in range(40)], name="key")
     )
-    results = api.batch(CHUNKED, frame, columns={"pixels": PIXELS}, interval=0.2, timeout=180)
+    results = api.batches.run(CHUNKED, frame, columns={"pixels": PIXELS}, interval=0.2, timeout=180)
     out = results.to_pandas()
     assert results.batch.status == "succeeded" and results.batch.rows_done == 40
     assert list(out.columns) == ["label", "probabilities"]
     assert out.index.equals(frame.index)  # a row per input row, in input order: joinable
     assert out["label"].dtype == np.int64 and out["probabilities"].iloc[0].dtype == np.float32
 
-    from_npy = api.batch(CHUNKED, x, interval=0.2, timeout=180).batch.id
-    assert np.array_equal(out["label"].to_numpy(), api.batch_array(from_npy, output="label"))
+    from_npy = api.batches.run(CHUNKED, x, interval=0.2, timeout=180).batch.id
+    assert np.array_equal(out["label"].to_numpy(), api.batches.array(from_npy, output="label"))
     probabilities = np.stack(out["probabilities"].to_list())
-    assert np.array_equal(probabilities, api.batch_array(from_npy, output="probabilities"))
+    assert np.array_equal(probabilities, api.batches.array(from_npy, output="probabilities"))
     expected = direct(model_repository, x)
     assert np.array_equal(out["label"].to_numpy(), expected["label"])
     assert np.array_equal(probabilities, expected["probabilities"])
 
     # The service's own shape of a frame, a column per model input: the same.
-    own = api.batch(CHUNKED, pd.DataFrame({"pixels": list(x)}), interval=0.2, timeout=180)
+    own = api.batches.run(CHUNKED, pd.DataFrame({"pixels": list(x)}), interval=0.2, timeout=180)
     pd.testing.assert_frame_equal(own.to_pandas(), out.reset_index(drop=True))
     # The rows stream as before, and the results also come as a Parquet file.
     assert [row.outputs["label"] for row in results if row.outputs] == expected["label"].tolist()
-    saved = api.download_batch_results(results.batch.id, tmp_path / "out.parquet")
+    saved = api.batches.download_results(results.batch.id, tmp_path / "out.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(saved), out.reset_index(drop=True))
     assert [p.name for p in tmp_path.iterdir()] == ["out.parquet"]  # no partial file left
     assert capsys.readouterr() == ("", "")  # progress=None without a terminal: silent
@@ -81,8 +81,8 @@ def test_a_parquet_file_runs_as_a_batch(
     path = tmp_path / "rows.parquet"
     values = pa.array(x.astype(np.float64).tolist())  # list<double>: the service casts to FP32
     pq.write_table(pa.table({"id": list(range(20)), "pixels": values}), path)
-    assert api.upload(path).format == "parquet"
-    results = api.batch(CHUNKED, path, interval=0.2, timeout=180)
+    assert api.files.upload(path).format == "parquet"
+    results = api.batches.run(CHUNKED, path, interval=0.2, timeout=180)
     assert results.batch.status == "succeeded", results.batch
     out = results.to_pandas()
     expected = direct(model_repository, x)
@@ -94,7 +94,9 @@ def test_a_parquet_file_runs_as_a_batch(
 def test_rows_that_failed_come_out_with_their_error(api: Client, model_repository: Path) -> None:
     x = pixels(48)
     x[20] = 3e38  # the model's softmax gives NaN: rows 16-31 (chunk 1) cannot succeed
-    results = api.batch(CHUNKED, wide(x), columns={"pixels": PIXELS}, interval=0.2, timeout=180)
+    results = api.batches.run(
+        CHUNKED, wide(x), columns={"pixels": PIXELS}, interval=0.2, timeout=180
+    )
     assert results.batch.status == "partially_succeeded", results.batch
     out = results.to_pandas()
     failed = np.zeros(48, bool)
@@ -123,7 +125,7 @@ def test_a_frame_that_does_not_fit_the_model_gets_the_service_error(
     api: Client, frame: pd.DataFrame, columns: dict[str, list[str]] | None, says: str
 ) -> None:
     with pytest.raises(ApiError) as refused:
-        api.batch(CHUNKED, frame, columns=columns)
+        api.batches.run(CHUNKED, frame, columns=columns)
     error = refused.value
     assert error.status == 422 and error.type == "/problems/invalid-input", error
     assert says in error.detail and "pixels" in error.errors, error
@@ -131,7 +133,7 @@ def test_a_frame_that_does_not_fit_the_model_gets_the_service_error(
 
 def test_columns_the_frame_lacks_are_named_before_any_request(api: Client) -> None:
     with pytest.raises(KeyError, match="no p63"):
-        api.upload(wide(pixels(1)).drop(columns=["p63"]), columns={"pixels": PIXELS})
+        api.files.upload(wide(pixels(1)).drop(columns=["p63"]), columns={"pixels": PIXELS})
 
 
 def test_without_pyarrow_the_error_says_what_to_install(
@@ -139,7 +141,7 @@ def test_without_pyarrow_the_error_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"inference_client\[parquet\]"):
-        api.batch_frame(str(uuid.uuid4()))
+        api.batches.frame(str(uuid.uuid4()))
 
 
 def test_the_upload_bar_counts_every_byte(
@@ -148,14 +150,14 @@ def test_the_upload_bar_counts_every_byte(
     path = tmp_path / "rows.npy"
     np.save(path, pixels(2000))  # 512 KiB: read in many blocks
     size = path.stat().st_size
-    uploaded = api.upload(path, progress=True)
+    uploaded = api.files.upload(path, progress=True)
     assert uploaded.size_bytes == size
     shown = tqdm.format_sizeof(size, divisor=1024)
     err = capsys.readouterr().err
     assert "upload rows.npy: 100%" in err and f" {shown}/{shown} " in err, err
 
-    api.upload(path, progress=False)
-    api.upload(path)  # None: stderr (captured here) is not a terminal
+    api.files.upload(path, progress=False)
+    api.files.upload(path)  # None: stderr (captured here) is not a terminal
     assert capsys.readouterr() == ("", "")
 
 
@@ -165,7 +167,7 @@ def test_the_batch_bars_count_the_bytes_and_the_rows(
 ) -> None:
     x = pixels(48)
     x[20] = 3e38  # rows 16-31 fail: finished rows count done and failed ones
-    results = api.batch(CHUNKED, x, progress=True, interval=0.2, timeout=180)
+    results = api.batches.run(CHUNKED, x, progress=True, interval=0.2, timeout=180)
     assert (results.batch.rows_done, results.batch.rows_failed) == (32, 16)
     err = capsys.readouterr().err
     shown = tqdm.format_sizeof(x.nbytes + 128, divisor=1024)  # .npy: a 128-byte header

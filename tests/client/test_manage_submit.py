@@ -136,7 +136,7 @@ def check_each_row_lines(stdout: str, labels: list[int], api: Client) -> None:
     assert [job["status"] for job in printed] == ["succeeded"] * (ROWS - 1)
     assert [job["outputs"]["label"][0] for job in printed] == labels
     assert len({job["id"] for job in printed}) == ROWS - 1
-    stored = [api.get(job["id"]) for job in printed]
+    stored = [api.jobs.get(job["id"]) for job in printed]
     assert [job.id for job in stored] == [job["id"] for job in printed]
     assert all(job.status == "succeeded" and job.model == "digits" for job in stored)
 

@@ -39,7 +39,7 @@ def test_pip_installs_the_folder_as_the_inference_client_package(tmp_path: Path)
                               capture_output=True, text=True, timeout=120)  # fmt: skip
     assert imported.returncode == 0, imported.stderr
     version, where = imported.stdout.split()
-    assert version == inference_client.__version__ == "0.1.0"
+    assert version == inference_client.__version__ == "0.2.0"
     package = Path(where).parent
     assert package.is_relative_to(venv) and package.name == "inference_client"
     shipped = {p.name for p in package.iterdir() if p.name != "__pycache__"}
