@@ -77,6 +77,7 @@ class ChatFormat:
         if unknown := [t for t, _ in request.sampling.logit_bias if t >= self.vocab]:
             raise InvalidInputs({"logit_bias": f"token id(s) {unknown} are not in this model's "
                                  f"vocabulary (0 to {self.vocab - 1})"})  # fmt: skip
+        self.label_ids(request)  # (the labels fit)
         if request.constraint is not None:
             least = shortest(request.constraint.schema)
             if least is not None and (n := len(self._encode(least))) > wanted:
@@ -89,7 +90,16 @@ class ChatFormat:
         """The candidate labels' tokens, as the answer would begin with them."""
         if request.labels is None:
             return None
-        return [self._encode(label) for label in request.labels]
+        labels = [self._encode(label) for label in request.labels]
+        if (fed := sum(len(tokens) - 1 for tokens in labels)) > self.spec.max_tokens:
+            # (each token after a label's first is a decode step holding the slot)
+            raise InvalidInputs(
+                {
+                    "labels": f"the labels' tokens after their first are {fed}, "
+                    f"at most {self.spec.max_tokens} (this model's max_tokens)"
+                }
+            )
+        return labels
 
     def guide(self, request: GenerationRequest) -> JsonGuide | None:
         """The request's grammar state, when its output is constrained."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy.orm import undefer
@@ -109,7 +109,13 @@ class Responses:
 
     def replay(self, tenant: TenantRef, job_id: uuid.UUID) -> Iterator[Followed]:
         """A response's text from its record, as it is recorded, then its end (a
-        stream resumed: nothing of the live pieces is needed)."""
+        stream resumed: nothing of the live pieces is needed). It holds one of the
+        tenant's waits while it reads (TooManyWaits past the tenant's limit), as a
+        job's event stream does: each reads the record every REPLAY_EVERY_S."""
+        release = self._jobs.follow(tenant, job_id, -1)  # (now: a refusal is a 429)
+        return _released(self._replayed(tenant, job_id), release)
+
+    def _replayed(self, tenant: TenantRef, job_id: uuid.UUID) -> Iterator[Followed]:
         sent, deadline = "", time.monotonic() + self._completions.timeout_s
         while time.monotonic() < deadline:
             shown = self.shown(tenant, job_id)
@@ -161,3 +167,14 @@ class Responses:
                 return None, None
             session.expunge(job)
         return job, stored_record(job.input_data)
+
+
+def _released(
+    followed: Iterator[Followed], release: Callable[[], None] | None
+) -> Iterator[Followed]:
+    """The text followed, the tenant's wait given back when it ends (or is dropped)."""
+    try:
+        yield from followed
+    finally:
+        if release is not None:
+            release()

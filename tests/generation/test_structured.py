@@ -284,3 +284,14 @@ def test_choices_of_one_prompt_are_prefilled_once_and_decode_as_if_alone(
         run_all(session, card, [alone])
         assert alone.generated == together[i].generated
     assert len({tuple(s.generated) for s in together}) == 3
+
+
+def test_labels_whose_tokens_would_hold_a_slot_too_long_are_refused(
+    card: ModelCard, chat: ChatFormat
+) -> None:
+    """Each token after a label's first is a decode step in the request's slot:
+    all of them together at most max_tokens, as a generation's."""
+    labels = [f"{i} " + "a very long label of many words " * 6 for i in range(64)]
+    with pytest.raises(InvalidInputs) as caught:
+        chat.encode(request(card, {"prompt": "Pick one."}, labels=labels))
+    assert "at most 2048" in caught.value.errors["labels"]
