@@ -23,7 +23,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from app.cards import GenerationSpec
-from app.generation.guides import CLOSING_MARGIN, Grammars, JsonGuide, shortest
+from app.generation.guides import CLOSING_MARGIN, Grammars, JsonGuide, Least, shortest
 from app.generation.requests import GenerationRequest
 from app.runtime.sampling import TokenLogprob
 from app.runtime.tensors import InvalidInputs
@@ -56,6 +56,7 @@ class ChatFormat:
         self._lock = threading.Lock()
         self._special = set(spec.special.values())
         self._bytes: dict[int, bytes] = {}
+        self._longest = 0  # the longest token's bytes (read on first need)
 
     def _encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -80,11 +81,21 @@ class ChatFormat:
         self.label_ids(request)  # (the labels fit)
         if request.constraint is not None:
             least = shortest(request.constraint.schema)
-            if least is not None and (n := len(self._encode(least))) > wanted:
+            if least is not None and (n := self._least_tokens(least)) > wanted:
+                holding = f", its strings {least.chars} characters at least" if least.chars else ""
                 raise InvalidInputs({"max_tokens": (
-                    f"the shortest output the response format allows ({least}) is {n} tokens, "
-                    f"more than max_tokens {wanted}; raise max_tokens")})  # fmt: skip
+                    f"the shortest answer the response format allows ({least.text}{holding}) "
+                    f"takes {n} tokens or more, more than max_tokens {wanted}; "
+                    "raise max_tokens")})  # fmt: skip
         return ids
+
+    def _least_tokens(self, least: Least) -> int:
+        """Tokens the shortest answer takes at least: its JSON's, and its strings'
+        characters in tokens as long as the longest of the vocabulary (a bound
+        that never refuses an answer that could fit)."""
+        if self._longest == 0:
+            self._longest = max(len(self.token_bytes(t)) for t in range(self.vocab))
+        return len(self._encode(least.text)) + -(-least.chars // self._longest)
 
     def label_ids(self, request: GenerationRequest) -> list[list[int]] | None:
         """The candidate labels' tokens, as the answer would begin with them."""
@@ -111,7 +122,7 @@ class ChatFormat:
                 self._grammars = Grammars(self.tokenizer.to_str(), control,
                                           self.spec.stop_tokens, self.vocab)  # fmt: skip
         least = shortest(request.constraint.schema)
-        reserve = len(self._encode(least)) if least is not None else 2 * CLOSING_MARGIN
+        reserve = self._least_tokens(least) if least is not None else 2 * CLOSING_MARGIN
         return self._grammars.guide(request.constraint, reserve + CLOSING_MARGIN)
 
     def chat_ids(self, messages: tuple[tuple[str, str], ...]) -> list[int]:

@@ -132,61 +132,88 @@ class Grammars:
         self._tokenizer = LLTokenizer(json.dumps(spec), n_vocab=vocab,
                                       eos_token=list(stop_tokens))  # fmt: skip
         self.vocab = vocab
-        self.closers = np.zeros(vocab, bool)  # tokens made only of `"`, `]` and `}`
-        for token in range(vocab):
-            text = self._tokenizer.decode_bytes([token]).strip()
-            self.closers[token] = bool(text) and not text.strip(b'"]}')
+        # The tokens that close: inside a string, a quote first (`"`, `"}`, `"]}`...);
+        # outside, brackets only. Which applies follows the text (JsonGuide).
+        self.pieces = [self._tokenizer.decode_bytes([t]) for t in range(vocab)]
+        self.ends_string = np.zeros(vocab, bool)
+        self.ends_container = np.zeros(vocab, bool)
+        for token, piece in enumerate(self.pieces):
+            text = piece.strip()
+            self.ends_string[token] = piece.startswith(b'"') and not piece.strip(b'"]} ')
+            self.ends_container[token] = bool(text) and not text.strip(b"]}")
 
     def guide(self, constraint: Constraint, reserve: int) -> JsonGuide:
         """A sequence's guide, closing once `reserve` tokens are left."""
         matcher = LLMatcher(self._tokenizer, constraint.grammar(), log_level=0)
         if matcher.is_error():
             raise InvalidInputs({FIELD: matcher.get_error()})
-        return JsonGuide(matcher, self.closers, reserve)
+        return JsonGuide(matcher, self, reserve)
 
 
 class JsonGuide:
-    """One sequence's grammar state (app.runtime.decode.Guide)."""
+    """One sequence's grammar state (app.runtime.decode.Guide), and whether its
+    text stands inside a string (which tokens close it)."""
 
-    def __init__(self, matcher: LLMatcher, closers: np.ndarray, reserve: int) -> None:
-        self._matcher, self._closers, self.reserve = matcher, closers, reserve
-        self._bits = np.zeros((closers.size + 31) // 32, np.int32)
+    def __init__(self, matcher: LLMatcher, grammars: Grammars, reserve: int) -> None:
+        self._matcher, self._grammars, self.reserve = matcher, grammars, reserve
+        self._bits = np.zeros((grammars.vocab + 31) // 32, np.int32)
+        self._in_string = self._escaped = False
 
     def mask(self, logits: np.ndarray, left: int) -> np.ndarray:
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
         allowed = allowed[: logits.size].astype(bool)
-        if left <= self.reserve:
-            closing = allowed & self._closers[: logits.size]
+        if left <= self.reserve and not self._escaped:
+            grammars = self._grammars
+            ending = grammars.ends_string if self._in_string else grammars.ends_container
+            closing = allowed & ending[: logits.size]
             if closing.any():
                 allowed = closing
         return np.where(allowed, logits, np.float32(-np.inf))
 
     def accept(self, token: int) -> None:
         self._matcher.consume_token(token)
+        if token < len(self._grammars.pieces):
+            for byte in self._grammars.pieces[token]:
+                if self._escaped:
+                    self._escaped = False
+                elif byte == 0x5C and self._in_string:  # a backslash
+                    self._escaped = True
+                elif byte == 0x22:  # a quote
+                    self._in_string = not self._in_string
 
     @property
     def finished(self) -> bool:
         return bool(self._matcher.is_stopped())
 
 
-def shortest(schema: dict[str, Any]) -> str | None:
-    """The shortest compact JSON the schema plainly allows (its required
-    properties, its arrays' least items, its strings' least characters), to
-    tell a request whose max_tokens cannot hold any answer; None where the
-    schema is beyond this estimate (allOf, patterns, recursion too deep)."""
+@dataclass(frozen=True)
+class Least:
+    """The shortest answer a schema plainly allows: its JSON as the guide writes
+    it, strings empty, and the characters its strings must hold besides."""
+
+    text: str
+    chars: int
+
+
+def shortest(schema: dict[str, Any]) -> Least | None:
+    """The shortest answer the schema plainly allows (its required properties,
+    its arrays' least items, its strings' least characters), to tell a request
+    whose max_tokens cannot hold any answer; None where the schema is beyond this
+    estimate (allOf, patterns, recursion too deep)."""
+    chars = [0]
     try:
-        value = _least(schema, schema, 0)
+        value = _least(schema, schema, 0, chars)
     except _Unknown:
         return None
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return Least(json.dumps(value, separators=(", ", ": "), ensure_ascii=False), chars[0])
 
 
 class _Unknown(Exception):
     pass
 
 
-def _least(node: Any, root: dict[str, Any], depth: int) -> Any:
+def _least(node: Any, root: dict[str, Any], depth: int, chars: list[int]) -> Any:
     if depth > 16 or not isinstance(node, dict):
         raise _Unknown
     if "$ref" in node:
@@ -198,7 +225,7 @@ def _least(node: Any, root: dict[str, Any], depth: int) -> Any:
             if not isinstance(target, dict) or part not in target:
                 raise _Unknown
             target = target[part]
-        return _least(target, root, depth + 1)
+        return _least(target, root, depth + 1, chars)
     if "const" in node:
         return node["const"]
     if isinstance(node.get("enum"), list) and node["enum"]:
@@ -208,7 +235,7 @@ def _least(node: Any, root: dict[str, Any], depth: int) -> Any:
             options = []
             for option in node[key]:
                 try:
-                    options.append(_least(option, root, depth + 1))
+                    options.append(_least(option, root, depth + 1, [0]))
                 except _Unknown:
                     continue
             if not options:
@@ -221,13 +248,16 @@ def _least(node: Any, root: dict[str, Any], depth: int) -> Any:
         kind = kind[0] if kind else None
     if kind == "object":
         properties = node.get("properties") or {}
-        return {name: _least(properties.get(name, {"type": "null"}), root, depth + 1)
+        return {name: _least(properties.get(name, {"type": "null"}), root, depth + 1, chars)
                 for name in node.get("required") or ()}  # fmt: skip
     if kind == "array":
-        count = int(node.get("minItems", 0))
-        return [_least(node.get("items") or {"type": "null"}, root, depth + 1)] * count
+        count, before = int(node.get("minItems", 0)), chars[0]
+        item = _least(node.get("items") or {"type": "null"}, root, depth + 1, chars)
+        chars[0] = before + (chars[0] - before) * count
+        return [item] * count
     if kind == "string":
-        return "a" * int(node.get("minLength", 0))
+        chars[0] += int(node.get("minLength", 0))
+        return ""
     if kind in ("integer", "number"):
         low = node.get("minimum", node.get("exclusiveMinimum"))
         return 0 if low is None or low <= 0 else int(low) + 1

@@ -6,12 +6,14 @@ import json
 import time
 from typing import Any
 
+import jsonschema
 import pytest
 from flask.testing import FlaskClient
 
 from tests.api.test_batches import submit as submit_batch
 from tests.api.test_batches import upload, wait_batch
 from tests.conftest import WorkerProcess, wait_for_job
+from tests.generation.schemas import PERSON, messages, response_format
 from tests.support import wait_until
 
 NPY = "application/x-npy"
@@ -104,6 +106,29 @@ def test_a_batch_of_generations_answers_each_row_in_order(
     assert usage["completion_tokens"] >= 2 + 11 + 3
     npy = client.get(f"/batches/{batch['id']}/results", headers={**auth, "Accept": NPY})
     assert npy.status_code == 422 and "JSONL" in npy.json["detail"]  # type: ignore[index]
+
+
+def test_a_batch_s_rows_take_a_schema_and_labels_each(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    """Structured output and label scores are a row's parameters as a job's: a
+    table of documents gets a JSON object and a label with its probability per row."""
+    ask = "Is the sentiment of this review positive, negative or neutral? Answer with one word."
+    review = {"messages": [{"role": "user", "content": f"{ask}\n\nAbsolutely wonderful!"}]}
+    rows = [
+        {"inputs": {"messages": messages("Tom Baker is 87 years old.")},
+         "parameters": {"max_tokens": 60, "temperature": 0,
+                        "response_format": response_format("person", PERSON)}},
+        {"inputs": review, "parameters": {"labels": ["positive", "negative", "neutral"]}},
+    ]  # fmt: skip
+    batch = submit_batch(client, auth, model="smollm2", inputs=rows)
+    done = wait_batch(client, auth, batch["id"])
+    assert done["status"] == "succeeded" and done["rows_done"] == 2, done
+    answer = client.get(f"/batches/{batch['id']}/results", headers=auth)
+    person, scored = [json.loads(line)["outputs"] for line in answer.data.decode().splitlines()]
+    jsonschema.validate(json.loads(person["text"]), PERSON)
+    scores = json.loads(scored["label_scores"])
+    assert sum(scores.values()) == pytest.approx(1.0) and scored["text"] == "positive"
 
 
 def test_a_jsonl_file_of_requests_runs_as_a_batch(

@@ -14,7 +14,7 @@ import pytest
 
 from app.cards import ModelCard
 from app.generation.chat import ChatFormat
-from app.generation.guides import shortest
+from app.generation.guides import Least, shortest
 from app.generation.requests import GenerationRequest, parse
 from app.runtime.decode import DecodeEngine, Sequence
 from app.runtime.labels import LabelScores, log_softmax
@@ -188,11 +188,27 @@ def test_without_strict_a_keyword_not_supported_is_ignored_and_the_rest_enforced
 
 
 def test_the_shortest_answer_a_schema_allows() -> None:
-    assert shortest(PERSON) == '{"name":"","age":0}'
+    assert shortest(PERSON) == Least('{"name": "", "age": 0}', 0)
+    pair = {"type": "array", "minItems": 2, "items": {"type": "string", "minLength": 30}}
+    assert shortest(pair) == Least('["", ""]', 60)
     assert shortest({"type": "array", "minItems": 2, "items": {"enum": ["yes", "no"]}}) == (
-        '["no","no"]'
+        Least('["no", "no"]', 0)
     )
     assert shortest({"type": "string", "pattern": "a+"}) is None  # beyond the estimate
+
+
+def test_max_tokens_is_refused_only_where_no_answer_could_fit(
+    card: ModelCard, chat: ChatFormat
+) -> None:
+    """A string of at least 450 characters fits in 128 tokens of real words (the
+    bound counts the vocabulary's longest tokens), but not in 10."""
+    story = {"type": "object", "properties": {"story": {"type": "string", "minLength": 450}},
+             "required": ["story"]}  # fmt: skip
+    asked = {"response_format": response_format("story", story)}
+    chat.encode(request(card, {"prompt": "Tell a story."}, max_tokens=128, **asked))
+    with pytest.raises(InvalidInputs) as caught:
+        chat.encode(request(card, {"prompt": "Tell a story."}, max_tokens=10, **asked))
+    assert "450 characters at least" in caught.value.errors["max_tokens"]
 
 
 SENTIMENT_LABELS = ["positive", "negative", "neutral"]
