@@ -116,14 +116,20 @@ class ChatFormat:
         """The request's grammar state, when its output is constrained."""
         if request.constraint is None:
             return None
+        least = shortest(request.constraint.schema)
+        reserve = self._least_tokens(least) if least is not None else 2 * CLOSING_MARGIN
+        return self.grammars().guide(request.constraint, reserve + CLOSING_MARGIN)
+
+    def grammars(self) -> Grammars:
+        """The guides' tables of this tokenizer, made on first need (0.4 s: a decode
+        loop has them made as it starts, so a first schema does not wait)."""
         with self._lock:
             if self._grammars is None:
                 control = {i: self.tokenizer.id_to_token(i) or "" for i in self._special}
                 self._grammars = Grammars(self.tokenizer.to_str(), control,
                                           self.spec.stop_tokens, self.vocab)  # fmt: skip
-        least = shortest(request.constraint.schema)
-        reserve = self._least_tokens(least) if least is not None else 2 * CLOSING_MARGIN
-        return self._grammars.guide(request.constraint, reserve + CLOSING_MARGIN)
+                self._least_tokens(Least("", 0))  # (the vocabulary's longest token, read now)
+            return self._grammars
 
     def chat_ids(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
         start, end = self.spec.special["im_start"], self.spec.special["im_end"]

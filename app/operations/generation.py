@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -118,6 +119,9 @@ class Generation:
             return 0
         try:
             with self.engines.running(card) as engine:
+                # The structured-output tables, made beside the loop rather than
+                # at its first schema (once per process and model version).
+                threading.Thread(target=chat_format(card).grammars, daemon=True).start()
                 loop = Loop(card, engine)
                 try:
                     return self._loop(model, loop, lock, token)
