@@ -10,10 +10,10 @@ model given room for whitespace can spend its tokens on it.
 
 A grammar alone does not make an answer whole: a small model can go on inside a
 string or a number until max_tokens cuts it. So when the tokens left come down
-to what the shortest answer takes (plus a margin), the guide closes: wherever
-the grammar allows a token made only of closing quotes and brackets, only such
-tokens are allowed, and the answer ends well-formed (with short values) rather
-than cut off.
+to what the shortest answer takes (plus a margin), the guide closes: inside a
+string, wherever the grammar allows a token that begins with the closing quote,
+only such tokens are allowed; outside, only tokens of closing brackets, where
+allowed. The answer ends well-formed (with short values) rather than cut off.
 
 The grammar engine is llguidance: it has no dependencies (no torch: xgrammar's
 package needs torch, transformers and triton), computes a mask on the fly in
