@@ -25,16 +25,14 @@ if TYPE_CHECKING:
     from app.operations.batches import BatchOperations
     from app.operations.bindings import BindingOperations
     from app.operations.calls import CallOperations
-    from app.operations.completions import Completions
     from app.operations.dead_letters import DeadLetterOperations
-    from app.operations.embeddings import Embeddings
     from app.operations.execution import Execution
     from app.operations.files import FileOperations
     from app.operations.generation import Generation
     from app.operations.jobs import JobOperations
     from app.operations.maintenance import Maintenance
     from app.operations.models import ModelOperations
-    from app.operations.responses import Responses
+    from app.operations.openai_door import OpenAIOperations
     from app.operations.schedules import ScheduleOperations
     from app.operations.status import StatusOperations
     from app.operations.submission import Submitter
@@ -112,29 +110,23 @@ class Container(Lazy):
         )
 
     @made
-    def completions(self) -> Completions:
-        """Generation calls that follow their job (the OpenAI-compatible door)."""
+    def openai(self) -> OpenAIOperations:
+        """The OpenAI-compatible door's: generation calls that follow their job,
+        durable responses, embeddings as sync calls."""
         from app.operations.completions import Completions
+        from app.operations.embeddings import Embeddings
+        from app.operations.openai_door import OpenAIOperations
+        from app.operations.responses import Responses
 
         parts, settings = self.parts, self.settings
-        return Completions(
+        completions = Completions(
             parts.database, self.jobs, self._submitter, parts.repository,
             lambda: parts._reply_redis, settings.job_time_limit_seconds + 60,
         )  # fmt: skip
-
-    @made
-    def responses(self) -> Responses:
-        """Durable responses (the OpenAI-compatible door's /v1/responses)."""
-        from app.operations.responses import Responses
-
-        return Responses(self.parts.database, self.jobs, self.completions)
-
-    @made
-    def embeddings(self) -> Embeddings:
-        """Embeddings as sync calls (the OpenAI-compatible door's /v1/embeddings)."""
-        from app.operations.embeddings import Embeddings
-
-        return Embeddings(self.calls, self._submitter)
+        return OpenAIOperations(
+            completions, Responses(parts.database, self.jobs, completions),
+            Embeddings(self.calls, self._submitter),
+        )  # fmt: skip
 
     @made
     def calls(self) -> CallOperations:

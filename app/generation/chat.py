@@ -23,7 +23,14 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from app.cards import GenerationSpec
-from app.generation.guides import CLOSING_MARGIN, Grammars, JsonGuide, Least, shortest
+from app.generation.guides import (
+    CLOSING_MARGIN,
+    Grammars,
+    JsonGuide,
+    Least,
+    grammars_for,
+    shortest,
+)
 from app.generation.requests import GenerationRequest
 from app.runtime.sampling import TokenLogprob
 from app.runtime.tensors import InvalidInputs
@@ -93,8 +100,8 @@ class ChatFormat:
         """Tokens the shortest answer takes at least: its JSON's, and its strings'
         characters in tokens as long as the longest of the vocabulary (a bound
         that never refuses an answer that could fit)."""
-        if self._longest == 0:
-            self._longest = max(len(self.token_bytes(t)) for t in range(self.vocab))
+        if self._longest == 0:  # (byte-level: a character of a token's name is a byte)
+            self._longest = max(len(name) for name in self.tokenizer.get_vocab())
         return len(self._encode(least.text)) + -(-least.chars // self._longest)
 
     def label_ids(self, request: GenerationRequest) -> list[list[int]] | None:
@@ -126,9 +133,8 @@ class ChatFormat:
         with self._lock:
             if self._grammars is None:
                 control = {i: self.tokenizer.id_to_token(i) or "" for i in self._special}
-                self._grammars = Grammars(self.tokenizer.to_str(), control,
-                                          self.spec.stop_tokens, self.vocab)  # fmt: skip
-                self._least_tokens(Least("", 0))  # (the vocabulary's longest token, read now)
+                self._grammars = grammars_for(self.tokenizer.to_str(), control,
+                                              self.spec.stop_tokens, self.vocab)  # fmt: skip
             return self._grammars
 
     def chat_ids(self, messages: tuple[tuple[str, str], ...]) -> list[int]:

@@ -26,7 +26,10 @@ ignored (a warning) and the rest is still enforced.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -148,6 +151,28 @@ class Grammars:
         if matcher.is_error():
             raise InvalidInputs({FIELD: matcher.get_error()})
         return JsonGuide(matcher, self, reserve)
+
+
+KEPT_GRAMMARS = 4  # tokenizers whose tables a process keeps (the most recently used)
+_kept: OrderedDict[str, Grammars] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def grammars_for(
+    tokenizer_json: str, control: dict[int, str], stop_tokens: tuple[int, ...], vocab: int
+) -> Grammars:
+    """One Grammars per tokenizer in a process, shared by the versions of a model
+    (a version rolled or added again keeps them: nothing is made again or grows)."""
+    named = [tokenizer_json, sorted(control.items()), list(stop_tokens), vocab]
+    key = hashlib.sha256(json.dumps(named).encode()).hexdigest()
+    with _kept_lock:
+        if key in _kept:
+            _kept.move_to_end(key)
+            return _kept[key]
+        made = _kept[key] = Grammars(tokenizer_json, control, stop_tokens, vocab)
+        while len(_kept) > KEPT_GRAMMARS:
+            _kept.popitem(last=False)
+        return made
 
 
 class JsonGuide:

@@ -121,7 +121,7 @@ class CallStream:
         )
         self._replies: dict[uuid.UUID, codec.Reply] = {}  # what answering a job needs
         self._generations = Generations(
-            lambda job_id: container.completions.follow(tenant, job_id), self._post_piece
+            lambda job_id: container.openai.completions.follow(tenant, job_id), self._post_piece
         )
         self._arrived: queue.SimpleQueue[tuple[Request, int] | None] = queue.SimpleQueue()
         self._reading = True

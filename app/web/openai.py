@@ -50,7 +50,7 @@ def json_body() -> dict[str, Any]:
 @authenticated
 def list_models() -> dict[str, Any]:
     """The generative models your key may use, as OpenAI's model list."""
-    cards = services().completions.models(current_tenant())
+    cards = services().openai.completions.models(current_tenant())
     return {"object": "list", "data": [
         {"id": card.name, "object": "model", "created": 0, "owned_by": "inference-service"}
         for card in cards
@@ -86,7 +86,7 @@ def embeddings() -> tuple[dict[str, Any], int, dict[str, str]]:
     if unknown := sorted(set(body) - {"model", "input", "encoding_format", "dimensions", "user"}):
         raise invalid(unknown[0], "is not supported by this service")
     try:
-        made = services().embeddings.embed(
+        made = services().openai.embeddings.embed(
             current_tenant(), model, body.get("input"), body.get("dimensions")
         )
     except BadField as exc:
@@ -109,7 +109,7 @@ def _call(body: dict[str, Any], *, chat: bool) -> Response | dict[str, Any]:
     except BadField as exc:
         raise invalid(exc.param, exc.message) from None
     job_request = JobRequest(asked.model, asked.inputs, parameters=asked.parameters)
-    operations, tenant = services().completions, current_tenant()
+    operations, tenant = services().openai.completions, current_tenant()
     if operations.card(tenant, job_request.model).generation is None:
         raise invalid("model", f"{job_request.model} does not generate text (GET /v1/models)")
     try:

@@ -48,7 +48,7 @@ def _job(value: str) -> uuid.UUID:
 @authenticated
 def create() -> Response | dict[str, Any]:
     """Create a response: whole, streamed, or in the background."""
-    tenant, operations = current_tenant(), services().responses
+    tenant, operations = current_tenant(), services().openai.responses
     try:
         ask = read_create(json_body())
         job = operations.create(tenant, ask)
@@ -70,13 +70,13 @@ def create() -> Response | dict[str, Any]:
 def retrieve(response_id: str) -> Response | dict[str, Any]:
     """The response as it stands; with `stream=true`, its events (after `starting_after`)."""
     job_id, tenant = _job(response_id), current_tenant()
-    shown = services().responses.shown(tenant, job_id)
+    shown = services().openai.responses.shown(tenant, job_id)
     if request.args.get("stream", "false").lower() != "true":
         return response_object(shown)
     after = request.args.get("starting_after", "-1")
     if not after.lstrip("-").isdigit():
         raise invalid("starting_after", "expected an event's sequence_number")
-    replayed = services().responses.replay(tenant, job_id)
+    replayed = services().openai.responses.replay(tenant, job_id)
     return _stream(job_id, replayed, int(after), cancel_if_left=False)
 
 
@@ -85,7 +85,7 @@ def retrieve(response_id: str) -> Response | dict[str, Any]:
 def cancel(response_id: str) -> dict[str, Any]:
     """Stop a background response; it ends `cancelled` with the text made so far."""
     try:
-        shown = services().responses.cancel(current_tenant(), _job(response_id))
+        shown = services().openai.responses.cancel(current_tenant(), _job(response_id))
     except BadField as exc:
         raise invalid(exc.param, exc.message) from None
     return response_object(shown)
@@ -95,7 +95,7 @@ def cancel(response_id: str) -> dict[str, Any]:
 @authenticated
 def delete(response_id: str) -> dict[str, Any]:
     """Forget a response (an unfinished one is stopped first)."""
-    services().responses.delete(current_tenant(), _job(response_id))
+    services().openai.responses.delete(current_tenant(), _job(response_id))
     return {"id": response_id, "object": "response", "deleted": True}
 
 
@@ -103,7 +103,7 @@ def delete(response_id: str) -> dict[str, Any]:
 @authenticated
 def input_items(response_id: str) -> dict[str, Any]:
     """What the response was asked: its own input items (`order` asc or desc)."""
-    items = services().responses.input_items(current_tenant(), _job(response_id))
+    items = services().openai.responses.input_items(current_tenant(), _job(response_id))
     order = request.args.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid("order", 'expected "asc" or "desc"')
@@ -125,7 +125,7 @@ def input_items(response_id: str) -> dict[str, Any]:
 def _stream(
     job_id: uuid.UUID, followed: Iterator[Followed], after: int, *, cancel_if_left: bool
 ) -> Response:
-    tenant, operations = current_tenant(), services().responses
+    tenant, operations = current_tenant(), services().openai.responses
     events = ResponseEvents(job_id, after)
 
     def sse(event: dict[str, Any]) -> str:
@@ -142,7 +142,7 @@ def _stream(
                     yield from map(sse, events.closing(operations.shown(tenant, job_id)))
         finally:
             if not finished and cancel_if_left:
-                services().completions.cancel(tenant, job_id)
+                services().openai.completions.cancel(tenant, job_id)
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": str(job_id)}
     return Response(stream_with_context(body()), mimetype="text/event-stream", headers=headers)

@@ -102,7 +102,7 @@ def test_models_lists_the_generative_ones(client_of: openai.OpenAI) -> None:
         ({"logit_bias": {"1": 200}}, "logit_bias", "from -100 to 100"),
         ({"logit_bias": {"60000": 1}}, "logit_bias", "not in this model's vocabulary"),
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", "from 0 to 20"),
-        ({"n": 2}, "n", "only 1"),
+        ({"n": 9}, "n", "at most 8"),
         ({"response_format": {"type": "yaml"}}, "response_format", "json_schema"),
         (
             {
@@ -138,7 +138,7 @@ def test_models_lists_the_generative_ones(client_of: openai.OpenAI) -> None:
                 },
             },
             "max_tokens",
-            "shortest output",
+            "shortest answer",
         ),
         ({"model": "digits"}, "model", "does not generate"),
         ({"messages": [{"role": "user", "content": "word " * 9000}]}, "messages", "context"),
