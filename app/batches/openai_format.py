@@ -34,6 +34,7 @@ from app.generation.openai_objects import (
     ToolPlan,
     completion_request,
     error_object,
+    json_outputs,
     streaming,
 )
 from app.jobs.staging import check_inputs
@@ -230,10 +231,7 @@ def answer(model: str, chat: bool, chunk: Chunk) -> dict[str, Any]:
     if chunk.status == "succeeded" and chunk.output_data is not None:
         outputs = {name: array.tolist() for name, array in unpack(chunk.output_data).items()}
         final = {"status": "succeeded", "finish_reason": outputs.get("finish_reason"),
-                 "usage": outputs}  # fmt: skip
-        for name in ("logprobs", "label_scores"):
-            if name in outputs:
-                final[name] = orjson.loads(outputs[name])
+                 "usage": outputs, **json_outputs(outputs)}  # fmt: skip
         return response(200, shape.whole(str(outputs.get("text", "")), final))
     message = chunk.error_message or ""
     if fields.get("refused") == "request":

@@ -20,7 +20,7 @@ from app.generation.tools import ToolPlan, call_id, plan, with_tools
 
 __all__ = [
     "BadField", "CompletionRequest", "CompletionShape", "ToolPlan", "completion_inputs",
-    "completion_request", "error_object", "streaming",
+    "completion_request", "error_object", "json_outputs", "streaming",
 ]  # fmt: skip
 
 # OpenAI's fields (and vLLM's extra `top_k`, `repetition_penalty`; this service's
@@ -116,6 +116,15 @@ def streaming(body: dict[str, Any]) -> tuple[bool, bool]:
     if not isinstance(options, dict) or not set(options) <= {"include_usage"}:
         raise BadField("stream_options", 'expected {"include_usage": true|false}')
     return stream, bool(options.get("include_usage"))
+
+
+JSON_OUTPUTS = ("logprobs", "label_scores")  # a generation's outputs kept as JSON text
+
+
+def json_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """A finished generation's JSON outputs (log-probabilities, label scores), read
+    for its final message, as the worker's own final message carries them."""
+    return {name: json.loads(outputs[name]) for name in JSON_OUTPUTS if name in outputs}
 
 
 def error_object(status: int, code: str, message: str, param: str | None) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-import orjson
 from sqlalchemy.orm import undefer
 
 from app.cards import ModelCard
@@ -25,6 +24,7 @@ from app.generation.openai_objects import (
     CompletionShape,
     completion_request,
     error_object,
+    json_outputs,
     streaming,
 )
 from app.generation.pieces import Followed, follow
@@ -144,7 +144,4 @@ class Completions:
         final = {"final": True, "status": job.status, "output": outputs.get("text", ""),
                  "finish_reason": outputs.get("finish_reason"), "usage": usage,
                  "error": job.error_message}  # fmt: skip
-        for name in ("logprobs", "label_scores"):
-            if name in outputs:
-                final[name] = orjson.loads(outputs[name])
-        return final
+        return {**final, **json_outputs(outputs)}
