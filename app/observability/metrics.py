@@ -120,6 +120,15 @@ GENERATION_PAUSES = Counter(
     "Generations paused to give their slot to a tenant waiting without one",
     ["model"],
 )
+GENERATION_PREFIX_LOOKUPS = Counter(
+    "inference_generation_prefix_lookups",
+    "Prompts looked up in the decode loops' prefix caches, by result: hit (the rows of a "
+    "kept prefix copied) or miss", ["model", "result"],
+)  # fmt: skip
+GENERATION_PREFIX_TOKENS_SAVED = Counter(
+    "inference_generation_prefix_tokens_saved",
+    "Prompt tokens not prefilled because a kept prefix held their rows", ["model"],
+)  # fmt: skip
 # Webhook worker
 WEBHOOK_ATTEMPTS = Counter(
     "inference_webhook_attempts",

@@ -28,6 +28,7 @@ from app.observability import metrics
 from app.platform.broker import redis_client
 from app.platform.settings import Settings
 from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.prefixes import PrefixCache
 from app.runtime.tensors import pack
 from app.tenancy.tokens import TokenMeter, namespace
 
@@ -82,6 +83,7 @@ class GenerationSettings:
     slots: int
     threads: int
     prefill_tokens: int
+    prefix_bytes: int
     drain_s: float
     linger_s: float
     database: str  # (the namespace of the tenants' token counts)
@@ -89,7 +91,8 @@ class GenerationSettings:
     @classmethod
     def of(cls, settings: Settings) -> GenerationSettings:
         return cls(settings.generation_slots, settings.generation_threads,
-                   settings.generation_prefill_tokens, settings.drain_seconds,
+                   settings.generation_prefill_tokens,
+                   settings.generation_prefix_cache_mb * 1024 * 1024, settings.drain_seconds,
                    settings.drain_linger_ms / 1000, namespace(settings.database_url))  # fmt: skip
 
 
@@ -175,14 +178,21 @@ class LoopMeter:
             waited = max(0.0, time.time() - job.created_at.timestamp())
             metrics.GENERATION_FIRST_TOKEN_SECONDS.labels(model).observe(waited)
 
-    def count(self, model: str, loop: Loop | None) -> None:
-        """The tokens taken since the last count; the loop's slots (None: it ended,
+    def count(self, model: str, loop: Loop | None, prefixes: PrefixCache | None = None) -> None:
+        """The tokens taken since the last count, the prefix cache's lookups (the
+        loop's, or `prefixes` as a loop ends); the loop's slots (None: it ended,
         its slots are gone)."""
         charges, self._charges = self._charges, Counter()
         self.tokens.add(dict(charges))
         for (name, kind), n in self._made.items():
             metrics.GENERATION_TOKENS.labels(name, kind).inc(n)
         self._made.clear()
+        prefixes = loop.engine.prefixes if loop is not None else prefixes
+        if prefixes is not None:
+            counts = prefixes.take_counts()
+            metrics.GENERATION_PREFIX_LOOKUPS.labels(model, "hit").inc(counts.hits)
+            metrics.GENERATION_PREFIX_LOOKUPS.labels(model, "miss").inc(counts.misses)
+            metrics.GENERATION_PREFIX_TOKENS_SAVED.labels(model).inc(counts.tokens_saved)
         paused = len(loop.paused) if loop else 0
         busy = loop.engine.busy if loop else 0
         free = loop.engine.room() if loop else 0

@@ -94,8 +94,9 @@ class Generation:
         self.database, self.runner, self.settings = database, runner, settings
         self._dispatcher, self._redis = dispatcher, redis
         self.engines = EnginePool(
-            SessionPool(provider, settings.threads), settings.slots, settings.prefill_tokens
-        )
+            SessionPool(provider, settings.threads), settings.slots, settings.prefill_tokens,
+            settings.prefix_bytes,
+        )  # fmt: skip
         self.publisher = PiecePublisher(lambda: self._redis())
         self.recorder = Recorder()  # the text recorded in pieces (app.jobs.outputs)
         self.meter = LoopMeter(TokenMeter(lambda: self._redis(), settings.database))
@@ -194,7 +195,7 @@ class Generation:
                     self.meter.count(model, loop)
                     next_count = now + COUNT_EVERY_S
         finally:
-            self.meter.count(model, None)
+            self.meter.count(model, None, loop.engine.prefixes)
 
     def _share(self, model: str, loop: Loop) -> int:
         """Pause generations of the tenants holding more than their share, each for
@@ -287,7 +288,8 @@ class Generation:
         # (Only the fault suite turns the `resume` guard off: a retry starts afresh.)
         resume = job.attempt > 1 and self.runner.guards.resume and labels is None
         made = self._recorded(job.id) if resume else []
-        sequence = Sequence.resumed(job.id, prompt, made, request.sampling, guide)
+        sequence = Sequence.resumed(job.id, prompt, made, request.sampling, guide,
+                                    job.tenant_id)  # fmt: skip
         if labels is not None:  # (scored afresh by a retry: nothing of it is recorded)
             sequence.scores = LabelScores(labels)
         running = Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,

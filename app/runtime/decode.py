@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,6 +33,7 @@ import onnxruntime as ort
 
 from app.runtime.kvcache import KVCache, cache_for
 from app.runtime.labels import LabelScores
+from app.runtime.prefixes import PrefixCache
 from app.runtime.sampling import (
     Sampling,
     Seen,
@@ -66,6 +68,7 @@ class Sequence:
     sampling: Sampling
     guide: Guide | None = None
     scores: LabelScores | None = None  # labels to score instead of generating
+    owner: Any = None  # whose prompt it is (a tenant): kept prefixes are per owner
     rng: np.random.Generator = field(init=False)
     seen: Seen = field(init=False)
     generated: list[int] = field(default_factory=list)
@@ -81,13 +84,13 @@ class Sequence:
     @classmethod
     def resumed(
         cls, key: Any, prompt: list[int], made: list[int], sampling: Sampling,
-        guide: Guide | None = None,
+        guide: Guide | None = None, owner: Any = None,
     ) -> Sequence:  # fmt: skip
         """A sequence going on from tokens an earlier run made: they are prefilled
         with the prompt and count as generated (for the penalties and the guide
         too), and a seeded generator draws as many times as it drew for them, so
         the rest is what one uninterrupted run makes."""
-        sequence = cls(key, prompt + made, sampling, guide)
+        sequence = cls(key, prompt + made, sampling, guide, owner=owner)
         sequence.seen = Seen(prompt, sampling)
         sequence.generated = list(made)
         for token in made:
@@ -102,7 +105,8 @@ class Sequence:
         """This sequence again from its prompt and tokens (a paused one going on):
         its generator, penalties and guide where they were."""
         scores = self.scores.fresh() if self.scores is not None else None
-        again = Sequence(self.key, prompt + self.generated, self.sampling, self.guide, scores)
+        again = Sequence(self.key, prompt + self.generated, self.sampling, self.guide, scores,
+                         self.owner)  # fmt: skip
         again.generated, again.rng, again.seen = list(self.generated), self.rng, self.seen
         return again
 
@@ -130,6 +134,7 @@ class DecodeEngine:
         context: int,
         stop_tokens: tuple[int, ...],
         prefill_tokens: int = 256,
+        prefix_bytes: int = 0,
     ) -> None:
         self.session = session
         self.slots, self.context = slots, context
@@ -138,6 +143,7 @@ class DecodeEngine:
         self.waiting: deque[Sequence] = deque()
         self.decoding: list[Sequence] = []
         self.cache: KVCache = cache_for(session, slots, min(context, GROW))
+        self.prefixes = PrefixCache(prefix_bytes, self.cache.token_bytes) if prefix_bytes else None
         self._binding: Any = None
         self._bound: tuple[int, int, int] | None = None  # (first, end, cache epoch)
         self._free = set(range(slots))
@@ -202,6 +208,8 @@ class DecodeEngine:
                 sequence.filled, logits = len(sequence.prompt), twin.prompt_logits[None]
                 self.shared += 1
             else:
+                if not sequence.filled:
+                    self._reuse(sequence)
                 chunk = sequence.prompt[sequence.filled : sequence.filled + budget]
                 self._fit(sequence.filled + len(chunk))
                 logits = self._run(sequence.slot, sequence.slot + 1, np.array([chunk], np.int64),
@@ -214,12 +222,26 @@ class DecodeEngine:
                     break  # the rest in the next step's budget
             self.waiting.popleft()
             self.decoding.append(sequence)
+            if self.prefixes is not None:
+                self.prefixes.keep(sequence.owner, sequence.prompt,
+                                   partial(self.cache.save, sequence.slot))  # fmt: skip
             sequence.prompt_logits = logits[0].copy()
             whole += 1
             if (item := self._next(sequence, logits[0])) is not None:
                 emitted.append(item)
         self.joined = whole
         return emitted
+
+    def _reuse(self, sequence: Sequence) -> None:
+        """The rows of the longest kept prefix of the prompt into its slot."""
+        if (
+            self.prefixes is None
+            or (hit := self.prefixes.find(sequence.owner, sequence.prompt)) is None
+        ):
+            return
+        self._fit(hit.tokens)
+        self.cache.load(hit.rows, sequence.slot, hit.tokens)
+        sequence.filled = hit.tokens
 
     def _twin(self, sequence: Sequence) -> Sequence | None:
         """A decoding sequence of the same prompt (cache rows of that prompt), if any."""

@@ -3,7 +3,9 @@
 Both hold one buffer per graph cache input, [slots, kv_heads, positions, head],
 bound as both the past input and the present output of a call (so
 GroupQueryAttention appends in place), and both can grow or shrink the
-positions keeping what is written, and move or swap one slot's rows.
+positions keeping what is written, move or swap one slot's rows, and save a
+slot's first rows apart (the prefix cache, app.runtime.prefixes) and load them
+into a slot again.
 
 On the CPU provider the buffers are numpy arrays. On the CUDA provider a host
 buffer would be copied to the device and back on every call (60 tensors a
@@ -32,6 +34,10 @@ class KVCache(Protocol):
     def move(self, source: int, target: int, filled: int) -> None: ...
     def swap(self, a: int, a_filled: int, b: int, b_filled: int) -> None: ...
     def bind(self, binding: Any, first: int, end: int) -> None: ...
+    def save(self, slot: int, filled: int) -> Any: ...
+    def load(self, rows: Any, slot: int, filled: int) -> None: ...
+    @property
+    def token_bytes(self) -> int: ...
 
 
 def cache_for(session: ort.InferenceSession, slots: int, positions: int) -> KVCache:
@@ -81,6 +87,17 @@ class HostCache:
             kept = buffer[b, :, :b_filled].copy()
             buffer[b, :, :a_filled] = buffer[a, :, :a_filled]
             buffer[a, :, :b_filled] = kept
+
+    @property
+    def token_bytes(self) -> int:
+        return len(self.names) * self.kv_heads * self.head * np.dtype(self.dtype).itemsize
+
+    def save(self, slot: int, filled: int) -> list[np.ndarray]:
+        return [buffer[slot, :, :filled].copy() for buffer in self.buffers]
+
+    def load(self, rows: list[np.ndarray], slot: int, filled: int) -> None:
+        for buffer, kept in zip(self.buffers, rows, strict=True):
+            buffer[slot, :, :filled] = kept[:, :filled]
 
     def bind(self, binding: Any, first: int, end: int) -> None:
         key = (first, end)
@@ -172,6 +189,28 @@ class DeviceCache:
             self._rows(kept, self._slot(value, b), b_filled)
             self._rows(self._slot(value, b), self._slot(value, a), a_filled)
             self._rows(self._slot(value, a), kept, b_filled)
+        self._synchronize()
+
+    @property
+    def token_bytes(self) -> int:
+        return len(self.names) * self.kv_heads * self.head * self.item
+
+    def save(self, slot: int, filled: int) -> list[ort.OrtValue]:
+        """The slot's first rows copied into buffers of their own on the device."""
+        row = self.head * self.item
+        kept = [self._new(1, filled) for _ in self.names]
+        for value, into in zip(self.values, kept, strict=True):
+            self._copy2d(into.data_ptr(), filled * row, self._slot(value, slot),
+                         self.positions * row, filled * row, self.kv_heads)  # fmt: skip
+        self._synchronize()
+        return kept
+
+    def load(self, rows: list[ort.OrtValue], slot: int, filled: int) -> None:
+        row = self.head * self.item
+        for value, kept in zip(self.values, rows, strict=True):
+            width = int(kept.shape()[2]) * row
+            self._copy2d(self._slot(value, slot), self.positions * row, kept.data_ptr(),
+                         width, filled * row, self.kv_heads)  # fmt: skip
         self._synchronize()
 
     def bind(self, binding: Any, first: int, end: int) -> None:

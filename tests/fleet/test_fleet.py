@@ -94,8 +94,12 @@ def top_up(stack: FleetStack, engine: sa.Engine, needed: float) -> int:
     job = {"model": "heavy", "inputs": {"pixels": [[float(j % 16) for j in range(64)]] * 2}}
     for start in range(0, missing, 1000):
         size = min(1000, missing - start)
-        response = requests.post(f"{stack.url(API_HOSTS[start // 1000 % 2])}/jobs/bulk",
-                                 json={"jobs": [job] * size}, headers=stack.auth, timeout=60)
+        response = requests.post(
+            f"{stack.url(API_HOSTS[start // 1000 % 2])}/jobs/bulk",
+            json={"jobs": [job] * size},
+            headers=stack.auth,
+            timeout=60,
+        )
         assert response.status_code == 202 and response.json()["refused"] == 0, response.text
     return missing
 

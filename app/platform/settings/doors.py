@@ -100,6 +100,13 @@ class DoorSettings(JobSettings):
         description="Prompt tokens a decode step prefills at most; a longer prompt goes in "
         "pieces over several steps, so the others' next tokens wait at most one piece.",
     )
+    generation_prefix_cache_mb: int = Field(
+        default=256,
+        ge=0,
+        description="Memory a decode loop keeps the key/value cache rows of recent prompts in "
+        "(per tenant, least recently used dropped; 0 = none): a prompt that starts with a kept "
+        "one's tokens (a shared system prompt or instruction) prefills only the rest.",
+    )
     cuda_devices: Annotated[tuple[int, ...], Words] = Field(
         default=(),
         description="Comma list of GPU ids; worker process i runs its CUDA sessions on device "
