@@ -272,7 +272,7 @@ def run_llama_server(gguf: Path, out_dir: Path, quick: bool) -> dict[str, Any]:
 
 
 def run_service(out_dir: Path, quick: bool) -> dict[str, Any]:
-    from bench import structured
+    from bench import prefixes, structured
     from bench.infra import Servers
 
     with Servers() as servers:
@@ -295,6 +295,8 @@ def run_service(out_dir: Path, quick: bool) -> dict[str, Any]:
                                  rss=lambda: _worker_rss(proc.pid))  # fmt: skip
                 progress.note("this service: structured output and label scores ...")
                 structured_ = structured.service(port, headers, quick)
+                progress.note("this service: the prefix cache ...")
+                structured_.update(prefixes.service(port, headers, quick))
             finally:
                 procs.stop(proc, timeout=60)
         finally:
@@ -408,6 +410,10 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     labels = data["service"]["labels"]
     ratio = round(labels["scored_rows_per_s"] / labels["greedy_rows_per_s"], 2)
     add("label scores: rows/s vs generating the label greedily", ratio, "(reported)", None)
+    if "prefix" in data["service"]:
+        from bench import prefixes
+
+        found += prefixes.targets(data["service"])
     rss = s16.get("worker_rss_mb")
     add("worker RSS with 16 streams (MB)", rss, "< 1536", None if rss is None else rss < 1536)
     return found
@@ -445,6 +451,9 @@ def markdown(data: dict[str, Any]) -> str:
     lines += ["", f"Label scores, {labels.get('rows')} rows 16 at a time: "
               f"{labels.get('scored_rows_per_s')} rows/s scored, {labels.get('greedy_rows_per_s')} "
               "rows/s generating the label greedily.", ""]  # fmt: skip
+    from bench import prefixes
+
+    lines += prefixes.lines(data["service"])
     if "llama_server" in data:
         lines += [f"llama.cpp: {data['llama_server']['commit']}", ""]
     lines += ["| target | value | goal | met |", "|---|---:|---|---|"]
