@@ -22,6 +22,7 @@ import psutil
 
 from app.cards import ModelCard
 from app.generation.chat import TextStream
+from app.generation.scheduler import Scheduler
 from app.jobs.claims import ClaimedJob
 from app.jobs.transitions import Outcome
 from app.observability import metrics
@@ -103,7 +104,6 @@ class Running:
     text: TextStream
     leases: ExitStack
     prompt: list[int]
-    joined: float  # when it took its slot
     compute_s: float = 0.0
     stopped: str | None = None  # a stop sequence ended it
     first: bool = True  # its first token is still to come (time to first token)
@@ -116,9 +116,9 @@ class Running:
 class Loop:
     card: ModelCard
     engine: DecodeEngine
+    schedule: Scheduler  # its policy: admitted, paused, when to claim (no I/O)
     running: dict[uuid.UUID, Running] = field(default_factory=dict)  # paused ones too
     overtime: set[uuid.UUID] = field(default_factory=set)
-    paused: list[uuid.UUID] = field(default_factory=list)  # in the order they go on
 
 
 def ended_outcome(running: Running) -> tuple[Outcome, dict[str, Any]]:
@@ -193,7 +193,7 @@ class LoopMeter:
             metrics.GENERATION_PREFIX_LOOKUPS.labels(model, "hit").inc(counts.hits)
             metrics.GENERATION_PREFIX_LOOKUPS.labels(model, "miss").inc(counts.misses)
             metrics.GENERATION_PREFIX_TOKENS_SAVED.labels(model).inc(counts.tokens_saved)
-        paused = len(loop.paused) if loop else 0
+        paused = len(loop.schedule.paused) if loop else 0
         busy = loop.engine.busy if loop else 0
         free = loop.engine.room() if loop else 0
         for state, value in (("busy", busy), ("free", free), ("paused", paused)):

@@ -38,7 +38,8 @@ from app.execution.runner import Runner
 from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
 from app.generation.requests import stored_request
-from app.generation.sharing import Holder, Waiter, preemptions
+from app.generation.scheduler import WATCH_S, Scheduler
+from app.generation.sharing import Waiter
 from app.jobs import claims, telemetry
 from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
@@ -66,18 +67,10 @@ from app.tenancy.tokens import TokenMeter
 
 logger = logging.getLogger(__name__)
 
-# A loop with free slots claims when a wake-up is pending for its model (a Redis
-# flag, looked at every step, or every WATCH_S while idle), and at least every
-# CLAIM_EVERY_S (jobs back from a retry or the sweep come without one): no SQL a step.
-WATCH_S = 0.005
-CLAIM_EVERY_S = 0.5
-CANCELS_EVERY_S = 0.25  # how often it looks for cancellations and a hand-over request
-SHARE_EVERY_S = 0.1  # with every slot taken: how often it looks for tenants waiting
-COUNT_EVERY_S = 0.25  # how often its tokens are counted (budgets, metrics)
 # An idle loop keeps watching this long at least (DRAIN_LINGER_MS if longer; none
-# with 0): the
-# next call finds it running, with its model loaded, instead of waiting for a
-# wake-up that may reach a worker process that has yet to load the model.
+# with 0): the next call finds it running, with its model loaded, instead of
+# waiting for a wake-up that may reach a worker process that has yet to load the
+# model. (When it claims, shares and stops: app.generation.scheduler.)
 LINGER_S = 10.0
 
 
@@ -123,7 +116,9 @@ class Generation:
                 # The structured-output tables, made beside the loop rather than
                 # at its first schema (once per process and model version).
                 threading.Thread(target=chat_format(card).grammars, daemon=True).start()
-                loop = Loop(card, engine)
+                linger = max(self.settings.linger_s, LINGER_S) if self.settings.linger_s else 0
+                schedule = Scheduler(engine.slots, time.monotonic(), self.settings.drain_s, linger)
+                loop = Loop(card, engine, schedule)
                 try:
                     return self._loop(model, loop, lock, token)
                 except BaseException:
@@ -147,83 +142,66 @@ class Generation:
             self.publisher.forget(running.job.id)
         self.recorder.take(list(loop.running))  # text not recorded is made again
         loop.running.clear()
+        loop.schedule.clear()
 
     def _loop(self, model: str, loop: Loop, lock: str, token: str) -> int:
-        started = time.monotonic()
-        stop_at = started + self.settings.drain_s
-        # DRAIN_LINGER_MS=0 (the tests' workers) ends a loop at its first empty claim.
-        linger_s = max(self.settings.linger_s, LINGER_S) if self.settings.linger_s else 0.0
-        idle_until = started + linger_s
-        next_claim = next_cancels = next_lock = next_share = next_count = 0.0
-        done = 0
+        """The loop's passes: what to do at each is the scheduler's (see its module);
+        the claims, steps, writes and publishing are done here."""
+        schedule, pending, done = loop.schedule, partial(self._dispatcher.pending, model), 0
         try:
             while True:
                 now = time.monotonic()
-                if now >= next_lock:
+                turn = schedule.turn(now, loop.engine.room(), pending)
+                if turn.renew_lock:
                     self._redis().set(lock, token, px=int(LOCK_S * 1000))
-                    next_lock = now + LOCK_S / 5
-                if loop.paused and loop.engine.room() > 0:
-                    self._go_on(loop)
-                room = loop.engine.room()
-                # While it has generations running it takes new ones (they join the
-                # batch at once); DRAIN_SECONDS ends only its idle lingering.
-                taking = now < stop_at or bool(loop.running)
-                due = taking and (now >= next_claim or self._dispatcher.pending(model))
-                if due and room > 0:
+                if turn.resume:
+                    self._go_on(loop, schedule.resumable(turn.resume, now))
+                if turn.claim:
                     self._dispatcher.taken(model)
-                    claimed, more = self._claim_next(model, room)
+                    claimed, more = self._claim_next(model, turn.claim)
                     for job in claimed:
                         done += self._start(loop, job)
-                    next_claim = now + (0 if more else CLAIM_EVERY_S)
-                elif due and now >= next_share:  # every slot taken: anyone waiting without?
+                    schedule.claimed(now, more)
+                elif turn.share:
                     done += self._share(model, loop)
-                    next_share = now + SHARE_EVERY_S
-                if not loop.running:
-                    if now >= stop_at or now >= idle_until:
-                        return done
+                then = schedule.then(now)
+                if then.stop:
+                    return done
+                if then.idle:
                     time.sleep(WATCH_S)
                     continue
-                idle_until = now + linger_s
-                if now >= next_cancels:
+                if then.cancels:
                     if self._asked_to_hand_over():
                         self._hand_over(model, loop)
                         return done
                     done += self._cancels(loop)
-                    next_cancels = now + CANCELS_EVERY_S
                 done += self._step(loop)
-                if now >= next_count:
+                if then.count:
                     self.meter.count(model, loop)
-                    next_count = now + COUNT_EVERY_S
         finally:
             self.meter.count(model, None, loop.engine.prefixes)
 
     def _share(self, model: str, loop: Loop) -> int:
         """Pause generations of the tenants holding more than their share, each for
         a waiting tenant's job that takes its slot (app.generation.sharing)."""
-        heads = self._heads(model)
-        holders = [Holder(r.job.id, r.job.tenant_id or 0, r.job.priority, r.joined)
-                   for r in loop.running.values() if r.job.id not in loop.paused]  # fmt: skip
-        waiters = [Waiter(h.id, h.tenant_id, h.priority) for h in heads]
-        pairs = preemptions(loop.engine.slots, holders, waiters)
+        waiters = [Waiter(h.id, h.tenant_id, h.priority) for h in self._heads(model)]
+        pairs = loop.schedule.preempt(waiters)
         if not pairs:
             return 0
         claimed = self._claim([waiter.key for _, waiter in pairs])
         for holder, _ in pairs[: len(claimed)]:  # (others may have claimed some)
             loop.engine.cancel(holder.key)
-            loop.paused.append(holder.key)
+            loop.schedule.pause(holder.key)
         metrics.GENERATION_PAUSES.labels(model).inc(len(claimed))
         return sum(self._start(loop, job) for job in claimed)
 
-    def _go_on(self, loop: Loop) -> None:
-        """Paused generations back into free slots, the first paused first: their
-        prompt and tokens prefilled again, their sampler where it was."""
-        while loop.paused and loop.engine.room() > 0:
-            running = loop.running.get(loop.paused.pop(0))
-            if running is None:
-                continue
-            running.sequence = running.sequence.going_on(running.prompt)
-            running.joined = time.monotonic()
-            loop.engine.add(running.sequence)
+    def _go_on(self, loop: Loop, keys: list[uuid.UUID]) -> None:
+        """Paused generations back into free slots: their prompt and tokens
+        prefilled again (their prompt's rows kept, mostly), their sampler where it was."""
+        for key in keys:
+            if (running := loop.running.get(key)) is not None:
+                running.sequence = running.sequence.going_on(running.prompt)
+                loop.engine.add(running.sequence)
 
     @transactional
     def _heads(self, model: str) -> list[claims.Head]:
@@ -253,7 +231,7 @@ class Generation:
         self.publisher.flush()
         handed = self._give_back(pieces, [item.job for item in running])
         loop.running.clear()
-        loop.paused.clear()
+        loop.schedule.clear()
         logger.info("handed %d generation(s) of %s over as this worker shuts down",
                     len(handed), model)  # fmt: skip
         self._dispatcher.wake(model)
@@ -293,11 +271,12 @@ class Generation:
         if labels is not None:  # (scored afresh by a retry: nothing of it is recorded)
             sequence.scores = LabelScores(labels)
         running = Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,
-                          prompt=prompt, joined=time.monotonic(), first=not made)  # fmt: skip
+                          prompt=prompt, first=not made)  # fmt: skip
         if request.sampling.logprobs is not None:
             running.logprobs = self._recorded_logprobs(job.id) if made else []
         running.labels = request.labels or ()
         loop.running[job.id] = running
+        loop.schedule.admitted(job.id, job.tenant_id, job.priority, time.monotonic())
         if not made:  # (a retry's prompt was counted by its first attempt)
             self.meter.charge(job, loop.card.name, "prompt", len(prompt))
         for token in made:
@@ -368,8 +347,7 @@ class Generation:
         outcomes, finals = [], {}
         for running in ended:
             loop.running.pop(running.job.id, None)
-            if running.job.id in loop.paused:
-                loop.paused.remove(running.job.id)
+            loop.schedule.left(running.job.id)
             running.leases.close()
             self.outflow.tail(running)  # (a cancelled one's too: its outputs hold all its text)
             outcome, finals[running.job.id] = ended_outcome(running)
