@@ -178,8 +178,9 @@ class GenerationSpec:
             raise ValueError("generation: 0 < default_max_tokens <= max_tokens < context_length")
         if not 1 <= spec.max_choices <= 64:
             raise ValueError("generation.max_choices: from 1 to 64")
-        if not {"im_start", "im_end"} <= spec.special.keys():
-            raise ValueError("generation.special: the ids of im_start and im_end")
+        if spec.roles and not {"im_start", "im_end"} <= spec.special.keys():
+            raise ValueError("generation.special: the ids of im_start and im_end (its chat "
+                             "roles are ChatML's)")  # fmt: skip
         return spec
 
 

@@ -1,6 +1,9 @@
 """The chat model's decoder step as an ONNX graph, written with `onnx.helper` from a
 llama-architecture GGUF file's tensors (`gguf_file`).
 
+`llama` files permute their query and key weights for interleaved rotary pairs;
+`qwen2` files do not (rotate-half pairs) and add biases to Q, K and V.
+
 One call runs any number of new tokens, with the key/value cache as per-layer
 inputs and outputs (`past_key_values.<i>.key` and `.value` in, `present.<i>.key`
 and `.value` out, [batch, kv_heads, positions, head_size], as ONNX Runtime GenAI
@@ -13,9 +16,9 @@ lengths decode in one call. The output `logits` is the last position's only.
 
 Linear weights are stored either as float32 (dequantised), as float16 (`"fp16"`:
 the whole graph, for the CUDA provider) or, with `"int4"`, as `MatMulNBits` blocks
-of 32 taken straight from the GGUF's Q4_1 blocks, with no second rounding (see
-`_Writer.nbits`), and the tied output head as 8-bit blocks taken from the
-embedding's Q8_0 ones.
+of 32 taken straight from the GGUF's Q4_1 or Q4_0 blocks, with no second rounding
+(see `_Writer.nbits`; other types are quantised from their float values), and
+the output head as 8-bit blocks (a Q8_0 head's own).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
-from modelbuild.gguf_file import BLOCK, dequantized, int4_blocks, int8_blocks
+from modelbuild.gguf_file import BLOCK, dequantized, int4_parts, int8_parts
 
 
 def llama_graph(
@@ -113,7 +116,7 @@ class _Writer:
     def linear(self, x: str, names: list[str], out: str) -> str:
         """x @ W.T for the named [out, in] weights, stacked along out (fused QKV, gate-up)."""
         if self.weights == "int4":
-            return self.nbits(x, [int4_blocks(self.tensors[n]) for n in names], out)
+            return self.nbits(x, [int4_parts(self.tensors[n]) for n in names], out)
         matrix = np.concatenate([dequantized(self.tensors[n]) for n in names])
         weight = self.const(f"{out}.weight", np.ascontiguousarray(matrix.T))
         return self.node("MatMul", [x, weight], out)
@@ -176,13 +179,18 @@ def _attention(g: _Writer, i: int, normed: str) -> str:
     b, hyper = f"blk.{i}", g.hyper
     qkv = g.linear(normed, [f"{b}.attn_q.weight", f"{b}.attn_k.weight", f"{b}.attn_v.weight"],
                    f"l{i}.qkv")  # fmt: skip
+    if f"{b}.attn_q.bias" in g.tensors:  # (qwen2)
+        bias = np.concatenate([dequantized(g.tensors[f"{b}.attn_{k}.bias"]).reshape(-1)
+                               for k in "qkv"])  # fmt: skip
+        qkv = g.node("Add", [qkv, g.const(f"l{i}.qkv.bias", bias)], f"l{i}.qkv_biased")
     attn_outs = [f"l{i}.attn", f"present.{i}.key", f"present.{i}.value"]
     g.node(
         "GroupQueryAttention",
         [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
          "total_sequence_length", "cos_cache", "sin_cache"],
         attn_outs, domain="com.microsoft", num_heads=hyper["heads"],
-        kv_num_heads=hyper["kv_heads"], do_rotary=1, rotary_interleaved=1,
+        kv_num_heads=hyper["kv_heads"], do_rotary=1,
+        rotary_interleaved=int(hyper.get("arch", "llama") == "llama"),
         scale=float(1 / np.sqrt(hyper["hidden"] // hyper["heads"])),
     )  # fmt: skip
     return g.linear(attn_outs[0], [f"{b}.attn_output.weight"], f"l{i}.o_proj")
@@ -200,23 +208,26 @@ def _mlp(g: _Writer, i: int, normed: str) -> str:
 
 
 def _lm_head(g: _Writer, total: str, embedding: np.ndarray) -> None:
-    """The last position of the residual stream `total`, normed, times the tied
-    embedding: `logits` (float32 whatever the graph's float type)."""
+    """The last position of the residual stream `total`, normed, times the output
+    head (the file's `output.weight`, or the embedding where they are tied):
+    `logits` (float32 whatever the graph's float type)."""
+    head_name = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
     last_index = g.const("last_index", np.array(-1, np.int64))
     last = g.node("Gather", [total, last_index], "last_hidden", axis=1)
     normed = g.node("SimplifiedLayerNormalization", [last, g.norm_weight("output_norm.weight")],
                     "final_norm", axis=-1, epsilon=g.eps)  # fmt: skip
-    if g.weights == "int4":  # tied: the embedding's own 8-bit blocks
-        values, scales = int8_blocks(g.tensors["token_embd.weight"])
+    if g.weights == "int4":  # in 8-bit blocks (a Q8_0 head's own)
+        values, scales = int8_parts(g.tensors[head_name])
         rows, blocks = values.shape[0], values.shape[1]
         g.node("MatMulNBits", [normed, g.const("lm_head.q", values),
                g.const("lm_head.scales", scales),
                g.const("lm_head.zero_points", np.full(rows * blocks, 128, np.uint8))], "logits",
                domain="com.microsoft", K=blocks * BLOCK, N=rows, bits=8, block_size=BLOCK,
                accuracy_level=g.accuracy)  # fmt: skip
-    else:  # tied: the embedding, transposed once at build time
+    else:  # transposed once at build time
         head_out = "logits.half" if g.half else "logits"
-        g.node("MatMul", [normed, g.const("lm_head.weight", np.ascontiguousarray(embedding.T))],
+        head = embedding if head_name == "token_embd.weight" else dequantized(g.tensors[head_name])
+        g.node("MatMul", [normed, g.const("lm_head.weight", np.ascontiguousarray(head.T))],
                head_out)  # fmt: skip
         if g.half:
             g.node("Cast", [head_out], "logits", to=TensorProto.FLOAT)

@@ -76,6 +76,10 @@ def models_list() -> None:
 @click.option("--force", is_flag=True, help="Replace the version if it exists")
 @click.option("--description", default="", help="Written into the card")
 @click.option("--tenant", "tenants", multiple=True, help="Only these tenants see it (repeat)")
+@click.option("--weights", type=click.Choice(["int4", "fp32"]), default=None,
+              help="A GGUF file's graph: int4 (4-bit blocks: fast) or fp32 (exact); "
+                   "by default int4 for a file of 4-bit weights (Q4_0, Q4_1, Q4_K), "
+                   "else fp32")  # fmt: skip
 def models_add(
     path: Path,
     name: str,
@@ -83,14 +87,16 @@ def models_add(
     force: bool,
     description: str,
     tenants: tuple[str, ...],
+    weights: str | None,
 ) -> None:
     """Check PATH (an .onnx file) with ONNX Runtime, draft its card.json from the
-    graph, and place both in MODEL_REPOSITORY/NAME/VERSION/. Running API and
-    worker processes serve it within MODEL_STATE_CACHE_SECONDS."""
+    graph, and place both in MODEL_REPOSITORY/NAME/VERSION/; or build a GGUF file
+    of the llama family (llama, qwen2) into a chat model, its card from the file.
+    Running API and worker processes serve it within MODEL_STATE_CACHE_SECONDS."""
     with command() as made:
         added = made.models.add(
             path, name, version, force=force, description=description,
-            tenants=list(tenants) or None,
+            tenants=list(tenants) or None, weights=weights,
         )  # fmt: skip
     card = added.card
     click.echo(f"{'replaced' if added.replaced else 'added'} {card.ref} at {card.path}")

@@ -156,6 +156,9 @@ def _source(
             return None, None
         return None, prompt
     raw = inputs["messages"]
+    if not spec.roles:  # (a GGUF model whose chat template is not ChatML)
+        errors["messages"] = "this model takes a prompt to continue, not chat messages"
+        return None, None
     if not isinstance(raw, list) or not raw:
         errors["messages"] = 'expected a non-empty list of {"role", "content"} objects'
         return None, None

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.cards import ModelCard, TensorSpec
-from app.errors import TooLarge, Unavailable
+from app.errors import InvalidModel, InvalidRequest, TooLarge, Unavailable
 from app.jobs.statistics import model_statistics
 from app.operations import triton
 from app.platform.database import Database, transactional
@@ -136,14 +136,19 @@ class ModelOperations:
         move: bool = False,
         description: str = "",
         tenants: list[str] | None = None,
+        weights: str | None = None,
     ) -> Added:
         """Check `source` with ONNX Runtime, draft its card, place both as `name` /
         `version` (default: one past the highest), and mark the version READY for
         every process. Conflict when it exists and not `force`; `move` takes the
-        file (a staged upload) instead of copying it."""
+        file (a staged upload) instead of copying it. A GGUF file is built into a
+        graph first (`weights`: int4 or fp32; by default int4 for a 4-bit file), its card from its
+        metadata; one this service cannot serve is InvalidModel, nothing added."""
         added = intake.add_model(
             self.repository.root, source, name, version,
-            force=force, move=move, description=description, tenants=tenants,
+            force=force, move=move, build=_gguf_builder(source, weights),
+            card={**({"description": description} if description else {}),
+                  **({"tenants": tenants} if tenants is not None else {})},
         )  # fmt: skip
         try:
             self._record(name, {added.card.version: State(READY)})
@@ -252,6 +257,40 @@ class ModelOperations:
     @transactional
     def _record(self, name: str, states: dict[str, State]) -> None:
         set_states(self.database.session(), name, states)
+
+
+def _gguf_builder(
+    source: Path, weights: str | None
+) -> Callable[[Path, Path], dict[str, Any]] | None:
+    """The builder of a GGUF file (its first bytes say so), else None."""
+    with source.open("rb") as file:
+        gguf = file.read(4) == b"GGUF"
+    if not gguf:
+        if weights is not None:
+            raise InvalidRequest("weights: only a GGUF file is built with chosen weights",
+                                 errors={"weights": ["not a GGUF file"]})  # fmt: skip
+        return None
+
+    def build(path: Path, target: Path) -> dict[str, Any]:
+        try:
+            import gguf  # noqa: F401  (the builders' packages, requirements-build.txt)
+
+            from modelbuild.own_gguf import WEIGHTS, UnsupportedModel, build_own_gguf
+        except ModuleNotFoundError as exc:
+            raise Unavailable(
+                f"building a GGUF file needs {exc.name}, which this "
+                "installation leaves out (requirements-build.txt)"
+            ) from None
+
+        if weights is not None and weights not in WEIGHTS:
+            raise InvalidRequest(f"weights {weights!r}: one of {', '.join(WEIGHTS)}",
+                                 errors={"weights": ["invalid"]})  # fmt: skip
+        try:
+            return build_own_gguf(path, target, weights)
+        except UnsupportedModel as exc:
+            raise InvalidModel(f"this GGUF file cannot be served: {exc}") from None
+
+    return build
 
 
 def _staged(root: Path, read: Callable[[int], bytes], limit: int) -> Path:

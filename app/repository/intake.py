@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,14 +143,16 @@ def add_model(
     *,
     force: bool = False,
     move: bool = False,
-    description: str = "",
-    tenants: list[str] | None = None,
+    card: dict[str, Any] | None = None,
+    build: Callable[[Path, Path], dict[str, Any]] | None = None,
 ) -> Added:
     """Check `source`, draft its card, and place both as `name`/`version`
     (default: one past the highest numbered version, or 1). Conflict when the
     version exists and not `force`. `move` takes the file (a staged upload)
-    instead of copying it. `description` and `tenants` override those the
-    new card takes from the newest version's."""
+    instead of copying it. `card`'s fields (a description, tenants) override
+    those the new card takes from the newest version's. `build` (a GGUF file's builder)
+    writes the version's files from `source` into the folder it is given and
+    returns their card; the graph is then checked as any other."""
     check_name(name)
     if version is None:
         version = next_version(root, name)
@@ -166,17 +169,21 @@ def add_model(
     version_dir.mkdir(parents=True)
     try:
         onnx_path = version_dir / "model.onnx"
-        if move:
+        built = build(source, version_dir) if build is not None else None
+        if built is None and move:
             os.replace(source, onnx_path)
-        else:
+        elif built is None:
             shutil.copyfile(source, onnx_path)
         graph = inspect(onnx_path, f"{name}:{version}" if move else str(source))
-        card_json = draft_card(graph, _newest_card(root, name))
-        if description:
-            card_json["description"] = description
-        if tenants is not None:
-            card_json["tenants"] = tenants
+        base = _newest_card(root, name)
+        card_json = draft_card(graph, base) if built is None else {
+            **built, **{k: base[k] for k in INHERITED if base and k in base}}  # fmt: skip
+        card_json.update(card or {})
         (version_dir / "card.json").write_text(json.dumps(card_json, indent=2) + "\n")
+        try:
+            ModelCard.load(version_dir)  # (a card the repository would skip is not placed)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidModel(f"{name}:{version}: its card is not valid: {exc}") from None
         _place(version_dir, target, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

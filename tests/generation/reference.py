@@ -1,7 +1,8 @@
-"""A plain numpy forward pass of the llama model in the GGUF file, written the way
-Hugging Face's LlamaForCausalLM computes it (query and key weights un-permuted back
-to their original layout, rotate-half RoPE, full causal attention, no cache), as
-the independent reference the ONNX graph is checked against."""
+"""A plain numpy forward pass of the llama-family model in a GGUF file, written the
+way Hugging Face's LlamaForCausalLM and Qwen2ForCausalLM compute it (a llama
+file's query and key weights un-permuted back to their original layout, qwen2's
+Q/K/V biases, rotate-half RoPE, full causal attention, no cache), as the
+independent reference the ONNX graph is checked against."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ class Reference:
         self.hyper, tensors, _ = read_gguf(path)
         self.w = {name: dequantized(t) for name, t in tensors.items()}
         heads, kv_heads = self.hyper["heads"], self.hyper["kv_heads"]
+        self.head = self.w.get("output.weight", self.w["token_embd.weight"])  # (else tied)
+        if self.hyper.get("arch", "llama") != "llama":
+            return  # qwen2 files keep Hugging Face's layout
         for i in range(self.hyper["layers"]):
             for kind, n in (("q", heads), ("k", kv_heads)):
                 name = f"blk.{i}.attn_{kind}.weight"
@@ -49,9 +53,11 @@ class Reference:
         for i in range(h["layers"]):
             b = f"blk.{i}"
             a = _rms(x, w[f"{b}.attn_norm.weight"], h["eps"])
-            q = (a @ w[f"{b}.attn_q.weight"].T).reshape(n, heads, head).transpose(1, 0, 2)
-            k = (a @ w[f"{b}.attn_k.weight"].T).reshape(n, kv_heads, head).transpose(1, 0, 2)
-            v = (a @ w[f"{b}.attn_v.weight"].T).reshape(n, kv_heads, head).transpose(1, 0, 2)
+            q, k, v = (a @ w[f"{b}.attn_{kind}.weight"].T + w.get(f"{b}.attn_{kind}.bias", 0)
+                       for kind in "qkv")  # fmt: skip
+            q = q.reshape(n, heads, head).transpose(1, 0, 2)
+            k = k.reshape(n, kv_heads, head).transpose(1, 0, 2)
+            v = v.reshape(n, kv_heads, head).transpose(1, 0, 2)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             k, v = np.repeat(k, heads // kv_heads, 0), np.repeat(v, heads // kv_heads, 0)
             scores = q @ k.transpose(0, 2, 1) / np.sqrt(head) + mask
@@ -63,7 +69,7 @@ class Reference:
             gate, up = f @ w[f"{b}.ffn_gate.weight"].T, f @ w[f"{b}.ffn_up.weight"].T
             x = x + (gate / (1 + np.exp(-gate)) * up) @ w[f"{b}.ffn_down.weight"].T
         last = _rms(x[-1:], w["output_norm.weight"], h["eps"])
-        result: np.ndarray = (last @ w["token_embd.weight"].T)[0]
+        result: np.ndarray = (last @ self.head.T)[0]
         return result
 
     def greedy(self, ids: list[int], count: int, stop: set[int]) -> list[int]:

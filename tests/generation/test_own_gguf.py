@@ -1,0 +1,152 @@
+"""A user's own GGUF file: each architecture and tensor type built into a graph
+that computes what the file holds (against the numpy reference), added with
+`models add` as a chat model a worker serves, and refused, with nothing added,
+where it cannot be served; the real SmolLM2 file added under another name
+answers as the bundled model does."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from app.cards import ModelCard
+from app.errors import InvalidModel, InvalidRequest
+from app.generation.chat import ChatFormat
+from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.sampling import Sampling
+from app.web.context import container_of
+from modelbuild.gguf_file import gguf_path
+from modelbuild.own_gguf import UnsupportedModel, build_own_gguf
+from tests.conftest import WorkerProcess, wait_for_job
+from tests.generation.reference import Reference
+from tests.generation.tiny_gguf import write_tiny
+from tests.support import wait_until
+
+PROMPT = [260, 72, 101, 108, 108, 111, 256, 44, 257, 33]  # (ids of the tiny vocabulary)
+
+
+def logits(model: Path, ids: list[int], context: int = 256) -> np.ndarray:
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    engine = DecodeEngine(session, slots=1, context=context, stop_tokens=(0,))
+    return engine._run(0, 1, np.array([ids], np.int64), np.array([0], np.int32))[0]
+
+
+@pytest.mark.parametrize(
+    ("arch", "kind", "tied"),
+    [("llama", "F32", True), ("llama", "F16", True), ("llama", "BF16", True),
+     ("llama", "Q8_0", False), ("llama", "Q4_0", True), ("llama", "Q4_1", True),
+     ("llama", "Q5_0", True), ("llama", "Q5_1", True), ("qwen2", "F32", True),
+     ("qwen2", "Q8_0", True), ("qwen2", "Q4_0", False), ("qwen2", "Q4_1", True)],
+)  # fmt: skip
+def test_each_architecture_and_type_computes_what_the_file_holds(
+    arch: str, kind: str, tied: bool, tmp_path: Path
+) -> None:
+    """The float32 graph equals the reference to 1e-3. The int4 graph (int8
+    activations) stays close where it takes the file's own 4-bit blocks; from
+    other types it quantises again, and these random two-layer models move
+    further (a correlation of 0.94 to 0.95 seen): hence fp32 by default there."""
+    source = write_tiny(tmp_path / "tiny.gguf", arch, kind, tied=tied)
+    want = Reference(source).logits(PROMPT)
+    exact, small = tmp_path / "fp32", tmp_path / "int4"
+    for folder, weights in ((exact, "fp32"), (small, "int4")):
+        folder.mkdir()
+        card = build_own_gguf(source, folder, weights)
+    assert build_own_gguf(source, tmp_path)["made_by"]["weights"] == (
+        "int4" if kind in ("Q4_0", "Q4_1") else "fp32")  # fmt: skip
+    got = logits(exact / "model.onnx", PROMPT)
+    assert np.abs(got - want).max() < 1e-3 * max(1.0, np.abs(want).max())
+    rough = logits(small / "model.onnx", PROMPT)
+    floor = 0.999 if kind in ("Q4_0", "Q4_1") else 0.9
+    assert np.corrcoef(rough, want)[0, 1] > floor, "the int4 graph is far from the file"
+    assert card["generation"]["special"]["im_start"] == 259
+    assert card["generation"]["default_system"] == "You are a tiny test model."
+    assert card["made_by"]["architecture"] == arch
+
+
+def test_what_cannot_be_served_is_named(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedModel, match="architecture 'gemma'; supported: llama, qwen2"):
+        build_own_gguf(write_tiny(tmp_path / "gemma.gguf", "gemma"), tmp_path)
+    (tmp_path / "not.gguf").write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(UnsupportedModel, match="not a GGUF file"):
+        build_own_gguf(tmp_path / "not.gguf", tmp_path)
+    assert not (tmp_path / "model.onnx").exists()
+
+
+@pytest.mark.processes
+def test_models_add_serves_a_gguf_as_a_chat_model_and_refuses_what_it_cannot(
+    make_app: Callable[..., Flask], client: FlaskClient, auth: dict[str, str],
+    worker: WorkerProcess, tmp_path: Path,
+) -> None:  # fmt: skip
+    plane = container_of(make_app())
+    name = f"tiny-{uuid.uuid4().hex[:8]}"
+    added = plane.models.add(write_tiny(tmp_path / "tiny.gguf", "qwen2", "Q4_0"), name)
+    try:
+        assert added.card.generation is not None
+        assert added.card.generation.roles == ("system", "user", "assistant")
+        body = {"model": name, "inputs": {"messages": [{"role": "user", "content": "the"}]},
+                "parameters": {"max_tokens": 5, "temperature": 0}}  # fmt: skip
+        response = client.post("/jobs", json=body, headers=auth)
+        assert response.status_code == 202, response.json
+        job = wait_for_job(client, auth, response.json["id"], timeout=120)
+        assert job["status"] == "succeeded", job
+        assert job["outputs"]["completion_tokens"] >= 1 and job["outputs"]["prompt_tokens"] > 10
+        # A template that is not ChatML: a prompt-only model, chat refused by name.
+        plain = plane.models.add(write_tiny(tmp_path / "plain.gguf", template="{{ x }}"),
+                                 name, weights="fp32")  # fmt: skip
+        assert plain.card.generation is not None and plain.card.generation.roles == ()
+        body["version"] = plain.card.version
+
+        def answered() -> Any:  # (the API sees the new version within its state cache)
+            response = client.post("/jobs", json=body, headers=auth)
+            return response if response.status_code != 404 else None
+
+        refused = wait_until(answered, "the API to see version 2")
+        assert refused.status_code == 422 and "prompt to continue" in refused.text
+    finally:
+        plane.models.remove(name)
+    gone = f"gone-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(InvalidModel, match="architecture 'gemma'"):
+        plane.models.add(write_tiny(tmp_path / "gemma.gguf", "gemma"), gone)
+    with pytest.raises(InvalidRequest, match="weights"):
+        plane.models.add(write_tiny(tmp_path / "w.gguf"), gone, weights="int3")
+    root = plane.settings.model_repository
+    assert not (root / gone).exists(), "nothing is added"
+    assert not any((root / ".incoming").glob("*/*")), "no staging left behind"
+
+
+def test_the_bundled_gguf_added_under_another_name_answers_as_the_bundled_model(
+    card: ModelCard, chat: ChatFormat, session: ort.InferenceSession, tmp_path: Path
+) -> None:
+    source = gguf_path(json.loads((card.path / "card.json").read_text()))
+    built = build_own_gguf(source, tmp_path, "fp32")
+    assert built["generation"]["default_system"] == card.generation.default_system  # type: ignore[union-attr]
+    assert built["generation"]["special"]["im_start"] == card.generation.special["im_start"]  # type: ignore[union-attr]
+    (tmp_path / "card.json").write_text(json.dumps(built))
+    own = ModelCard.load(tmp_path)
+    assert own.generation is not None
+    own_chat = ChatFormat(tmp_path / "tokenizer.json", own.generation)
+    messages = (("user", "What is the capital of France?"),)
+    assert own_chat.chat_ids(messages) == chat.chat_ids(messages)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    own_session = ort.InferenceSession(str(own.onnx_path), options,
+                                       providers=["CPUExecutionProvider"])  # fmt: skip
+    answers = []
+    for model_session, stops in ((session, card.generation), (own_session, own.generation)):
+        engine = DecodeEngine(model_session, slots=1, context=512,
+                              stop_tokens=stops.stop_tokens)  # type: ignore[union-attr]  # fmt: skip
+        sequence = Sequence(0, chat.chat_ids(messages), Sampling(max_tokens=12, temperature=0))
+        engine.add(sequence)
+        while engine.busy:
+            engine.step()
+        answers.append(sequence.generated)
+    assert answers[0] == answers[1] and answers[0]

@@ -1,0 +1,97 @@
+"""Tiny GGUF files of the llama family, written with `gguf`'s writer: random weights
+(seeded) in a chosen tensor type, a byte-level BPE vocabulary of 288 tokens with
+ChatML's control tokens, two layers. For the own-GGUF tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a tiny test model.<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+HIDDEN, HEADS, KV_HEADS, FFN, LAYERS, VOCAB, CONTEXT = 64, 4, 2, 128, 2, 288, 256
+
+
+def _byte_tokens() -> list[str]:
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    chars, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0,
+               tied: bool = True, template: str = CHATML) -> Path:  # fmt: skip
+    """A GGUF file at `path`: `arch` (llama, qwen2, or another to be refused), every
+    matrix in `kind` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    qtype = gguf.GGMLQuantizationType[kind]
+    tokens = [*_byte_tokens(), "Ġt", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens += [f"<|extra_{i}|>" for i in range(VOCAB - len(tokens))]
+    types = [3 if t.startswith("<|") else 1 for t in tokens]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}-{kind}")
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(["Ġ t", "h e"])
+    writer.add_bos_token_id(tokens.index("<|im_start|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_chat_template(template)
+
+    def matrix(name: str, rows: int, columns: int) -> None:
+        values = rng.standard_normal((rows, columns)).astype(np.float32) * 0.2
+        if kind == "F32":
+            writer.add_tensor(name, values)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+
+    def vector(name: str, size: int, around: float) -> None:
+        writer.add_tensor(name, (around + rng.standard_normal(size) * 0.1).astype(np.float32))
+
+    head = HIDDEN // HEADS
+    matrix("token_embd.weight", VOCAB, HIDDEN)
+    if not tied:
+        matrix("output.weight", VOCAB, HIDDEN)
+    vector("output_norm.weight", HIDDEN, 1.0)
+    for i in range(LAYERS):
+        b = f"blk.{i}"
+        vector(f"{b}.attn_norm.weight", HIDDEN, 1.0)
+        vector(f"{b}.ffn_norm.weight", HIDDEN, 1.0)
+        matrix(f"{b}.attn_q.weight", HEADS * head, HIDDEN)
+        matrix(f"{b}.attn_k.weight", KV_HEADS * head, HIDDEN)
+        matrix(f"{b}.attn_v.weight", KV_HEADS * head, HIDDEN)
+        if arch == "qwen2":
+            vector(f"{b}.attn_q.bias", HEADS * head, 0.0)
+            vector(f"{b}.attn_k.bias", KV_HEADS * head, 0.0)
+            vector(f"{b}.attn_v.bias", KV_HEADS * head, 0.0)
+        matrix(f"{b}.attn_output.weight", HIDDEN, HEADS * head)
+        matrix(f"{b}.ffn_gate.weight", FFN, HIDDEN)
+        matrix(f"{b}.ffn_up.weight", FFN, HIDDEN)
+        matrix(f"{b}.ffn_down.weight", HIDDEN, FFN)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
