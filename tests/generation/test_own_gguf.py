@@ -21,11 +21,15 @@ from flask.testing import FlaskClient
 from app.cards import ModelCard
 from app.errors import InvalidModel, InvalidRequest
 from app.generation.chat import ChatFormat
+from app.platform.database import Database
+from app.platform.settings import Settings
 from app.runtime.decode import DecodeEngine, Sequence
 from app.runtime.sampling import Sampling
+from app.tenancy.keys import create_operator_key
 from app.web.context import container_of
 from modelbuild.gguf_file import gguf_path
 from modelbuild.own_gguf import UnsupportedModel, build_own_gguf
+from tests.api.test_own_models import cli_add, put
 from tests.conftest import WorkerProcess, wait_for_job
 from tests.generation.reference import Reference
 from tests.generation.tiny_gguf import write_tiny
@@ -150,3 +154,26 @@ def test_the_bundled_gguf_added_under_another_name_answers_as_the_bundled_model(
             engine.step()
         answers.append(sequence.generated)
     assert answers[0] == answers[1] and answers[0]
+
+
+def test_the_repository_door_and_the_command_line_take_a_gguf_file(
+    client: FlaskClient, settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    with database.sessionmaker.begin() as session:
+        operator = {"Authorization": f"Bearer {create_operator_key(session)}"}
+    name = f"tiny-{uuid.uuid4().hex[:8]}"
+    try:
+        tiny = write_tiny(tmp_path / "tiny.gguf", "llama", "Q4_1")
+        response = put(client, operator, name, "1", tiny.read_bytes())
+        assert response.status_code == 201, response.json
+        assert response.json["card"]["generation"]["roles"] == ["system", "user", "assistant"]
+        gemma = write_tiny(tmp_path / "gemma.gguf", "gemma")
+        refused = put(client, operator, name, "2", gemma.read_bytes())
+        assert refused.status_code == 422, refused.json
+        assert refused.content_type == "application/problem+json"
+        assert "architecture 'gemma'; supported: llama, qwen2" in refused.json["detail"]
+        said = cli_add(settings, str(gemma), "--name", name)
+        assert said.exit_code != 0 and "architecture 'gemma'" in said.output
+        assert sorted(p.name for p in (settings.model_repository / name).iterdir()) == ["1"]
+    finally:
+        container_of(client.application).models.remove(name)
