@@ -15,7 +15,9 @@ A `step()` first prefills waiting prompts, up to `prefill_tokens` tokens of them
 (a long prompt goes in chunks over several steps, so the others' decoding waits
 at most one chunk), then runs one decode call for every sequence that is
 generating: new sequences join the batch at the next step, finished or
-cancelled ones leave it. The decoding sequences are kept in slots 0..n-1 (a
+cancelled ones leave it. A prompt that starts with one its owner's sequences
+prefilled before copies those rows from the prefix cache (app.runtime.prefixes)
+and prefills only the rest. The decoding sequences are kept in slots 0..n-1 (a
 leaver's slot is filled by moving the last one's cache rows), so the call binds
 one contiguous view of each buffer. Everything here is synchronous and owned by
 one thread; the caller (app.operations.generation) adds, cancels and steps.
