@@ -31,19 +31,16 @@ ALL = PROMPTS + MORE
 
 
 def _answers(card_dir: Path) -> tuple[list[list[int]], list[np.ndarray], Any]:
-    import onnxruntime as ort
-
     from app.cards import ModelCard
     from app.generation.chat import ChatFormat
     from app.runtime.decode import DecodeEngine, Sequence
     from app.runtime.sampling import Sampling
+    from bench.generation_engine import session as cpu_session
 
     card = ModelCard.load(card_dir)
     assert card.generation is not None
     chat = ChatFormat(card_dir / "tokenizer.json", card.generation)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    session = ort.InferenceSession(str(card.onnx_path), options, providers=["CPUExecutionProvider"])
+    session = cpu_session(card.onnx_path, "cpu", THREADS)
     engine = DecodeEngine(session, slots=SLOTS, context=512,
                           stop_tokens=card.generation.stop_tokens)  # fmt: skip
     sequences = [Sequence(i, chat.chat_ids((("user", p),)), Sampling(max_tokens=TOKENS,
