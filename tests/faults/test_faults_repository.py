@@ -201,6 +201,11 @@ def wait_for(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def live_children(worker: Any, killed: list[int]) -> list[Any]:
+    """The worker's pool children not already sent a SIGKILL."""
+    return [child for child in worker.children() if child.pid not in killed]
+
+
 def test_26_a_worker_child_killed_while_a_model_is_being_added(
     make_stack: Any, model_repository: Path, tmp_path: Path
 ) -> None:
@@ -219,7 +224,9 @@ def test_26_a_worker_child_killed_while_a_model_is_being_added(
             "models", "add", str(user_model("identity", tmp_path)), "--name", new))  # fmt: skip
         adding.start()
         while adding.is_alive():  # a child killed as the add runs, and again while it does
-            victim = worker0.children()[0]
+            # the pool may still be replacing the last victim on a slow host
+            wait_for(lambda: live_children(worker0, killed), 60, "a worker child to kill")
+            victim = live_children(worker0, killed)[0]
             victim.send_signal(signal.SIGKILL)
             killed.append(victim.pid)
             time.sleep(0.7)

@@ -6,7 +6,8 @@ is under way.
   Idempotency-Key the database holds) whose job is missing or not terminal;
 - finished twice: a job with more than one terminal event;
 - late: a job terminal later than `bound_s` after the later of its submit and the
-  end of the last fault that began before it finished;
+  end of the last fault that began before it finished, that end moved on by the
+  time the backlog left at it takes at the completion rate before the faults;
 - sync: every call answered (200) or refused with 429, 503 or 504; one left
   hanging (the client's timeout) or answered otherwise is counted, but for calls
   to an API host while it was cut off (counted apart: nothing reaches it);
@@ -59,6 +60,7 @@ class Verdict:
     sync_slowest_s: float = 0.0
     recovery_s: dict[str, float | None] = field(default_factory=dict)
     baseline_rate: float = 0.0
+    drain_s: dict[str, float] = field(default_factory=dict)  # per fault: its backlog's
     # Per fault: of the jobs submitted while it lasted, how many were lost or
     # finished twice, and the last one's time to terminal after the fault's end.
     per_fault: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -84,7 +86,7 @@ class Verdict:
             "late": len(self.late), "sync": dict(self.sync), "sync_bad": self.sync_bad,
             "sync_to_a_host_cut_off": self.sync_unreachable,
             "sync_slowest_answer_s": round(self.sync_slowest_s, 2),
-            "baseline_jobs_per_s": round(self.baseline_rate, 1),
+            "baseline_jobs_per_s": round(self.baseline_rate, 1), "drain_s": self.drain_s,
             "recovery_s": self.recovery_s, "per_fault": self.per_fault,
         }  # fmt: skip
 
@@ -120,6 +122,11 @@ def check(
                 verdict.accepted_unacknowledged += 1
         if job_id:
             accepted[job_id] = event["t"]
+    finished_at = sorted(float(row[1]) for row in jobs.values() if row[1] is not None)
+    verdict.baseline_rate, verdict.recovery_s = recovery(finished_at, faults, recover_within_s)
+    # A fault leaves a backlog (a partitioned host's jobs, requeued at once): the
+    # bound starts once the fleet could have drained it at its rate before the faults.
+    verdict.drain_s = drain_times(accepted, jobs, faults, verdict.baseline_rate)
     for job_id, submitted in accepted.items():
         row = jobs.get(job_id)
         if row is None or row[0] not in TERMINAL:
@@ -128,7 +135,7 @@ def check(
         if terminal_events[job_id] > 1:
             verdict.finished_twice.append(job_id)
         finished = float(row[1])
-        began = [f.end for f in faults if f.start < finished]
+        began = [f.end + verdict.drain_s[f.name] for f in faults if f.start < finished]
         allowed = max([submitted, *began]) + bound_s
         if finished > allowed:
             verdict.late.append((job_id, round(finished - allowed, 1)))
@@ -143,8 +150,6 @@ def check(
         verdict.sync[label] += 1
         if status != 200 and status not in REFUSALS:
             verdict.sync_bad += 1
-    finished_at = sorted(float(row[1]) for row in jobs.values() if row[1] is not None)
-    verdict.baseline_rate, verdict.recovery_s = recovery(finished_at, faults, recover_within_s)
     for fault in faults:
         during = [j for j, t in accepted.items() if fault.start <= t <= fault.end]
         ends = [float(jobs[j][1]) for j in during if j in jobs and jobs[j][1] is not None]
@@ -156,6 +161,22 @@ def check(
             "back_to_95pct_s": verdict.recovery_s.get(fault.name),
         }
     return verdict
+
+
+def drain_times(
+    accepted: dict[str, float], jobs: dict[str, Any], faults: list[Fault], rate_per_s: float
+) -> dict[str, float]:
+    """Per fault: the jobs submitted by its end and not terminal at it, over the
+    completion rate before the faults: the seconds the fleet needs to catch up."""
+    drain: dict[str, float] = {}
+    for fault in faults:
+        behind = sum(
+            1 for job_id, submitted in accepted.items()
+            if submitted <= fault.end and (job_id not in jobs or jobs[job_id][1] is None
+                                           or float(jobs[job_id][1]) > fault.end)
+        )  # fmt: skip
+        drain[fault.name] = round(behind / rate_per_s, 1) if rate_per_s > 0 else 0.0
+    return drain
 
 
 def rate(finished: list[float], start: float, seconds: float) -> float:
