@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,37 @@ class PipelineSpec:
         )
 
 
+class TemplateRefused(Exception):
+    """A chat template raised (`raise_exception`: roles out of its order, say)."""
+
+
+def _refuse(message: str) -> None:
+    raise TemplateRefused(message)
+
+
+def template_environment() -> Any:
+    """Jinja's immutable sandbox as Hugging Face renders chat templates in it: no
+    access to Python's internals, nothing it is given changed, ranges bounded."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])  # fmt: skip
+    env.globals["raise_exception"] = _refuse
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def check_template(source: str) -> None:
+    """ValueError when a card's chat template is not a Jinja template."""
+    from jinja2 import TemplateError
+
+    try:
+        template_environment().from_string(source)
+    except TemplateError as exc:
+        raise ValueError(f"generation.chat_template does not compile: {exc}") from None
+
+
 @dataclass(frozen=True)
 class GenerationSpec:
     """A generative model's contract (the card's `generation`): its context, the
@@ -147,6 +179,11 @@ class GenerationSpec:
     special: dict[str, int]
     stop_tokens: tuple[int, ...]
     max_choices: int = 8  # `n` at most (OpenAI's several choices of one request)
+    # The model's own Jinja chat template (app.generation.templates), its control
+    # tokens' text and ids; without one, chat roles are ChatML's (im_start, im_end).
+    chat_template: str | None = None
+    control: dict[str, int] = field(default_factory=dict)
+    add_bos: bool = False  # a prompt begins with special["bos"] (the file asks for it)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -173,14 +210,21 @@ class GenerationSpec:
             special={str(k): int(v) for k, v in raw["special"].items()},
             stop_tokens=tuple(int(t) for t in raw["stop_tokens"]),
             max_choices=int(raw.get("max_choices", 8)),
+            chat_template=raw.get("chat_template"),
+            control={str(k): int(v) for k, v in raw.get("control", {}).items()},
+            add_bos=bool(raw.get("add_bos", False)),
         )
         if not 0 < spec.default_max_tokens <= spec.max_tokens < spec.context_length:
             raise ValueError("generation: 0 < default_max_tokens <= max_tokens < context_length")
         if not 1 <= spec.max_choices <= 64:
             raise ValueError("generation.max_choices: from 1 to 64")
-        if spec.roles and not {"im_start", "im_end"} <= spec.special.keys():
+        if spec.chat_template is not None:
+            check_template(spec.chat_template)
+        elif spec.roles and not {"im_start", "im_end"} <= spec.special.keys():
             raise ValueError("generation.special: the ids of im_start and im_end (its chat "
-                             "roles are ChatML's)")  # fmt: skip
+                             "roles are ChatML's without a chat_template)")  # fmt: skip
+        if spec.add_bos and "bos" not in spec.special:
+            raise ValueError("generation.add_bos: special must name the bos id")
         return spec
 
 

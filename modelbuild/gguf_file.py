@@ -86,6 +86,7 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any
         "eos": int(field("tokenizer.ggml.eos_token_id")),
         "eot": field("tokenizer.ggml.eot_token_id"),
         "template": str(field("tokenizer.chat_template", "")),
+        "add_bos": bool(field("tokenizer.ggml.add_bos_token", False)),
     }
     return hyper, {t.name: t for t in reader.tensors}, tokenizer
 

@@ -2,8 +2,10 @@
 the repository door) build its graph and tokenizer here, and its card from the
 file's metadata: the context, the control tokens, the stop tokens and, for a
 ChatML chat template (SmolLM2, Qwen2), the chat roles and the default system
-message the template writes. A file whose template is not ChatML is served as a
-prompt-only model (its chat template is not rendered yet).
+message the template writes; with another template (Llama 3's, for one), the
+template itself, rendered in Jinja's sandbox with the messages' text kept out of
+its control tokens (app.generation.templates). A file with no template is served
+as a prompt-only model.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from modelbuild.gguf_file import UnsupportedModel, read_gguf, tokenizer_json
 WEIGHTS = ("int4", "fp32")
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # files whose linear weights are 4-bit already
 MAX_TOKENS = 2048  # a call's ceiling, as the bundled chat model's card sets it
+_CONTROL, _CONTROLS = 3, (3, 4)  # GGUF token types: control, and user-defined
+# Ends of text or of a turn, stops wherever a file has them as control tokens.
+_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>",
+               "<|end|>", "</s>")  # fmt: skip
 _DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system(?:\\n|\n)(.*?)<\|im_end\|>", re.S)
 
 __all__ = ["WEIGHTS", "UnsupportedModel", "build_own_gguf"]
@@ -48,7 +54,7 @@ def build_own_gguf(source: Path, target: Path, weights: str | None = None) -> di
              "gguf": importlib.metadata.version("gguf"), "onnx": onnx.__version__}  # fmt: skip
     write_atomically(target / "model.onnx", with_metadata(model, facts))
     write_atomically(target / "tokenizer.json", tokenizer_json(tokenizer).encode())
-    chat = "a chat model (ChatML messages) or " if generation["roles"] else ""
+    chat = "a chat model or " if generation["roles"] else ""
     return {
         "description": f"{hyper['name']}: {chat}a prompt to continue; {hyper['arch']} "
         f"architecture, {hyper['layers']} layers, built from {source.name} ({weights}).",
@@ -65,19 +71,31 @@ def _generation(hyper: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, A
     reach), its control tokens, and what stops a generation."""
     tokens, template = list(tokenizer["tokens"]), tokenizer["template"]
     ids = {token: i for i, token in enumerate(tokens)}
+    types = list(tokenizer["types"]) if tokenizer["types"] is not None else [1] * len(tokens)
     eos = int(tokenizer["eos"])
     special: dict[str, int] = {"eos": eos}
-    stops = {eos}
+    if tokenizer["bos"] is not None:
+        special["bos"] = int(tokenizer["bos"])
+    stops = {eos} | {ids[t] for t in _END_TOKENS if t in ids and types[ids[t]] == _CONTROL}
     if tokenizer["eot"] is not None:
         stops.add(int(tokenizer["eot"]))
     roles: list[str] = []
     default_system = None
+    own: dict[str, Any] = {}
     if "<|im_start|>" in template and "<|im_start|>" in ids and "<|im_end|>" in ids:
         special |= {"im_start": ids["<|im_start|>"], "im_end": ids["<|im_end|>"]}
         stops.add(ids["<|im_end|>"])
         roles = ["system", "user", "assistant"]
         found = _DEFAULT_SYSTEM.search(template)
         default_system = found.group(1) if found else None
+    elif template:  # the file's own template, rendered in Jinja's sandbox
+        named = {i for i in (special.get("bos"), eos) if i is not None}
+        control = {token: i for i, token in enumerate(tokens) if types[i] in _CONTROLS
+                   and (token in template or i in named) and token}  # fmt: skip
+        own = {"chat_template": template, "control": control}
+        roles = ["system", "user", "assistant"]
+    if tokenizer["add_bos"] and "bos" in special:
+        own["add_bos"] = True
     context = int(hyper["context"])
     if context < 16:
         raise UnsupportedModel(f"a context of {context} positions")
@@ -86,4 +104,5 @@ def _generation(hyper: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, A
         "context_length": context, "max_tokens": max_tokens,
         "default_max_tokens": min(256, max_tokens), "roles": roles,
         "default_system": default_system, "special": special, "stop_tokens": sorted(stops),
+        **own,
     }  # fmt: skip

@@ -1,4 +1,5 @@
-"""Prompts to token ids (the ChatML template) and token ids back to text.
+"""Prompts to token ids (the ChatML template, or the model's own: app.generation.
+templates) and token ids back to text.
 
 Control tokens (`<|im_start|>`, `<|im_end|>`) are inserted by id; everything a
 client wrote is encoded by a byte-level BPE that knows no added tokens, so a
@@ -32,6 +33,7 @@ from app.generation.guides import (
     shortest,
 )
 from app.generation.requests import GenerationRequest
+from app.generation.templates import ChatTemplate
 from app.runtime.sampling import TokenLogprob
 from app.runtime.tensors import InvalidInputs
 
@@ -64,6 +66,8 @@ class ChatFormat:
         self._special = set(spec.special.values())
         self._bytes: dict[int, bytes] = {}
         self._longest = 0  # the longest token's bytes (read on first need)
+        self._template = ChatTemplate.of(spec)  # (None: ChatML by its control tokens)
+        self._bos = [spec.special["bos"]] if spec.add_bos else []
 
     def _encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -72,7 +76,7 @@ class ChatFormat:
     def encode(self, request: GenerationRequest) -> list[int]:
         """The prompt's ids; InvalidInputs when they and max_tokens overrun the context."""
         if request.messages is None:
-            ids = self._encode(request.prompt or "")
+            ids = [*self._bos, *self._encode(request.prompt or "")]
         else:
             ids = self.chat_ids(request.messages)
         context, wanted = self.spec.context_length, request.sampling.max_tokens
@@ -138,6 +142,8 @@ class ChatFormat:
             return self._grammars
 
     def chat_ids(self, messages: tuple[tuple[str, str], ...]) -> list[int]:
+        if self._template is not None:
+            return self._template.ids(messages, self._encode)
         start, end = self.spec.special["im_start"], self.spec.special["im_end"]
         turns = list(messages)
         if self.spec.default_system is not None and turns[0][0] != "system":

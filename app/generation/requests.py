@@ -156,7 +156,7 @@ def _source(
             return None, None
         return None, prompt
     raw = inputs["messages"]
-    if not spec.roles:  # (a GGUF model whose chat template is not ChatML)
+    if not spec.roles:  # (a GGUF model with no chat template)
         errors["messages"] = "this model takes a prompt to continue, not chat messages"
         return None, None
     if not isinstance(raw, list) or not raw:

@@ -72,11 +72,14 @@ def test_the_graph_in_float32_equals_the_reference(
 
 
 def assert_close_to_reference(
-    session: ort.InferenceSession, card: ModelCard, reference: Reference, chat: ChatFormat
-) -> None:
+    session: ort.InferenceSession, card: ModelCard, reference: Reference, chat: ChatFormat,
+    tie: float = 0.0,
+) -> None:  # fmt: skip
     """Every logit within 1.5 of the reference's (logits spread with a standard
-    deviation of about 3.6), the two rows correlated above 0.998, the same most
-    likely token, on three prompts."""
+    deviation of about 3.6), the two rows correlated above 0.998, the reference's
+    most likely token the most likely here, or within `tie` of it (int4: where the
+    reference's first two are close, int8 kernels of another CPU may swap them),
+    on three prompts."""
     for prompt in PROMPTS[:3]:
         tokens = ids(chat, card, {"prompt": prompt})
         got = engine(session, card, slots=1)._run(0, 1, np.array([tokens], np.int64),
@@ -84,7 +87,7 @@ def assert_close_to_reference(
         want = reference.logits(tokens)
         assert np.abs(got - want).max() < 1.5, prompt
         assert np.corrcoef(got, want)[0, 1] > 0.998, prompt
-        assert got.argmax() == want.argmax(), prompt
+        assert got[want.argmax()] >= got.max() - tie, prompt
 
 
 def test_the_shipped_graph_is_close_to_the_reference(
@@ -97,7 +100,7 @@ def test_the_int4_model_is_close_to_the_reference(reference: Reference, chat: Ch
     """smollm2-q4: the GGUF's 4-bit blocks, int8 activations, as llama.cpp computes Q4_1."""
     q4 = ModelCard.load(ROOT / "models" / "smollm2-q4" / "1")
     session = ort.InferenceSession(str(q4.onnx_path), providers=["CPUExecutionProvider"])
-    assert_close_to_reference(session, q4, reference, chat)
+    assert_close_to_reference(session, q4, reference, chat, tie=0.25)
 
 
 def test_greedy_tokens_equal_the_reference_s(

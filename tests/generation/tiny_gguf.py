@@ -1,6 +1,6 @@
 """Tiny GGUF files of the llama family, written with `gguf`'s writer: random weights
 (seeded) in a chosen tensor type, a byte-level BPE vocabulary of 288 tokens with
-ChatML's control tokens, two layers. For the own-GGUF tests."""
+ChatML's and Llama 3's control tokens, two layers. For the own-GGUF tests."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ CHATML = (
     "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# Llama 3 Instruct's own template (it trims each message and writes the BOS itself).
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] "
+    "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+LLAMA3_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS, VOCAB, CONTEXT = 64, 4, 2, 128, 2, 288, 256
 
 
@@ -31,14 +40,17 @@ def _byte_tokens() -> list[str]:
 
 
 def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0,
-               tied: bool = True, template: str = CHATML) -> Path:  # fmt: skip
+               tied: bool = True, template: str = CHATML, bos: str = "<|im_start|>",
+               add_bos: bool = False) -> Path:  # fmt: skip
     """A GGUF file at `path`: `arch` (llama, qwen2, or another to be refused), every
-    matrix in `kind` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)."""
+    matrix in `kind` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); `template` its
+    chat template (none when empty), `bos` its BOS token, asked for with `add_bos`."""
     import gguf
 
     rng = np.random.default_rng(seed)
     qtype = gguf.GGMLQuantizationType[kind]
-    tokens = [*_byte_tokens(), "Ġt", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = [*_byte_tokens(), "Ġt", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+              *LLAMA3_TOKENS]  # fmt: skip
     tokens += [f"<|extra_{i}|>" for i in range(VOCAB - len(tokens))]
     types = [3 if t.startswith("<|") else 1 for t in tokens]
     writer = gguf.GGUFWriter(str(path), arch)
@@ -56,9 +68,11 @@ def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(["Ġ t", "h e"])
-    writer.add_bos_token_id(tokens.index("<|im_start|>"))
+    writer.add_bos_token_id(tokens.index(bos))
+    writer.add_add_bos_token(add_bos)
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_chat_template(template)
+    if template:
+        writer.add_chat_template(template)
 
     def matrix(name: str, rows: int, columns: int) -> None:
         values = rng.standard_normal((rows, columns)).astype(np.float32) * 0.2

@@ -1,0 +1,99 @@
+"""A model's own chat template (a GGUF file's `tokenizer.chat_template`: Jinja, as
+Hugging Face's `apply_chat_template` renders it) turned into token ids, with what
+a client wrote kept out of the control tokens.
+
+The template is rendered in Jinja's immutable sandbox (no attribute access to
+Python internals, no mutation of what it is given, ranges bounded) with each
+message's content replaced by a placeholder; only the template's own text is
+searched for control tokens (`<|start_header_id|>`, `<|eot_id|>`...), inserted
+by id. The placeholders then take the messages' text back, and each run of text
+between two control tokens (the template's text and a message's, together) is
+encoded by the byte-level BPE that knows no control tokens: a message that spells
+`<|eot_id|>` is those characters, and the ids otherwise equal those of Hugging
+Face's rendering (which searches the whole text, messages included). A template
+that trims a message's content (`message['content'] | trim`, Llama 3's) has it
+trimmed here before it is put back. A template that reads the content itself
+(`'</think>' in content`) sees the placeholder: such branches are not taken.
+
+The template comes with the model (its card), not with a request; a call only
+chooses the roles and the text, which no rendering can run as template code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from jinja2 import TemplateError
+
+from app.cards import GenerationSpec, TemplateRefused, template_environment
+from app.runtime.tensors import InvalidInputs
+
+_PLACEHOLDER = re.compile("\x00([0-9]+)\x00")  # (a message holding NUL is refused)
+_TRIMS = re.compile(r"""content['"]?\]?\s*\|\s*trim""")
+
+Encode = Callable[[str], list[int]]
+
+
+class ChatTemplate:
+    def __init__(self, source: str, control: dict[str, int], names: dict[str, str],
+                 bos: int | None) -> None:  # fmt: skip
+        """`control`: the control tokens' text and ids; `names`: the template's
+        variables bos_token and eos_token; `bos`: the id prepended when the model asks
+        for one and the template did not write it."""
+        self._template = template_environment().from_string(source)
+        self._trims = _TRIMS.search(source) is not None
+        self._control = control
+        self._names = names
+        self._bos = bos
+        words = sorted(control, key=len, reverse=True)  # (the longest first)
+        self._find = re.compile("|".join(map(re.escape, words))) if words else None
+
+    def ids(self, messages: Sequence[tuple[str, str]], encode: Encode) -> list[int]:
+        """The prompt's ids, the template's generation prompt at its end; InvalidInputs
+        naming `messages` when the template refuses them."""
+        for i, (_, content) in enumerate(messages):
+            if "\x00" in content:
+                raise InvalidInputs({f"messages[{i}].content": "a NUL character; text only"})
+        texts = [content.strip() if self._trims else content for _, content in messages]
+        shown = [{"role": role, "content": f"\x00{i}\x00"} for i, (role, _) in enumerate(messages)]
+        try:
+            rendered = self._template.render(messages=shown, add_generation_prompt=True,
+                                             **self._names)  # fmt: skip
+        except (TemplateRefused, TemplateError) as exc:
+            raise InvalidInputs({"messages": f"this model's chat template refused the "
+                                 f"messages: {exc}"}) from None  # fmt: skip
+        ids: list[int] = []
+        text: list[str] = []  # the run of text since the last control token
+        for at, part in enumerate(_PLACEHOLDER.split(rendered)):
+            if at % 2:  # a placeholder's index
+                text.append(texts[int(part)])
+                continue
+            start = 0
+            for found in self._find.finditer(part) if self._find else ():
+                text.append(part[start : found.start()])
+                ids += self._encoded(text, encode)
+                ids.append(self._control[found.group()])
+                start = found.end()
+            text.append(part[start:])
+        ids += self._encoded(text, encode)
+        if self._bos is not None and ids[:1] != [self._bos]:
+            ids.insert(0, self._bos)
+        return ids
+
+    @classmethod
+    def of(cls, spec: GenerationSpec) -> ChatTemplate | None:
+        """The card's template (None: it has none, its roles are ChatML's)."""
+        if spec.chat_template is None:
+            return None
+        text_of = {i: word for word, i in spec.control.items()}
+        names = {f"{name}_token": text_of.get(spec.special[name], "")
+                 for name in ("bos", "eos") if name in spec.special}  # fmt: skip
+        bos = spec.special.get("bos") if spec.add_bos else None
+        return cls(spec.chat_template, spec.control, names, bos)
+
+    @staticmethod
+    def _encoded(text: list[str], encode: Encode) -> list[int]:
+        joined = "".join(text)
+        text.clear()
+        return encode(joined) if joined else []
