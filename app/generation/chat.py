@@ -2,8 +2,9 @@
 templates) and token ids back to text.
 
 Control tokens (`<|im_start|>`, `<|im_end|>`) are inserted by id; everything a
-client wrote is encoded by a byte-level BPE that knows no added tokens, so a
-message that spells `<|im_end|>` is those characters, never the control token.
+client wrote is encoded by a BPE that knows no added tokens (byte-level, or
+SentencePiece's with byte fallback), so a message that spells `<|im_end|>` is
+those characters, never the control token.
 The segments between control tokens are encoded as Hugging Face's tokenizer
 encodes them (the role, a newline and the content as one piece), so the ids
 equal the model's own template's.
@@ -16,12 +17,15 @@ equals the final text.
 
 from __future__ import annotations
 
+import codecs
+import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 from app.cards import GenerationSpec
 from app.generation.guides import (
@@ -53,6 +57,7 @@ def _byte_level() -> dict[str, int]:
 
 
 _BYTE_OF = _byte_level()
+_BYTE_PIECE = re.compile("<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
 class ChatFormat:
@@ -63,7 +68,8 @@ class ChatFormat:
         self._newline = self._encode("\n")
         self._grammars: Grammars | None = None
         self._lock = threading.Lock()
-        self._special = set(spec.special.values())
+        self._special = set(spec.special.values()) | set(spec.control.values())
+        self._byte_level = isinstance(self.tokenizer.decoder, decoders.ByteLevel)
         self._bytes: dict[int, bytes] = {}
         self._longest = 0  # the longest token's bytes (read on first need)
         self._template = ChatTemplate.of(spec)  # (None: ChatML by its control tokens)
@@ -154,12 +160,19 @@ class ChatFormat:
         return [*ids, start, *self._encode("assistant\n")]
 
     def token_bytes(self, token: int) -> bytes:
-        """A token's bytes (a byte-level token may hold part of a character)."""
+        """A token's bytes (a byte-level token, or a SentencePiece byte token, may
+        hold part of a character; SentencePiece writes a space as `▁`)."""
         found = self._bytes.get(token)
         if found is None:
             piece = self.tokenizer.id_to_token(token) or ""
-            found = (piece.encode() if self.tokenizer.token_to_id(piece) in self._special
-                     else bytes(_BYTE_OF.get(ch, 0x3F) for ch in piece))  # fmt: skip
+            if token in self._special:
+                found = piece.encode()
+            elif self._byte_level:
+                found = bytes(_BYTE_OF.get(ch, 0x3F) for ch in piece)
+            elif byte := _BYTE_PIECE.fullmatch(piece):
+                found = bytes([int(byte.group(1), 16)])
+            else:
+                found = piece.replace("\u2581", " ").encode()
             self._bytes[token] = found
         return found
 
@@ -175,7 +188,8 @@ class ChatFormat:
                 "top_logprobs": [item(t, v) for t, v in logprob.top]}  # fmt: skip
 
     def text_stream(self, stop: tuple[str, ...]) -> TextStream:
-        return TextStream(self.tokenizer, stop)
+        # (SentencePiece's decoder drops the one space it puts before a text)
+        return TextStream(self.token_bytes, stop, strip_space=not self._byte_level)
 
 
 @dataclass
@@ -185,9 +199,13 @@ class Piece:
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...]) -> None:
-        self._tokenizer = tokenizer
-        self._ids: list[int] = []  # tokens not yet decoded whole (a character split)
+    def __init__(self, token_bytes: Callable[[int], bytes], stop: tuple[str, ...],
+                 strip_space: bool = False) -> None:  # fmt: skip
+        self._bytes = token_bytes
+        # Tokens as bytes, decoded as they come: a character split over tokens is
+        # held until whole; bytes that can never make one come out as U+FFFD.
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._strip = strip_space
         self._decoded = ""
         self._stop = stop
         self._hold = max((len(s) for s in stop), default=1) - 1
@@ -195,14 +213,12 @@ class TextStream:
         self._sent = 0  # characters of it already emitted
 
     def add(self, token: int) -> Piece:
-        self._ids.append(token)
-        # Byte-level tokens decode on their own once the text before them ended on a
-        # whole character: only the tokens since then are decoded, never all of them.
-        tail: str = self._tokenizer.decode(self._ids, skip_special_tokens=False)
-        if tail.endswith("\ufffd") and len(self._ids) < 4:  # half a character: wait
+        piece = self._utf8.decode(self._bytes(token))
+        if not piece:  # (part of a character: wait for the rest)
             return Piece("", False)
-        self._ids.clear()
-        self._decoded += tail
+        if self._strip:
+            piece, self._strip = piece.removeprefix(" "), False
+        self._decoded += piece
         decoded = self.text = self._decoded
         for stop in self._stop:
             at = decoded.find(stop, max(0, self._sent - len(stop)))
@@ -213,6 +229,9 @@ class TextStream:
 
     def finish(self) -> Piece:
         """The held-back tail, once the sequence ended without a stop sequence."""
+        if tail := self._utf8.decode(b"", final=True):  # (a character left unfinished)
+            self._decoded += tail
+            self.text = self._decoded
         return self._emit(len(self.text), False)
 
     def _emit(self, upto: int, stopped: bool) -> Piece:

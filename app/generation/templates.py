@@ -8,7 +8,7 @@ message's content replaced by a placeholder; only the template's own text is
 searched for control tokens (`<|start_header_id|>`, `<|eot_id|>`...), inserted
 by id. The placeholders then take the messages' text back, and each run of text
 between two control tokens (the template's text and a message's, together) is
-encoded by the byte-level BPE that knows no control tokens: a message that spells
+encoded by the model's BPE, which knows no control tokens: a message that spells
 `<|eot_id|>` is those characters, and the ids otherwise equal those of Hugging
 Face's rendering (which searches the whole text, messages included). A template
 that trims a message's content (`message['content'] | trim`, Llama 3's) has it

@@ -23,6 +23,18 @@ LLAMA3 = (
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 LLAMA3_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+# Mistral's first template (no system role: it raises), over SentencePiece pieces.
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+# SentencePiece pieces after <unk>, <s>, </s> and the 256 byte tokens, best first.
+SPM_PIECES = ("\u2581the", "\u2581t", "he", "\u2581[", "INST", "IN", "ST", "\u2581a", "re",
+              "\u2581are", "\u2581", "t", "h", "e", "a", "r", "s", "I", "N", "S", "T", "[", "]",
+              "/", "\u2581h")  # fmt: skip
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS, VOCAB, CONTEXT = 64, 4, 2, 128, 2, 288, 256
 
 
@@ -41,10 +53,11 @@ def _byte_tokens() -> list[str]:
 
 def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0,
                tied: bool = True, template: str = CHATML, bos: str = "<|im_start|>",
-               add_bos: bool = False) -> Path:  # fmt: skip
+               add_bos: bool = False, sentencepiece: bool = False) -> Path:  # fmt: skip
     """A GGUF file at `path`: `arch` (llama, qwen2, or another to be refused), every
     matrix in `kind` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); `template` its
-    chat template (none when empty), `bos` its BOS token, asked for with `add_bos`."""
+    chat template (none when empty), `bos` its BOS token, asked for with `add_bos`;
+    `sentencepiece`: SentencePiece's vocabulary (model `llama`) instead of GPT-2's."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -63,14 +76,20 @@ def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+    if sentencepiece:
+        tokens, types, scores = _sentencepiece()
+        writer.add_tokenizer_model("llama")
+        writer.add_token_scores(scores)
+        writer.add_unk_token_id(0)
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+        writer.add_token_merges(["Ġ t", "h e"])
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(["Ġ t", "h e"])
     writer.add_bos_token_id(tokens.index(bos))
     writer.add_add_bos_token(add_bos)
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_eos_token_id(tokens.index("</s>" if sentencepiece else "<|im_end|>"))
     if template:
         writer.add_chat_template(template)
 
@@ -109,3 +128,13 @@ def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _sentencepiece() -> tuple[list[str], list[int], list[float]]:
+    """(tokens, types, scores): <unk>, <s>, </s>, the bytes, SPM_PIECES, unused."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *SPM_PIECES]
+    types = [2, 3, 3, *[6] * 256, *[1] * len(SPM_PIECES)]
+    scores = [0.0, 0.0, 0.0, *[0.0] * 256, *(-float(i) for i in range(len(SPM_PIECES)))]
+    unused = VOCAB - len(tokens)
+    return ([*tokens, *(f"<unused{i}>" for i in range(unused))], [*types, *[5] * unused],
+            [*scores, *[-1e4] * unused])  # fmt: skip
