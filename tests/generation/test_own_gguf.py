@@ -52,7 +52,8 @@ def logits(model: Path, ids: list[int], context: int = 256) -> np.ndarray:
     [("llama", "F32", True), ("llama", "F16", True), ("llama", "BF16", True),
      ("llama", "Q8_0", False), ("llama", "Q4_0", True), ("llama", "Q4_1", True),
      ("llama", "Q5_0", True), ("llama", "Q5_1", True), ("qwen2", "F32", True),
-     ("qwen2", "Q8_0", True), ("qwen2", "Q4_0", False), ("qwen2", "Q4_1", True)],
+     ("qwen2", "Q8_0", True), ("qwen2", "Q4_0", False), ("qwen2", "Q4_1", True),
+     ("llama", "Q4_K", True), ("llama", "Q5_K", False), ("qwen2", "Q6_K", True)],
 )  # fmt: skip
 def test_each_architecture_and_type_computes_what_the_file_holds(
     arch: str, kind: str, tied: bool, tmp_path: Path
@@ -68,7 +69,7 @@ def test_each_architecture_and_type_computes_what_the_file_holds(
         folder.mkdir()
         card = build_own_gguf(source, folder, weights)
     assert build_own_gguf(source, tmp_path)["made_by"]["weights"] == (
-        "int4" if kind in ("Q4_0", "Q4_1") else "fp32")  # fmt: skip
+        "int4" if kind in ("Q4_0", "Q4_1", "Q4_K") else "fp32")  # fmt: skip
     got = logits(exact / "model.onnx", PROMPT)
     assert np.abs(got - want).max() < 1e-3 * max(1.0, np.abs(want).max())
     rough = logits(small / "model.onnx", PROMPT)

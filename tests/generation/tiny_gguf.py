@@ -5,6 +5,7 @@ ChatML's and Llama 3's control tokens, two layers. For the own-GGUF tests."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,9 @@ SPM_PIECES = ("\u2581the", "\u2581t", "he", "\u2581[", "INST", "IN", "ST", "\u25
               "\u2581are", "\u2581", "t", "h", "e", "a", "r", "s", "I", "N", "S", "T", "[", "]",
               "/", "\u2581h")  # fmt: skip
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS, VOCAB, CONTEXT = 64, 4, 2, 128, 2, 288, 256
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+# Where a K-quant block keeps its float16 scale (and its minimums' scale).
+_K_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def _byte_tokens() -> list[str]:
@@ -55,12 +59,15 @@ def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0
                tied: bool = True, template: str = CHATML, bos: str = "<|im_start|>",
                add_bos: bool = False, sentencepiece: bool = False) -> Path:  # fmt: skip
     """A GGUF file at `path`: `arch` (llama, qwen2, or another to be refused), every
-    matrix in `kind` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); `template` its
+    matrix in `kind` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, or a K-quant:
+    Q4_K, Q5_K, Q6_K, with a hidden size of 256); `template` its
     chat template (none when empty), `bos` its BOS token, asked for with `add_bos`;
     `sentencepiece`: SentencePiece's vocabulary (model `llama`) instead of GPT-2's."""
     import gguf
 
     rng = np.random.default_rng(seed)
+    # K-quants' blocks are 256 wide: their rows must be too.
+    hidden, ffn = (256, 512) if kind in K_QUANTS else (HIDDEN, FFN)
     qtype = gguf.GGMLQuantizationType[kind]
     tokens = [*_byte_tokens(), "Ġt", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
               *LLAMA3_TOKENS]  # fmt: skip
@@ -70,8 +77,8 @@ def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0
     writer.add_name(f"tiny-{arch}-{kind}")
     writer.add_block_count(LAYERS)
     writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(FFN)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(10000.0)
@@ -95,7 +102,9 @@ def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0
 
     def matrix(name: str, rows: int, columns: int) -> None:
         values = rng.standard_normal((rows, columns)).astype(np.float32) * 0.2
-        if kind == "F32":
+        if kind in K_QUANTS:
+            writer.add_tensor(name, k_blocks(rng, qtype, rows, columns), raw_dtype=qtype)
+        elif kind == "F32":
             writer.add_tensor(name, values)
         else:
             writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
@@ -103,26 +112,26 @@ def write_tiny(path: Path, arch: str = "llama", kind: str = "F32", seed: int = 0
     def vector(name: str, size: int, around: float) -> None:
         writer.add_tensor(name, (around + rng.standard_normal(size) * 0.1).astype(np.float32))
 
-    head = HIDDEN // HEADS
-    matrix("token_embd.weight", VOCAB, HIDDEN)
+    head = hidden // HEADS
+    matrix("token_embd.weight", VOCAB, hidden)
     if not tied:
-        matrix("output.weight", VOCAB, HIDDEN)
-    vector("output_norm.weight", HIDDEN, 1.0)
+        matrix("output.weight", VOCAB, hidden)
+    vector("output_norm.weight", hidden, 1.0)
     for i in range(LAYERS):
         b = f"blk.{i}"
-        vector(f"{b}.attn_norm.weight", HIDDEN, 1.0)
-        vector(f"{b}.ffn_norm.weight", HIDDEN, 1.0)
-        matrix(f"{b}.attn_q.weight", HEADS * head, HIDDEN)
-        matrix(f"{b}.attn_k.weight", KV_HEADS * head, HIDDEN)
-        matrix(f"{b}.attn_v.weight", KV_HEADS * head, HIDDEN)
+        vector(f"{b}.attn_norm.weight", hidden, 1.0)
+        vector(f"{b}.ffn_norm.weight", hidden, 1.0)
+        matrix(f"{b}.attn_q.weight", HEADS * head, hidden)
+        matrix(f"{b}.attn_k.weight", KV_HEADS * head, hidden)
+        matrix(f"{b}.attn_v.weight", KV_HEADS * head, hidden)
         if arch == "qwen2":
             vector(f"{b}.attn_q.bias", HEADS * head, 0.0)
             vector(f"{b}.attn_k.bias", KV_HEADS * head, 0.0)
             vector(f"{b}.attn_v.bias", KV_HEADS * head, 0.0)
-        matrix(f"{b}.attn_output.weight", HIDDEN, HEADS * head)
-        matrix(f"{b}.ffn_gate.weight", FFN, HIDDEN)
-        matrix(f"{b}.ffn_up.weight", FFN, HIDDEN)
-        matrix(f"{b}.ffn_down.weight", HIDDEN, FFN)
+        matrix(f"{b}.attn_output.weight", hidden, HEADS * head)
+        matrix(f"{b}.ffn_gate.weight", ffn, hidden)
+        matrix(f"{b}.ffn_up.weight", ffn, hidden)
+        matrix(f"{b}.ffn_down.weight", hidden, ffn)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -138,3 +147,16 @@ def _sentencepiece() -> tuple[list[str], list[int], list[float]]:
     unused = VOCAB - len(tokens)
     return ([*tokens, *(f"<unused{i}>" for i in range(unused))], [*types, *[5] * unused],
             [*scores, *[-1e4] * unused])  # fmt: skip
+
+
+def k_blocks(rng: np.random.Generator, qtype: Any, rows: int, columns: int) -> np.ndarray:
+    """Random K-quant blocks (gguf's writer cannot quantise to them): any bytes are a
+    valid block once its float16 scales are small finite numbers."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, columns // block, size), dtype=np.uint8)
+    for at in _K_SCALES[qtype.name]:
+        scale = rng.uniform(0.002, 0.01, raw.shape[:2]).astype(np.float16)
+        raw[:, :, at : at + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(rows, -1)
