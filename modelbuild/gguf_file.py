@@ -31,7 +31,7 @@ TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "
 PRE_TOKENIZERS = ("smollm", "qwen2", "llama-bpe", "llama3", "default", "gpt2")
 # `tokenizer.ggml.model`: byte-level BPE, or SentencePiece's BPE with byte fallback.
 TOKENIZERS = ("gpt2", "llama")
-NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 3, 4, 6  # GGUF token types
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # GGUF token types
 
 
 class UnsupportedModel(ValueError):
@@ -237,7 +237,7 @@ def _sentencepiece(tokenizer: dict[str, Any]) -> str:
 
     tokens, types = list(tokenizer["tokens"]), list(tokenizer["types"])
     vocab = {token: i for i, token in enumerate(tokens)}
-    unknown = next((t for t, kind in zip(tokens, types, strict=True) if kind == 2), None)
+    unknown = next((t for t, kind in zip(tokens, types, strict=True) if kind == UNKNOWN), None)
     bpe = Tokenizer(models.BPE(vocab=vocab, merges=spm_merges(tokens, tokenizer["scores"], types),
                                unk_token=unknown, byte_fallback=True, fuse_unk=True))  # fmt: skip
     spaces = normalizers.Replace(" ", "\u2581")

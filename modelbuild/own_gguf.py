@@ -16,12 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from modelbuild.files import with_metadata, write_atomically
-from modelbuild.gguf_file import UnsupportedModel, read_gguf, tokenizer_json
+from modelbuild.gguf_file import (
+    CONTROL,
+    USER_DEFINED,
+    UnsupportedModel,
+    read_gguf,
+    tokenizer_json,
+)
 
 WEIGHTS = ("int4", "fp32")
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # files whose linear weights are 4-bit already
 MAX_TOKENS = 2048  # a call's ceiling, as the bundled chat model's card sets it
-_CONTROL, _CONTROLS = 3, (3, 4)  # GGUF token types: control, and user-defined
 # Ends of text or of a turn, stops wherever a file has them as control tokens.
 _END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>",
                "<|end|>", "</s>")  # fmt: skip
@@ -76,7 +81,7 @@ def _generation(hyper: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, A
     special: dict[str, int] = {"eos": eos}
     if tokenizer["bos"] is not None:
         special["bos"] = int(tokenizer["bos"])
-    stops = {eos} | {ids[t] for t in _END_TOKENS if t in ids and types[ids[t]] == _CONTROL}
+    stops = {eos} | {ids[t] for t in _END_TOKENS if t in ids and types[ids[t]] == CONTROL}
     if tokenizer["eot"] is not None:
         stops.add(int(tokenizer["eot"]))
     roles: list[str] = []
@@ -90,7 +95,7 @@ def _generation(hyper: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, A
         default_system = found.group(1) if found else None
     elif template:  # the file's own template, rendered in Jinja's sandbox
         named = {i for i in (special.get("bos"), eos) if i is not None}
-        control = {token: i for i, token in enumerate(tokens) if types[i] in _CONTROLS
+        control = {token: i for i, token in enumerate(tokens) if types[i] in (CONTROL, USER_DEFINED)
                    and (token in template or i in named) and token}  # fmt: skip
         own = {"chat_template": template, "control": control}
         roles = ["system", "user", "assistant"]

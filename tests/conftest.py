@@ -520,3 +520,12 @@ def wait_for_job(
         return None if seen["status"] in ("queued", "running") else dict(seen)
 
     return wait_until(finished, lambda: f"job {job_id} to finish (still {seen['status']})", timeout)
+
+
+def job_run(
+    client: FlaskClient, headers: dict[str, str], body: dict[str, Any], timeout: float = 120
+) -> dict[str, Any]:
+    """POST /jobs (202 expected) and wait for the job to end: the job as GET shows it."""
+    response = client.post("/jobs", json=body, headers=headers)
+    assert response.status_code == 202, response.json
+    return wait_for_job(client, headers, response.json["id"], timeout)  # type: ignore[index]

@@ -30,6 +30,7 @@ from tests.conftest import (
     TenantAuth,
     WorkerProcess,
     insert_queued_job,
+    job_run,
     make_tenant,
     service_env,
     wait_for_job,
@@ -94,9 +95,7 @@ def run_job(
     body: dict[str, Any] = {"model": name, "inputs": {"X": ROWS}}
     if version is not None:
         body["version"] = version
-    response = client.post("/jobs", json=body, headers=auth)
-    assert response.status_code == 202, response.json
-    return wait_for_job(client, auth, response.json["id"])
+    return job_run(client, auth, body, timeout=30)
 
 
 def direct(path: Path) -> list[Any]:

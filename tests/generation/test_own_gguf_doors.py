@@ -20,7 +20,7 @@ from flask import Flask
 
 from app.grpc.server import Running
 from app.web.context import container_of
-from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
+from tests.conftest import TenantAuth, WorkerProcess, job_run
 from tests.generation.tiny_gguf import LLAMA3, write_tiny
 from tests.grpc.conftest import grpc_server  # noqa: F401  (the fixture)
 from tests.support import LiveServer, wait_until
@@ -85,9 +85,7 @@ def test_an_own_gguf_added_while_the_chat_model_streams_answers_on_every_door(
 
         text = wait_until(streamed, "the added model on /v1", 60)
         body = {"model": name, "inputs": {"messages": ASKED}, "parameters": GREEDY}
-        submitted = http.post("/jobs", json=body, headers=tenant.headers)
-        assert submitted.status_code == 202, submitted.json
-        job = wait_for_job(http, tenant.headers, submitted.json["id"], timeout=120)
+        job = job_run(http, tenant.headers, body)
         assert job["status"] == "succeeded" and job["outputs"]["text"] == text, job
         assert job["outputs"]["completion_tokens"] >= 1, job
 

@@ -20,7 +20,7 @@ from app.runtime.tensors import InvalidInputs
 from app.web.context import container_of
 from modelbuild.gguf_file import read_gguf
 from modelbuild.own_gguf import build_own_gguf
-from tests.conftest import WorkerProcess, wait_for_job
+from tests.conftest import WorkerProcess, job_run
 from tests.generation.tiny_gguf import MISTRAL, write_tiny
 
 TEXTS = ["the are", " the  [INST]", "héllo </s> there", "Are the[/INST]", " ", "ℵ tthe he"]
@@ -107,9 +107,7 @@ def test_a_sentencepiece_model_answers_a_chat_job(
         assert added.card.generation is not None
         body = {"model": name, "inputs": {"messages": [{"role": "user", "content": "the are"}]},
                 "parameters": {"max_tokens": 5, "temperature": 0}}  # fmt: skip
-        response = client.post("/jobs", json=body, headers=auth)
-        assert response.status_code == 202, response.json
-        job = wait_for_job(client, auth, response.json["id"], timeout=120)
+        job = job_run(client, auth, body)
         assert job["status"] == "succeeded", job
         assert job["outputs"]["prompt_tokens"] == 10  # <s> [INST] the are [/INST]
         structured = {
@@ -120,9 +118,7 @@ def test_a_sentencepiece_model_answers_a_chat_job(
                 "response_format": {"type": "json_object"},
             },
         }
-        response = client.post("/jobs", json=structured, headers=auth)
-        assert response.status_code == 202, response.json
-        job = wait_for_job(client, auth, response.json["id"], timeout=120)
+        job = job_run(client, auth, structured)
         assert isinstance(json.loads(job["outputs"]["text"]), dict), job  # the guide's pieces
         refused = client.post("/jobs", json={**body, "inputs": {"messages": [
             {"role": "system", "content": "x"}, {"role": "user", "content": "the"}]}},
