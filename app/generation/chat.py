@@ -181,8 +181,8 @@ class ChatFormat:
 
         def item(token: int, value: float) -> dict[str, Any]:
             raw = self.token_bytes(token)
-            return {"token": raw.decode("utf-8", errors="replace"), "bytes": list(raw),
-                    "logprob": value}  # fmt: skip
+            return {"token": storable(raw.decode("utf-8", errors="replace")),
+                    "bytes": list(raw), "logprob": value}  # fmt: skip
 
         return {**item(logprob.token, logprob.logprob),
                 "top_logprobs": [item(t, v) for t, v in logprob.top]}  # fmt: skip
@@ -190,6 +190,14 @@ class ChatFormat:
     def text_stream(self, stop: tuple[str, ...]) -> TextStream:
         # (SentencePiece's decoder drops the one space it puts before a text)
         return TextStream(self.token_bytes, stop, strip_space=not self._byte_level)
+
+
+def storable(text: str) -> str:
+    """Generated text as PostgreSQL stores it: U+0000 as U+FFFD, as bytes that make
+    no character come out. A model can make byte 0 (a prompt or a `logit_bias`
+    can ask for it), and a text or jsonb value cannot hold it: the write of the
+    loop's pieces would fail, and with it every generation of the loop."""
+    return text.replace("\x00", "\ufffd")
 
 
 @dataclass
@@ -213,7 +221,7 @@ class TextStream:
         self._sent = 0  # characters of it already emitted
 
     def add(self, token: int) -> Piece:
-        piece = self._utf8.decode(self._bytes(token))
+        piece = storable(self._utf8.decode(self._bytes(token)))
         if not piece:  # (part of a character: wait for the rest)
             return Piece("", False)
         if self._strip:
@@ -229,7 +237,7 @@ class TextStream:
 
     def finish(self) -> Piece:
         """The held-back tail, once the sequence ended without a stop sequence."""
-        if tail := self._utf8.decode(b"", final=True):  # (a character left unfinished)
+        if tail := storable(self._utf8.decode(b"", final=True)):  # (a character unfinished)
             self._decoded += tail
             self.text = self._decoded
         return self._emit(len(self.text), False)

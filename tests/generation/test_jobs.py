@@ -40,6 +40,24 @@ def test_a_prompt_is_continued_greedily(
     assert (outputs["prompt_tokens"], outputs["completion_tokens"]) == (5, 3)
 
 
+def test_a_generation_that_makes_byte_zero_ends_with_text_that_can_be_stored(
+    client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
+) -> None:
+    """Token 190 is byte 0 in SmolLM2's byte-level vocabulary. A caller who asks
+    for it gets U+FFFD, as for bytes that make no character, and the job ends:
+    PostgreSQL's text cannot hold U+0000, and a failed write would take the loop,
+    and everyone's generations in it, down."""
+    job_id = submit(client, auth, {"prompt": "Zero:"}, max_tokens=5, logprobs=True,
+                    top_logprobs=1, logit_bias={"190": 100})  # fmt: skip
+    job = wait_for_job(client, auth, job_id, timeout=120)
+    assert job["status"] == "succeeded", job
+    assert job["outputs"]["text"] == "\ufffd" * 5
+    tokens = [entry["token"] for entry in json.loads(job["outputs"]["logprobs"])]
+    assert tokens == ["\ufffd"] * 5
+    events = client.get(f"/jobs/{job_id}/events", headers=auth).get_data(as_text=True)
+    assert "\ufffd" in events and "\\u0000" not in events
+
+
 def test_bulk_submits_take_the_same_request(
     client: FlaskClient, auth: dict[str, str], worker: WorkerProcess
 ) -> None:
