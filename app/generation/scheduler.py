@@ -15,6 +15,13 @@ generations, for tenants waiting without a slot every SHARE_EVERY_S while every
 slot is taken (app.generation.sharing), counts tokens every COUNT_EVERY_S, and
 renews its machine lock every LOCK_RENEW_S. It stops once idle past its linger,
 or past its drain time with nothing running.
+
+A loop serves one version of its model (its engine and chat format are that
+version's). Every VERSIONS_EVERY_S, and after a claim that found nothing, it
+looks whether a job of another version waits (`look`); if so it closes: it
+claims no more, finishes what it runs and stops, and the next loop serves the
+version first in line. So a job pinned to an older version waits for the
+running generations, never for the other version's queue to empty.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ CANCELS_EVERY_S = 0.25
 SHARE_EVERY_S = 0.1
 COUNT_EVERY_S = 0.25
 LOCK_RENEW_S = 2.0  # a fifth of the lock's life (app.operations.decode_loop.LOCK_S)
+VERSIONS_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class Turn:
     resume: int = 0  # paused generations to put back (`resumable` names them)
     claim: int = 0  # jobs to claim at most (a wake-up or the timer is due, slots free)
     share: bool = False  # every slot taken and a claim due: look for tenants waiting
+    look: bool = False  # look for jobs of another version waiting (then `close`)
 
 
 @dataclass(frozen=True)
@@ -65,12 +74,14 @@ class Scheduler:
     linger_s: float  # 0: end at the first pass with nothing running after a claim
     holders: dict[Any, Holder] = field(default_factory=dict)  # admitted, paused ones too
     paused: list[Any] = field(default_factory=list)  # in the order they go on
+    closing: bool = False  # another version waits: claim no more, stop once empty
     _next: dict[str, float] = field(default_factory=dict)
     _idle_until: float = 0.0
 
     def __post_init__(self) -> None:
         self._idle_until = self.started + self.linger_s
         self._next = dict.fromkeys(("lock", "claim", "cancels", "share", "count"), 0.0)
+        self._next["versions"] = self.started + VERSIONS_EVERY_S  # (it starts on the first)
 
     def turn(self, now: float, free: int, pending: Callable[[], bool]) -> Turn:
         """This pass's first moves: `free` slots of the engine; `pending()` says
@@ -83,17 +94,20 @@ class Scheduler:
         free -= resume
         # While it has generations it takes new ones (they join the batch at once);
         # the drain time ends only its idle lingering.
-        taking = now < self.started + self.drain_s or bool(self.holders)
+        taking = not self.closing and (now < self.started + self.drain_s or bool(self.holders))
         claim_due = taking and (now >= due["claim"] or pending())
         share = claim_due and free <= 0 and now >= due["share"]
         if share:
             due["share"] = now + SHARE_EVERY_S
-        return Turn(renew, resume, free if claim_due and free > 0 else 0, share)
+        look = not self.closing and now >= due["versions"]
+        if look:
+            due["versions"] = now + VERSIONS_EVERY_S
+        return Turn(renew, resume, free if claim_due and free > 0 else 0, share, look)
 
     def then(self, now: float) -> Then:
         """After the claims: step, or wait, or stop."""
         if not self.holders:
-            ended = now >= self.started + self.drain_s or now >= self._idle_until
+            ended = self.closing or now >= self.started + self.drain_s or now >= self._idle_until
             return Then(stop=ended, idle=not ended)
         self._idle_until = now + self.linger_s
         due = self._next
@@ -104,10 +118,17 @@ class Scheduler:
             due["count"] = now + COUNT_EVERY_S
         return Then(cancels=cancels, count=count)
 
-    def claimed(self, now: float, more: bool) -> None:
-        """A claim was made: the next at once if the queue held more, else on the
-        timer (or a wake-up)."""
+    def claimed(self, now: float, more: bool, took: int = 1) -> None:
+        """A claim was made (`took` jobs): the next at once if the queue held more,
+        else on the timer (or a wake-up). One that found none looks at the next
+        pass whether the wake-up was for another version's job."""
         self._next["claim"] = now if more else now + CLAIM_EVERY_S
+        if not took:
+            self._next["versions"] = now
+
+    def close(self) -> None:
+        """A job of another version waits: take no more, stop once the running end."""
+        self.closing = True
 
     def admitted(self, key: Any, tenant: int | None, priority: int, now: float) -> None:
         self.holders[key] = Holder(key, tenant or 0, priority, now)

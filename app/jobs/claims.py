@@ -84,11 +84,13 @@ def claim(
 
 
 def claim_next(
-    session: Session, model: str, max_rows: int, lease_s: float, *, guarded: bool = True
-) -> tuple[list[ClaimedJob], bool]:
-    """Claim queued, due jobs of `model` whose rows fit in `max_rows` (a job bigger
-    than that alone), under a lease, fairly between tenants. Returns them in the
-    order taken, and whether more were waiting.
+    session: Session, model: str, max_rows: int, lease_s: float, *, guarded: bool = True,
+    version: str | None = None,
+) -> tuple[list[ClaimedJob], bool]:  # fmt: skip
+    """Claim queued, due jobs of `model` (of `version` only, if given: a decode loop
+    serves one version) whose rows fit in `max_rows` (a job bigger than that
+    alone), under a lease, fairly between tenants. Returns them in the order
+    taken, and whether more were waiting.
 
     Fair dispatch: higher `priority` first; within a priority, tenants take turns
     (each tenant's oldest, then each one's second oldest, ...), so one tenant's
@@ -108,25 +110,33 @@ def claim_next(
     up their attempts with it and be dead-lettered for its rows.
     """
     params = {"model": model, "max_rows": max_rows, "lease": lease_s,
-              "per_tenant": 2 * max_rows}  # fmt: skip
-    rows = sorted(claim_next_statement(guarded).execute(session, params), key=lambda r: r.position)
+              "per_tenant": 2 * max_rows, "version": version}  # fmt: skip
+    statement = claim_next_statement(guarded, versioned=version is not None)
+    rows = sorted(statement.execute(session, params), key=lambda r: r.position)
     more = bool(rows) and (rows[0].candidates > len(rows) or len(rows) == max_rows)
     return [_claimed(r) for r in rows], more
 
 
 @functools.cache
-def claim_next_statement(guarded: bool = True) -> Prepared:
-    """claim_next's statement; params model, max_rows, per_tenant and lease. Made
-    once per process (parsing its text was 6% of a worker's CPU on one-row jobs)
-    and prepared once per connection (planning it took 0.7 ms of PostgreSQL's CPU
-    a call, more than running it)."""
+def claim_next_statement(guarded: bool = True, versioned: bool = False) -> Prepared:
+    """claim_next's statement; params model, max_rows, per_tenant and lease (and
+    version, `versioned`). Made once per process (parsing its text was 6% of a
+    worker's CPU on one-row jobs) and prepared once per connection (planning it
+    took 0.7 ms of PostgreSQL's CPU a call, more than running it).
+
+    A version is no column of ix_jobs_claim: a tenant's jobs of other versions
+    ahead of its next one of this version are read and passed over. Several
+    versions of a model queued at once are the short while after a roll, or
+    callers who pin an old one."""
     waiting = "status = 'queued'" if guarded else "status IN ('queued', 'running')"
+    of_version = " AND model_version = :version" if versioned else ""
+    types = {"model": "text", "max_rows": "integer", "per_tenant": "integer", "lease": "float8"}
 
     def due(table: str) -> str:
         return f"{table}.{waiting}" + (f" AND {table}.run_after <= now()" if guarded else "")
 
     return Prepared(
-        "claim_next" if guarded else "claim_next_unguarded",
+        ("claim_next" if guarded else "claim_next_unguarded") + ("_version" if versioned else ""),
         f"""
         WITH RECURSIVE tenants AS (  -- ordered as ix_jobs_claim is, so it walks that index
             (SELECT tenant_id FROM jobs WHERE model = :model AND {waiting}
@@ -143,7 +153,7 @@ def claim_next_statement(guarded: bool = True) -> Prepared:
                                       ORDER BY h.created_at) AS turn
             FROM tenants t CROSS JOIN LATERAL (
                 SELECT id, priority, created_at FROM jobs
-                WHERE model = :model AND tenant_id = t.tenant_id AND {due("jobs")}
+                WHERE model = :model AND tenant_id = t.tenant_id AND {due("jobs")}{of_version}
                   AND attempts < max_attempts AND (deadline_at IS NULL OR deadline_at > now())
                 ORDER BY priority DESC, created_at LIMIT :per_tenant
             ) AS h
@@ -174,7 +184,7 @@ def claim_next_statement(guarded: bool = True) -> Prepared:
         WHERE jobs.id = picked.pid
         RETURNING {_CLAIMED}, picked.position, (SELECT count(*) FROM candidates) AS candidates
         """,
-        {"model": "text", "max_rows": "integer", "per_tenant": "integer", "lease": "float8"},
+        {**types, "version": "text"} if versioned else types,
     )
 
 
@@ -207,11 +217,12 @@ def renew_leases(session: Session, jobs: list[ClaimedJob], lease_s: float) -> se
 
 @dataclass(frozen=True)
 class Head:
-    """A tenant's next claimable job of a model."""
+    """A tenant's next claimable job of a model, and the version it names."""
 
     id: uuid.UUID
     tenant_id: int
     priority: int
+    version: str
 
 
 _HEADS = text(
@@ -225,23 +236,26 @@ _HEADS = text(
                 ORDER BY j.tenant_id, j.priority DESC, j.created_at LIMIT 1)
         FROM tenants t WHERE t.tenant_id IS NOT NULL
     )
-    SELECT h.id, t.tenant_id, h.priority FROM tenants t CROSS JOIN LATERAL (
-        SELECT id, priority FROM jobs
+    SELECT h.id, t.tenant_id, h.priority, h.model_version FROM tenants t CROSS JOIN LATERAL (
+        SELECT id, priority, created_at, model_version FROM jobs
         WHERE model = :model AND tenant_id = t.tenant_id AND status = 'queued'
           AND run_after <= now() AND attempts < max_attempts
           AND (deadline_at IS NULL OR deadline_at > now())
         ORDER BY priority DESC, created_at LIMIT 1
     ) AS h
     WHERE t.tenant_id IS NOT NULL
+    ORDER BY h.priority DESC, h.created_at, h.id
     """
 )
 
 
 def waiting_heads(session: Session, model: str) -> list[Head]:
-    """Each tenant's next claimable job of `model` (a decode loop whose slots are
-    all taken looks for tenants waiting without one). Costs a probe per tenant
-    with queued jobs of the model, never the length of the queue."""
-    return [Head(r.id, r.tenant_id, r.priority) for r in session.execute(_HEADS, {"model": model})]
+    """Each tenant's next claimable job of `model`, first in line first (a decode
+    loop whose slots are all taken looks for tenants waiting without one; one
+    starting serves the version the first names). Costs a probe per tenant with
+    queued jobs of the model, never the length of the queue."""
+    rows = session.execute(_HEADS, {"model": model})
+    return [Head(r.id, r.tenant_id, r.priority, r.model_version) for r in rows]
 
 
 def hand_back(session: Session, jobs: list[ClaimedJob]) -> set[uuid.UUID]:

@@ -1,8 +1,9 @@
 """The decode loop's state and its machine lock (app.operations.generation runs it).
 
-One loop per machine and model: its Redis lock names the holder process, so a
-lock whose holder died is taken over at once. A worker's main process, as it
-shuts down, asks its children's loops to hand their generations over.
+One loop per machine and model, serving one version at a time: its Redis lock
+names the holder process, so a lock whose holder died is taken over at once. A
+worker's main process, as it shuts down, asks its children's loops to hand their
+generations over.
 """
 
 from __future__ import annotations

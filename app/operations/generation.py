@@ -33,6 +33,7 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
+from app.cards import ModelCard
 from app.execution.dispatch import Dispatcher
 from app.execution.runner import Runner
 from app.generation.formats import chat_format
@@ -72,6 +73,7 @@ logger = logging.getLogger(__name__)
 # waiting for a wake-up that may reach a worker process that has yet to load the
 # model. (When it claims, shares and stops: app.generation.scheduler.)
 LINGER_S = 10.0
+_VERSIONS_LOOKED = 8  # versions whose waiting jobs a starting loop sends elsewhere, at most
 
 
 class Generation:
@@ -98,10 +100,11 @@ class Generation:
     def drain(self, model: str) -> int:
         """Decode `model`'s queued jobs until none is left for DRAIN_LINGER_MS (new
         ones are claimed as slots free up, as long as any runs) or, idle, once
-        DRAIN_SECONDS passed. Returns the jobs finished."""
-        card = self.runner.card(model)
-        if card is None or card.generation is None:
-            return 0
+        DRAIN_SECONDS passed. Returns the jobs finished.
+
+        The loop serves one version, the one the first job in line names (the
+        newest when none waits), and closes when another version's job waits
+        (app.generation.scheduler): each job runs on the version it names."""
         queue = self._dispatcher.queue_for(model)
         lock = f"inference:generating:{queue}:{model}:{socket.gethostname()}"
         token = f"{os.getpid()}:{uuid.uuid4().hex}"  # the holder's process, on this machine
@@ -112,6 +115,9 @@ class Generation:
             self._dispatcher.pass_to_loop(model)
             return 0
         try:
+            card = self._first_in_line(model)
+            if card is None or card.generation is None:
+                return 0
             with self.engines.running(card) as engine:
                 # The structured-output tables, made beside the loop rather than
                 # at its first schema (once per process and model version).
@@ -129,6 +135,26 @@ class Generation:
                 self._redis().delete(lock)
             if self._claimable(model):
                 self._dispatcher.wake(model)
+
+    def _first_in_line(self, model: str) -> ModelCard | None:
+        """The card of the version the first waiting job names, or the newest when
+        none waits. Jobs of a version no loop can serve (removed, or out of its
+        version policy, since they were queued; or one that does not generate) go
+        to the runner, which fails them `model_unavailable` (or runs them) as it
+        does any job's: they are not left to wait for a loop."""
+        for _ in range(_VERSIONS_LOOKED):
+            heads = self._heads(model)
+            if not heads:
+                return self.runner.card(model)
+            card = self.runner.card(model, heads[0].version)
+            if card is not None and card.generation is not None:
+                return card
+            self._not_generated(model, heads[0].version)
+        return None
+
+    def _not_generated(self, model: str, version: str) -> None:
+        while claimed := self._claim_next(model, version, 64)[0]:
+            self._finish(self.runner.run(self.database.session(), claimed), claimed)
 
     def _let_go(self, loop: Loop) -> None:
         """A loop that failed (its database or Redis went away, or its task was
@@ -158,12 +184,14 @@ class Generation:
                     self._go_on(loop, schedule.resumable(turn.resume, now))
                 if turn.claim:
                     self._dispatcher.taken(model)
-                    claimed, more = self._claim_next(model, turn.claim)
+                    claimed, more = self._claim_next(model, loop.card.version, turn.claim)
                     for job in claimed:
                         done += self._start(loop, job)
-                    schedule.claimed(now, more)
+                    schedule.claimed(now, more, len(claimed))
                 elif turn.share:
                     done += self._share(model, loop)
+                if turn.look and any(h.version != loop.card.version for h in self._heads(model)):
+                    schedule.close()
                 then = schedule.then(now)
                 if then.stop:
                     return done
@@ -184,7 +212,9 @@ class Generation:
     def _share(self, model: str, loop: Loop) -> int:
         """Pause generations of the tenants holding more than their share, each for
         a waiting tenant's job that takes its slot (app.generation.sharing)."""
-        waiters = [Waiter(h.id, h.tenant_id, h.priority) for h in self._heads(model)]
+        version = loop.card.version
+        waiters = [Waiter(h.id, h.tenant_id, h.priority)
+                   for h in self._heads(model) if h.version == version]  # fmt: skip
         pairs = loop.schedule.preempt(waiters)
         if not pairs:
             return 0
@@ -393,10 +423,10 @@ class Generation:
         return rows
 
     @transactional
-    def _claim_next(self, model: str, room: int) -> tuple[list[ClaimedJob], bool]:
+    def _claim_next(self, model: str, version: str, room: int) -> tuple[list[ClaimedJob], bool]:
         return claims.claim_next(
             self.database.session(), model, room, self.runner.settings.lease_s,
-            guarded=self.runner.guards.claim,
+            guarded=self.runner.guards.claim, version=version,
         )  # fmt: skip
 
     def _claimable(self, model: str) -> bool:

@@ -10,6 +10,7 @@ from app.generation.scheduler import (
     COUNT_EVERY_S,
     LOCK_RENEW_S,
     SHARE_EVERY_S,
+    VERSIONS_EVERY_S,
     Scheduler,
 )
 from app.generation.sharing import Waiter
@@ -98,3 +99,29 @@ def test_paused_generations_go_on_first_paused_first_before_new_claims() -> None
     assert (turn.resume, turn.claim) == (1, 2)
     s.left("a2")  # ended while paused (cancelled): it does not go on
     assert s.resumable(1, 6.0) == [] and "a2" not in s.holders
+
+
+def test_it_looks_for_other_versions_on_a_timer_and_after_an_empty_claim() -> None:
+    s = Scheduler(slots=2, started=0.0, drain_s=60, linger_s=10)
+    assert not s.turn(0.0, 2, no_wake_up).look, "it starts on the version first in line"
+    s.claimed(0.0, more=False, took=1)
+    looks = [t / 10 for t in range(1, 35) if s.turn(t / 10, 0, no_wake_up).look]
+    assert looks == [VERSIONS_EVERY_S, 2 * VERSIONS_EVERY_S, 3 * VERSIONS_EVERY_S]
+    s.claimed(3.45, more=False, took=0)  # a wake-up, but none of its version's jobs
+    assert s.turn(3.5, 2, no_wake_up).look
+
+
+def test_closed_for_another_version_it_finishes_what_it_runs_then_stops() -> None:
+    s = Scheduler(slots=4, started=0.0, drain_s=60, linger_s=10)
+    s.admitted("a", 1, 0, 0.0)
+    s.admitted("b", 2, 0, 0.0)
+    s.pause("b")
+    s.close()
+    turn = s.turn(1.0, 2, wake_up)
+    assert turn.claim == 0 and not turn.share and not turn.look, "it takes no more"
+    assert turn.resume == 1, "a paused generation still goes on"
+    assert s.then(1.0).step
+    s.left("a")
+    assert s.then(1.1).step, "b still runs"
+    s.left("b")
+    assert s.then(1.2).stop, "empty, it stops at once, whatever its linger"
