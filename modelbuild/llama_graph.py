@@ -12,7 +12,11 @@ with the rotary embedding inside it, rotating interleaved pairs as the GGUF's
 permuted query and key weights expect; when the past and present buffers are the
 same tensor it appends in place, so a decode step never copies the cache. Its one
 other input, `seqlens_k`, gives each row's length so far, so rows of different
-lengths decode in one call. The output `logits` is the last position's only.
+lengths decode in one call. The output `logits` is each row's last position's
+only: position min(seqlens_k, tokens - 1) of the call's, so fresh prompts of
+different lengths, right-padded to the longest, prefill in one call
+(GroupQueryAttention masks each row past its length); the model's metadata says
+so (`PER_ROW_LAST`), for the decode engine.
 
 Linear weights are stored either as float32 (dequantised), as float16 (`"fp16"`:
 the whole graph, for the CUDA provider) or, with `"int4"`, as `MatMulNBits` blocks
@@ -30,6 +34,8 @@ from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
 from modelbuild.gguf_file import BLOCK, dequantized, int4_parts, int8_parts
+
+PER_ROW_LAST = "logits_per_row_last"  # the metadata of a graph whose rows may be padded
 
 
 def llama_graph(
@@ -64,6 +70,8 @@ def llama_graph(
         graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
     )
     model.ir_version = 9
+    entry = model.metadata_props.add()
+    entry.key, entry.value = PER_ROW_LAST, "1"
     return model
 
 
@@ -212,8 +220,23 @@ def _lm_head(g: _Writer, total: str, embedding: np.ndarray) -> None:
     head (the file's `output.weight`, or the embedding where they are tied):
     `logits` (float32 whatever the graph's float type)."""
     head_name = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
-    last_index = g.const("last_index", np.array(-1, np.int64))
-    last = g.node("Gather", [total, last_index], "last_hidden", axis=1)
+    # Each row's last real position: min(seqlens_k, tokens - 1). (Its length so far
+    # less one is the chunk's end for a decode step, a chunk after a past, or an
+    # unpadded prompt; a shorter right-padded prompt's own end.)
+    tokens = g.node(
+        "Gather",
+        [
+            g.node("Shape", ["input_ids"], "ids_shape"),
+            g.const("tokens_axis", np.array(1, np.int64)),
+        ],
+        "tokens",
+    )
+    end = g.node("Sub", [tokens, g.const("one", np.array(1, np.int64))], "tokens_end")
+    lengths = g.node("Cast", ["seqlens_k"], "seqlens_k64", to=TensorProto.INT64)
+    rows_last = g.node("Min", [lengths, end], "rows_last")
+    index = g.node("Unsqueeze", [rows_last, g.const("row_axis", np.array([1], np.int64))],
+                   "rows_last_index")  # fmt: skip
+    last = g.node("GatherND", [total, index], "last_hidden", batch_dims=1)
     normed = g.node("SimplifiedLayerNormalization", [last, g.norm_weight("output_norm.weight")],
                     "final_norm", axis=-1, epsilon=g.eps)  # fmt: skip
     if g.weights == "int4":  # in 8-bit blocks (a Q8_0 head's own)

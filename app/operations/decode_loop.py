@@ -89,13 +89,15 @@ class GenerationSettings:
     drain_s: float
     linger_s: float
     database: str  # (the namespace of the tenants' token counts)
+    prefill_rows: int = 0  # fresh prompts a prefill call takes (0: by the provider)
 
     @classmethod
     def of(cls, settings: Settings) -> GenerationSettings:
         return cls(settings.generation_slots, settings.generation_threads,
                    settings.generation_prefill_tokens,
                    settings.generation_prefix_cache_mb * 1024 * 1024, settings.drain_seconds,
-                   settings.drain_linger_ms / 1000, namespace(settings.database_url))  # fmt: skip
+                   settings.drain_linger_ms / 1000, namespace(settings.database_url),
+                   settings.generation_prefill_rows)  # fmt: skip
 
 
 @dataclass(eq=False)

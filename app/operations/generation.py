@@ -90,7 +90,7 @@ class Generation:
         self._dispatcher, self._redis = dispatcher, redis
         self.engines = EnginePool(
             SessionPool(provider, settings.threads), settings.slots, settings.prefill_tokens,
-            settings.prefix_bytes,
+            settings.prefix_bytes, settings.prefill_rows,
         )  # fmt: skip
         self.publisher = PiecePublisher(lambda: self._redis())
         self.recorder = Recorder()  # the text recorded in pieces (app.jobs.outputs)

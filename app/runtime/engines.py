@@ -17,10 +17,11 @@ from app.runtime.sessions import SessionPool, release_memory
 
 class EnginePool:
     def __init__(
-        self, sessions: SessionPool, slots: int, prefill_tokens: int, prefix_bytes: int = 0
-    ) -> None:
+        self, sessions: SessionPool, slots: int, prefill_tokens: int, prefix_bytes: int = 0,
+        prefill_rows: int = 0,
+    ) -> None:  # fmt: skip
         self._sessions, self.slots, self.prefill_tokens = sessions, slots, prefill_tokens
-        self.prefix_bytes = prefix_bytes
+        self.prefix_bytes, self.prefill_rows = prefix_bytes, prefill_rows
         self._engines: dict[str, DecodeEngine] = {}
         self._running: Counter[str] = Counter()
         self._serving: set[str] | None = None  # as of the last `retain`
@@ -69,6 +70,7 @@ class EnginePool:
                 self._sessions.get(card), slots=self.slots,
                 context=card.generation.context_length, stop_tokens=card.generation.stop_tokens,
                 prefill_tokens=self.prefill_tokens, prefix_bytes=self.prefix_bytes,
+                prefill_rows=self.prefill_rows,
             )  # fmt: skip
             with self._lock:
                 engine = self._engines.setdefault(card.ref, engine)

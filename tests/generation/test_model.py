@@ -182,6 +182,47 @@ def test_a_long_prompt_is_prefilled_in_pieces_with_the_same_result(
     assert len(steps) > len(prompt) // 7, "the other sequence decoded meanwhile"
 
 
+def test_fresh_prompts_prefill_together_padded_with_each_one_s_tokens(
+    card: ModelCard, chat: ChatFormat, session: ort.InferenceSession
+) -> None:
+    """Prompts of different lengths waiting together go in one padded call (each
+    row's last logits its own); a prompt that starts with a kept one's prefix is
+    prefilled alone, only its rest; every sequence makes the tokens it makes alone."""
+    from tests.generation.test_prefixes import ask
+
+    questions = ["My rear brake squeaks.", "Can I rent two bicycles for Saturday afternoon?",
+                 "Refund?", "The chain slips on the third gear when I climb hills.",
+                 "Where is my invoice?"]  # fmt: skip
+    asked = [ask(chat, card, question) for question in questions]
+    assert len({len(prompt) for prompt in asked}) == 5, "lengths differ: rows are padded"
+    alone = []
+    for prompt in asked:
+        sequence = Sequence(0, prompt, greedy(10))
+        for _ in run(engine(session, card), [sequence]):
+            pass
+        alone.append(sequence.generated)
+    decoder = engine(session, card, slots=6, prefill_rows=6, prefill_tokens=2048,
+                     prefix_bytes=64 << 20)  # fmt: skip
+    assert decoder.prefill_rows == 6, "the bundled graph reads each row's last position"
+    together = [Sequence(i, prompt, greedy(10), owner=1) for i, prompt in enumerate(asked[:4])]
+    for sequence in together:
+        decoder.add(sequence)
+    decoder.prefill()
+    assert decoder.prefill_calls == 1 and decoder.joined == 4
+    assert decoder.prefilled == 4 * max(len(prompt) for prompt in asked), "padded positions"
+    # Its instruction kept, a fifth of the same owner copies those rows and prefills
+    # the rest alone; another owner's prompt, the same as one decoding, neither
+    # copies that one's rows nor finds them kept: it is prefilled whole.
+    again = Sequence(4, asked[4], greedy(10), owner=1)
+    other = Sequence(5, asked[2], greedy(10), owner=2)
+    for _ in run(decoder, [again, other]):
+        pass
+    for sequence, made in zip([*together, again, other], [*alone, alone[2]], strict=True):
+        assert sequence.generated == made, sequence.key
+    assert decoder.prefixes is not None and decoder.prefixes.take_counts().hits == 1
+    assert decoder.prefill_calls == 3, "the batch, then the two others one call each"
+
+
 def test_a_seed_repeats_a_sampled_run(
     card: ModelCard, chat: ChatFormat, session: ort.InferenceSession
 ) -> None:

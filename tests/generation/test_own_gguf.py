@@ -48,6 +48,18 @@ def logits(model: Path, ids: list[int], context: int = 256) -> np.ndarray:
     return engine._run(0, 1, np.array([ids], np.int64), np.array([0], np.int32))[0]
 
 
+def padded_logits(model: Path, prompts: list[list[int]]) -> np.ndarray:
+    """Fresh prompts in one call, right-padded to the longest: each row's last logits."""
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    rows = len(prompts)
+    engine = DecodeEngine(session, slots=rows, context=256, stop_tokens=(0,))
+    ids = np.zeros((rows, max(map(len, prompts))), np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = prompt
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    return engine._run(0, rows, ids, np.zeros(rows, np.int32), lengths)
+
+
 @pytest.mark.parametrize(
     ("arch", "kind", "tied"),
     [("llama", "F32", True), ("llama", "F16", True), ("llama", "BF16", True),
@@ -76,6 +88,11 @@ def test_each_architecture_and_type_computes_what_the_file_holds(
     rough = logits(small / "model.onnx", PROMPT)
     floor = 0.999 if kind in ("Q4_0", "Q4_1") else 0.9
     assert np.corrcoef(rough, want)[0, 1] > floor, "the int4 graph is far from the file"
+    for graph, whole in ((exact, got), (small, rough)):  # two prompts padded in one call
+        short = logits(graph / "model.onnx", PROMPT[:6])
+        both = padded_logits(graph / "model.onnx", [PROMPT[:6], PROMPT])
+        scale = max(1.0, np.abs(whole).max())
+        assert np.abs(both - np.stack([short, whole])).max() < 1e-4 * scale, graph.name
     assert card["generation"]["special"]["im_start"] == 259
     assert card["generation"]["default_system"] == "You are a tiny test model."
     assert card["made_by"]["architecture"] == arch

@@ -100,6 +100,14 @@ class DoorSettings(JobSettings):
         description="Prompt tokens a decode step prefills at most; a longer prompt goes in "
         "pieces over several steps, so the others' next tokens wait at most one piece.",
     )
+    generation_prefill_rows: int = Field(
+        default=0,
+        ge=0,
+        description="Fresh prompts one prefill call takes together, right-padded to the "
+        "longest (within GENERATION_PREFILL_TOKENS). 0: all the slots under the CUDA provider, "
+        "where a call of several rows costs little more than one; 1 on the CPU, where it "
+        "saves nothing and every first token waits for the whole call.",
+    )
     generation_prefix_cache_mb: int = Field(
         default=256,
         ge=0,
