@@ -162,13 +162,19 @@ class Generation:
         out and the sweep queues the jobs again, for a retry that goes on from
         their recorded tokens; their slots are freed. Else this process would go on
         renewing those leases, with nothing decoding the jobs, until the time limit."""
-        for running in loop.running.values():
-            running.leases.close()
-            loop.engine.cancel(running.job.id)
-            self.publisher.forget(running.job.id)
-        self.recorder.take(list(loop.running))  # text not recorded is made again
-        loop.running.clear()
-        loop.schedule.clear()
+        for job_id in list(loop.running):
+            self._drop(loop, job_id)
+
+    def _drop(self, loop: Loop, job_id: uuid.UUID) -> None:
+        """A generation out of the loop, its lease no longer renewed, its text not
+        recorded yet dropped (it is made again from the recorded tokens)."""
+        running = loop.running.pop(job_id)
+        running.leases.close()
+        loop.overtime.discard(job_id)
+        loop.engine.cancel(job_id)
+        loop.schedule.left(job_id)
+        self.publisher.forget(job_id)
+        self.recorder.take([job_id])
 
     def _loop(self, model: str, loop: Loop, lock: str, token: str) -> int:
         """The loop's passes: what to do at each is the scheduler's (see its module);
@@ -274,6 +280,12 @@ class Generation:
 
     def _start(self, loop: Loop, job: ClaimedJob) -> int:
         """Add a claimed job to the batch; a request that cannot run fails at once."""
+        if job.id in loop.running:
+            # An earlier attempt of it still decodes here: cut off from the database
+            # past its lease (a partition), this loop lost the job to the sweep, and
+            # claimed it again. Its writes would be refused, and its tokens, beside
+            # the new attempt's, would go into the new attempt's text twice.
+            self._drop(loop, job.id)
         fmt = chat_format(loop.card)
         try:
             request = stored_request(bytes(job.input_data or b""))

@@ -225,3 +225,46 @@ def test_a_worker_killed_mid_generation_resumes_without_a_gap(
     assert "".join(pieces) == reference["text"]
     kinds = [e["event"] for e in events if e["event"] != "output"]
     assert kinds == ["job.queued", "job.running", "job.queued", "job.running", "job.succeeded"]
+
+
+def test_a_loop_that_lost_a_generation_s_lease_and_claims_it_again_makes_its_text_once(
+    settings: Settings, make_app: Callable[..., Flask], tmp_path: Path, database: Database,
+    auth: dict[str, str],
+) -> None:  # fmt: skip
+    """A worker cut off from the database past a generation's lease (a partition)
+    goes on decoding it; the sweep queues the job again, and the same loop may
+    claim it anew once it reaches the database. The earlier attempt leaves the
+    batch: the text equals an uninterrupted run's, each token once (both in the
+    batch, every token went into the text twice), and its events join to it."""
+    queue = f"reclaim-{uuid.uuid4().hex[:8]}"
+    client = make_app(jobs_queue=queue).test_client()
+    body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
+            "parameters": {"max_tokens": 160, "temperature": 0}}  # fmt: skip
+    worker = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
+                           concurrency=1, DRAIN_LINGER_MS="0")  # fmt: skip
+    try:
+        whole = client.post("/jobs", json=body, headers=auth).json
+        assert whole is not None
+        reference = wait_for_job(client, auth, whole["id"], timeout=120)["outputs"]
+        job_id = client.post("/jobs", json=body, headers=auth).json["id"]  # type: ignore[index]
+
+        def half_made() -> bool:
+            job = client.get(f"/jobs/{job_id}", headers=auth).json
+            assert job is not None and job["status"] in ("queued", "running"), job
+            return bool(job["outputs"]) and len(job["outputs"]["text"]) > 80
+
+        wait_until(half_made, f"job {job_id} half made", 120, 0.01)
+        # Its lease runs out and the sweep takes it back, in one transaction (the
+        # loop's renewal waits for it, then finds the job queued, not its own).
+        with database.sessionmaker.begin() as session:
+            session.execute(sa.text("UPDATE jobs SET lease_expires_at = now() - interval "
+                                    "'1 second' WHERE id = :id"), {"id": job_id})  # fmt: skip
+            assert take_back_expired_leases(session, 0.01, 0.01, 500) == [uuid.UUID(job_id)]
+        done = wait_for_job(client, auth, job_id, timeout=120)
+    finally:
+        worker.stop()
+    assert done["status"] == "succeeded" and done["attempts"] == 2, done
+    assert done["outputs"] == reference
+    events = sse(client.get(f"/jobs/{job_id}/events", headers=auth).get_data(as_text=True))
+    pieces = [e["data"] for e in events if e["event"] == "output"]
+    assert "".join(pieces) == reference["text"]
