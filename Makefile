@@ -2,8 +2,10 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
+# A bare Python of the GPU machine's version, for `make gpu-check`'s try here.
+GPU_CHECK_PYTHON ?= python3.12
 
-.PHONY: run test test-fast test-faults test-fleet lint format models clean-var browser bench docs docs-build
+.PHONY: run test test-fast test-faults test-fleet lint format models clean-var browser bench docs docs-build gpu-check gpu-pack
 
 $(VENV)/.runtime: requirements.txt requirements-build.txt requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +42,14 @@ test-fast: $(VENV)/.dev
 ## test-faults: kill workers, Redis, PostgreSQL mid-run; writes docs/reliability.md
 test-faults: $(VENV)/.dev
 	$(PY) -m pytest -m faults tests/faults
+
+## gpu-check: the GPU check (tools/gpu_check.py) tried here on the CPU, by a bare Python 3.12
+gpu-check: $(VENV)/.runtime
+	$(PY) -m tools.gpu_check try --python $(GPU_CHECK_PYTHON) --quick
+
+## gpu-pack: the GPU check's wheels for a GPU machine, in parts under .gpu/ (docs/how-to/gpu.md)
+gpu-pack: $(VENV)/.runtime
+	$(PY) -m tools.gpu_check pack
 
 ## test-fleet: a fleet of hosts in network namespaces (root): scaling, faults between hosts
 test-fleet: $(VENV)/.dev

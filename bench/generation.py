@@ -187,11 +187,17 @@ def raw_ort(card_dir: Path, quick: bool) -> dict[str, Any]:
     chat = ChatFormat(card_dir / "tokenizer.json", card.generation)
     options = ort.SessionOptions()
     options.intra_op_num_threads = THREADS
-    session = ort.InferenceSession(str(card.onnx_path), options, providers=["CPUExecutionProvider"])
+    # On the provider the service's worker uses (ORT_PROVIDER=cuda: the card's
+    # float16 graph where `models build --cuda` made one, as the worker loads it).
+    provider = "cuda" if os.environ.get("ORT_PROVIDER") == "cuda" else "cpu"
+    path = card.cuda_onnx_path if provider == "cuda" and card.cuda_onnx_path.is_file() else (
+        card.onnx_path)  # fmt: skip
+    providers = ["CUDAExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), options, providers=providers)
     prompts = [chat.chat_ids((("user", p),)) for p in PROMPTS]
 
     def loop(batch: list[list[int]]) -> tuple[float, float, int]:
-        prefill, total, tokens, _ = raw_loop(session, batch, "cpu")
+        prefill, total, tokens, _ = raw_loop(session, batch, provider)
         return prefill, total, tokens
 
     one = [loop([prompts[0]]) for _ in range(1 if quick else 3)]
