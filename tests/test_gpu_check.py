@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.gpu_check import cut, join, pinned
+from tools.gpu_check import cut, join, one_version_each, pinned
 
 
 def test_it_carries_the_service_s_pins_less_what_the_gpu_machine_holds() -> None:
@@ -41,3 +41,19 @@ def test_parts_join_back_whole_and_a_changed_or_missing_one_is_named(tmp_path: P
     parts[2].unlink()
     with pytest.raises(SystemExit, match="part-01"):
         join(stage, tmp_path / "again.tar")
+
+
+def test_a_locked_package_brought_again_by_a_test_tool_keeps_its_locked_version(
+    tmp_path: Path,
+) -> None:
+    for name in (
+        "packaging-26.3-py3-none-any.whl",
+        "packaging-26.4-py3-none-any.whl",
+        "pluggy-1.7.0-py3-none-any.whl",
+        "typing_extensions-4.16.0-py3-none-any.whl",
+    ):
+        (tmp_path / name).write_bytes(b"")  # fmt: skip
+    one_version_each(tmp_path, ["packaging==26.3", "typing-extensions==4.16.0"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "packaging-26.3-py3-none-any.whl", "pluggy-1.7.0-py3-none-any.whl",
+        "typing_extensions-4.16.0-py3-none-any.whl"]  # fmt: skip

@@ -95,13 +95,30 @@ def pack(python: str, part_mib: int, present: set[str], dest: Path = PARTS) -> l
     with tempfile.TemporaryDirectory() as scratch:
         wheels = Path(scratch) / "wheels"
         wheels.mkdir()
-        download(pinned(("requirements.txt", *EXTRA), present), wheels, python)
+        locked = pinned(("requirements.txt", *EXTRA), present)
+        download(locked, wheels, python)
         download(list(TEST_TOOLS), wheels, python, deps=True)  # (its few, unpinned)
+        one_version_each(wheels, locked)
         archive = Path(scratch) / "wheels.tar"
         with tarfile.open(archive, "w") as tar:
             for wheel in sorted(wheels.iterdir()):
                 tar.add(wheel, arcname=f"wheels/{wheel.name}")
         return cut(archive, dest, part_mib * 1024 * 1024)
+
+
+def _project(wheel: str) -> str:
+    return wheel.split("-", 1)[0].lower().replace("_", "-")
+
+
+def one_version_each(wheels: Path, locked: list[str]) -> None:
+    """Where a test tool's dependencies brought a second version of a locked
+    package (pip refuses to install two), the locked one stays."""
+    pins = {line.split("==")[0].split("[")[0].lower().replace("_", "-"): line.split("==")[1]
+            for line in locked}  # fmt: skip
+    for wheel in sorted(wheels.glob("*.whl")):
+        project, version = _project(wheel.name), wheel.name.split("-")[1]
+        if project in pins and version != pins[project]:
+            wheel.unlink()
 
 
 def cut(archive: Path, dest: Path, size: int) -> list[Path]:
@@ -164,6 +181,11 @@ def steps(provider: str, out: Path, quick: bool) -> list[tuple[str, list[str], i
         ("models", [python, "manage.py", "models", "build", "--cuda"], 900),
         ("gpu-tests", [python, "-m", "pytest", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider",
                        "-q", "-rs"], 900),
+        # Jobs through a worker on the embedded PostgreSQL and Redis (pgserver runs
+        # PostgreSQL as a user of its own under root): the parts the GPU tests start,
+        # tried where the GPU tests are skipped too.
+        ("service-tests", [python, "-m", "pytest", "tests/api/test_jobs.py", "-p",
+                           "no:cacheprovider", "-q"], 900),
         *[(f"engine-{weights}", [*engine, "--weights", weights,
                                  "--out", str(out / f"engine-{weights}.json")], 900)
           for weights in (first, "int4")],
@@ -179,12 +201,16 @@ def run(stage: Path, out: Path, provider: str, quick: bool, only: set[str]) -> i
     The number of steps that failed."""
     site = unpack(stage) if (stage / "SHA256SUMS").is_file() else None
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ORT_PROVIDER": provider}
+    for name in ("TEST_DATABASE_URL", "TEST_REDIS_URL"):  # the embedded ones, as there
+        env.pop(name, None)
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
         sys.path[:0] = [str(site), str(ROOT)]
     out.mkdir(parents=True, exist_ok=True)
-    done: list[dict[str, Any]] = []
-    with (out / "steps.log").open("w") as log:
+    # A run of `only` some steps keeps the others' records (a step run again, say).
+    kept = out / "steps.json"
+    done: list[dict[str, Any]] = json.loads(kept.read_text()) if only and kept.is_file() else []
+    with (out / "steps.log").open("a" if only else "w") as log:
         for name, command, limit in steps(provider, out, quick):
             if only and name not in only:
                 continue
@@ -197,8 +223,10 @@ def run(stage: Path, out: Path, provider: str, quick: bool, only: set[str]) -> i
                 status = finished.returncode
             except subprocess.TimeoutExpired:
                 status = 124
+            done = [step for step in done if step["step"] != name]
             done.append({"step": name, "status": status,
                          "seconds": round(time.monotonic() - began, 1)})  # fmt: skip
+            kept.write_text(json.dumps(done))
             report(out, provider, done)
     return sum(1 for step in done if step["status"])
 
@@ -214,7 +242,7 @@ def report(out: Path, provider: str, done: list[dict[str, Any]]) -> None:
                   f"- the engine at 1, 4 and 16 sequences: {data.get('engine')}",
                   f"- ratios: {data.get('ratios')}",
                   f"- 16 sequences equal: {data.get('engine16_equals_raw_static16')}"]  # fmt: skip
-    if (table := out / "bench" / "latest.md").is_file():
+    for table in sorted((out / "bench").glob("*latest.md")):
         lines += ["", "## The service's generation benchmark", "", table.read_text()]
     (out / "gpu-check.md").write_text("\n".join(lines) + "\n")
 
