@@ -167,6 +167,38 @@ def _kill(process: WorkerProcess) -> None:
     process.log.close()
 
 
+def half_made(client: FlaskClient, auth: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """An uninterrupted greedy generation's outputs, then the id of the same
+    request's job once half of its text is recorded (a worker serving it)."""
+    body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
+            "parameters": {"max_tokens": 160, "temperature": 0}}  # fmt: skip
+    whole = client.post("/jobs", json=body, headers=auth).json
+    assert whole is not None
+    reference = wait_for_job(client, auth, whole["id"], timeout=120)["outputs"]
+    job_id = str(client.post("/jobs", json=body, headers=auth).json["id"])  # type: ignore[index]
+
+    def halfway() -> bool:
+        job = client.get(f"/jobs/{job_id}", headers=auth).json
+        assert job is not None and job["status"] in ("queued", "running"), job
+        return bool(job["outputs"]) and len(job["outputs"]["text"]) > 80
+
+    wait_until(halfway, f"job {job_id} half made", 120, 0.01)
+    return reference, job_id
+
+
+def resumed_whole(
+    client: FlaskClient, auth: dict[str, str], done: dict[str, Any], reference: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A job that went on in a second attempt: its outputs those of an uninterrupted
+    run, its output events joined the same text; its events."""
+    assert done["status"] == "succeeded" and done["attempts"] == 2, done
+    assert done["outputs"] == reference
+    events = sse(client.get(f"/jobs/{done['id']}/events", headers=auth).get_data(as_text=True))
+    pieces = [e["data"] for e in events if e["event"] == "output"]
+    assert "".join(pieces) == reference["text"]
+    return events
+
+
 def test_a_worker_killed_mid_generation_resumes_without_a_gap(
     settings: Settings, make_app: Callable[..., Flask], tmp_path: Path, database: Database,
     auth: dict[str, str],
@@ -179,22 +211,10 @@ def test_a_worker_killed_mid_generation_resumes_without_a_gap(
     queue = f"resume-{uuid.uuid4().hex[:8]}"
     app = make_app(jobs_queue=queue)
     client = app.test_client()
-    body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
-            "parameters": {"max_tokens": 160, "temperature": 0}}  # fmt: skip
     on_queue = settings.with_overrides(jobs_queue=queue)
     first = WorkerProcess(on_queue, tmp_path / "first.log", concurrency=1, DRAIN_LINGER_MS="0")
     try:
-        whole = client.post("/jobs", json=body, headers=auth).json
-        assert whole is not None
-        reference = wait_for_job(client, auth, whole["id"], timeout=120)["outputs"]
-        job_id = client.post("/jobs", json=body, headers=auth).json["id"]  # type: ignore[index]
-
-        def half_made() -> bool:
-            job = client.get(f"/jobs/{job_id}", headers=auth).json
-            assert job is not None and job["status"] in ("queued", "running"), job
-            return bool(job["outputs"]) and len(job["outputs"]["text"]) > 80
-
-        wait_until(half_made, f"job {job_id} half made", 120, 0.01)
+        reference, job_id = half_made(client, auth)
     finally:
         _kill(first)
     job = client.get(f"/jobs/{job_id}", headers=auth).json
@@ -217,12 +237,8 @@ def test_a_worker_killed_mid_generation_resumes_without_a_gap(
         done = wait_for_job(client, auth, job_id, timeout=120)
     finally:
         second.stop()
-    assert done["status"] == "succeeded" and done["attempts"] == 2, done
-    assert done["outputs"] == reference
-    events = sse(client.get(f"/jobs/{job_id}/events", headers=auth).get_data(as_text=True))
+    events = resumed_whole(client, auth, done, reference)
     assert [e["id"] for e in events] == sorted({e["id"] for e in events})
-    pieces = [e["data"] for e in events if e["event"] == "output"]
-    assert "".join(pieces) == reference["text"]
     kinds = [e["event"] for e in events if e["event"] != "output"]
     assert kinds == ["job.queued", "job.running", "job.queued", "job.running", "job.succeeded"]
 
@@ -238,22 +254,10 @@ def test_a_loop_that_lost_a_generation_s_lease_and_claims_it_again_makes_its_tex
     batch, every token went into the text twice), and its events join to it."""
     queue = f"reclaim-{uuid.uuid4().hex[:8]}"
     client = make_app(jobs_queue=queue).test_client()
-    body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
-            "parameters": {"max_tokens": 160, "temperature": 0}}  # fmt: skip
     worker = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
                            concurrency=1, DRAIN_LINGER_MS="0")  # fmt: skip
     try:
-        whole = client.post("/jobs", json=body, headers=auth).json
-        assert whole is not None
-        reference = wait_for_job(client, auth, whole["id"], timeout=120)["outputs"]
-        job_id = client.post("/jobs", json=body, headers=auth).json["id"]  # type: ignore[index]
-
-        def half_made() -> bool:
-            job = client.get(f"/jobs/{job_id}", headers=auth).json
-            assert job is not None and job["status"] in ("queued", "running"), job
-            return bool(job["outputs"]) and len(job["outputs"]["text"]) > 80
-
-        wait_until(half_made, f"job {job_id} half made", 120, 0.01)
+        reference, job_id = half_made(client, auth)
         # Its lease runs out and the sweep takes it back, in one transaction (the
         # loop's renewal waits for it, then finds the job queued, not its own).
         with database.sessionmaker.begin() as session:
@@ -263,8 +267,4 @@ def test_a_loop_that_lost_a_generation_s_lease_and_claims_it_again_makes_its_tex
         done = wait_for_job(client, auth, job_id, timeout=120)
     finally:
         worker.stop()
-    assert done["status"] == "succeeded" and done["attempts"] == 2, done
-    assert done["outputs"] == reference
-    events = sse(client.get(f"/jobs/{job_id}/events", headers=auth).get_data(as_text=True))
-    pieces = [e["data"] for e in events if e["event"] == "output"]
-    assert "".join(pieces) == reference["text"]
+    resumed_whole(client, auth, done, reference)
