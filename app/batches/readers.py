@@ -114,14 +114,15 @@ def npy_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
     negative dimension, and a shape of more bytes than an int64 counts (whose row
     size then wraps round): both are a ValueError here, like any bad header, and so is
     the tokenize.TokenError numpy lets out of a header it cannot parse (an unclosed
-    bracket), when it tries again with the filter for old (Python 2) headers."""
+    bracket), when it tries again with the filter for old (Python 2) headers, and the
+    SyntaxError of a dtype it reads as a comma string ('<,4')."""
     version = np.lib.format.read_magic(stream)
     read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
         version, np.lib.format.read_array_header_2_0
     )
     try:
         shape, fortran, dtype = read(stream)
-    except tokenize.TokenError as exc:
+    except (tokenize.TokenError, SyntaxError) as exc:
         raise ValueError(f"the header is not a Python literal ({exc.args[0]})") from None
     if any(d < 0 for d in shape) or math.prod(shape) * dtype.itemsize >= 2**63:
         raise ValueError(f"shape {tuple(shape)} of {dtype} is not one an array can have")

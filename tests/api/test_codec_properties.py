@@ -318,6 +318,15 @@ def test_batch_results_round_trip_exactly(array: np.ndarray, fmt: str, rows: int
     same(column.flatten().to_numpy(zero_copy_only=False).reshape(array.shape), array)
 
 
+def test_an_npy_header_whose_dtype_is_no_literal_is_refused() -> None:
+    """numpy reads '<,4' as a comma string and lets out a SyntaxError (a byte of the
+    header changed, as the property below once drew)."""
+    bad = _npy(np.zeros((3, 2), np.float32)).replace(b"'<f4'", b"'<,4'")
+    with pytest.raises(readers.BadRows) as refused:
+        _read(card_for("FP32", 2), "npy", bad, 1, 2)
+    assert str(refused.value).startswith("row ")
+
+
 @bounded
 @given(tensors(finite=True, datatypes=["FP32", "INT64"]), st.data())
 def test_npy_and_parquet_that_do_not_fit_are_refused(
