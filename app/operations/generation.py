@@ -188,6 +188,9 @@ class Generation:
                     self._redis().set(lock, token, px=int(LOCK_S * 1000))
                 if turn.resume:
                     self._go_on(loop, schedule.resumable(turn.resume, now))
+                # (one look at the tenants' next jobs serves both the sharing and
+                # the look for another version's)
+                heads = self._heads(model) if turn.look or turn.share else []
                 if turn.claim:
                     self._dispatcher.taken(model)
                     claimed, more = self._claim_next(model, loop.card.version, turn.claim)
@@ -195,8 +198,8 @@ class Generation:
                         done += self._start(loop, job)
                     schedule.claimed(now, more, len(claimed))
                 elif turn.share:
-                    done += self._share(model, loop)
-                if turn.look and any(h.version != loop.card.version for h in self._heads(model)):
+                    done += self._share(model, loop, heads)
+                if turn.look and any(h.version != loop.card.version for h in heads):
                     schedule.close()
                 then = schedule.then(now)
                 if then.stop:
@@ -215,12 +218,12 @@ class Generation:
         finally:
             self.meter.count(model, None, loop.engine.prefixes)
 
-    def _share(self, model: str, loop: Loop) -> int:
+    def _share(self, model: str, loop: Loop, heads: list[claims.Head]) -> int:
         """Pause generations of the tenants holding more than their share, each for
         a waiting tenant's job that takes its slot (app.generation.sharing)."""
         version = loop.card.version
         waiters = [Waiter(h.id, h.tenant_id, h.priority)
-                   for h in self._heads(model) if h.version == version]  # fmt: skip
+                   for h in heads if h.version == version]  # fmt: skip
         pairs = loop.schedule.preempt(waiters)
         if not pairs:
             return 0
