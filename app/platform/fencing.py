@@ -15,7 +15,11 @@ unexpired; none, and the unit raises `Fenced` before it writes anything. The
 share lock holds a taking-over beat's UPDATE back until the unit commits, so a
 superseded holder's write is either before the new term or refused. A holder
 frozen mid-unit (a host paused, a long GC) would hold that lock: the unit's
-`idle_in_transaction_session_timeout` lets PostgreSQL end it after one lease.
+`idle_in_transaction_session_timeout` lets PostgreSQL end it after one lease,
+and its `lock_timeout` ends a wait for another lock (a row a partitioned host
+holds) after one lease too. The same goes for a beat frozen between its renewal
+and its commit, which holds the row's update lock: its transaction has the same
+timeout.
 """
 
 from __future__ import annotations
@@ -72,6 +76,12 @@ _CHECK = text(
 )
 
 
+def _idle_ms(ttl_s: float) -> int:
+    """How long a transaction that locks the lease row may sit idle (its process
+    frozen) before PostgreSQL ends it: one lease, at least a second."""
+    return max(1000, int(ttl_s * 1000))
+
+
 def holder_name() -> str:
     """Unique per process, and readable: hosts in network namespaces share a hostname."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -99,7 +109,10 @@ class Lease:
         asked = time.monotonic()  # the lease runs from no earlier than this
         try:
             with self.engine.begin() as conn:
-                conn.exec_driver_sql("SET LOCAL lock_timeout = '1s'")
+                conn.exec_driver_sql(
+                    f"SET LOCAL lock_timeout = '1s'; "
+                    f"SET LOCAL idle_in_transaction_session_timeout = {_idle_ms(self.ttl_s)}"
+                )
                 token = conn.execute(_KEEP, params).scalar()
         except DBAPIError as exc:  # the database away, or the lock not granted in time
             logger.warning("control lease: could not keep it (%s)", type(exc.orig).__name__)
@@ -116,6 +129,8 @@ class Lease:
             return
         try:
             with self.engine.begin() as conn:
+                idle = _idle_ms(self.ttl_s)
+                conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {idle}")
                 conn.execute(_RELEASE, {"name": self.name, "holder": self.holder})
         except DBAPIError:
             logger.warning("control lease: could not release it; it lapses by itself")
@@ -124,7 +139,13 @@ class Lease:
 
 def check(session: Session, name: str, token: int, ttl_s: float) -> None:
     """The fence, first in a unit of work: raises Fenced unless `token`'s term is current."""
-    idle = max(1000, int(ttl_s * 1000))
-    session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {idle}"))
+    # A unit frozen between statements is ended after one lease; one waiting for a
+    # lock gives up after one lease: either would otherwise hold the lease row's
+    # share lock, and every beat's renewal with it, for as long as it stays.
+    bound = _idle_ms(ttl_s)
+    session.execute(  # (one round trip for both)
+        text(f"SET LOCAL idle_in_transaction_session_timeout = {bound}; "
+             f"SET LOCAL lock_timeout = {bound}")
+    )  # fmt: skip
     if session.execute(_CHECK, {"name": name, "token": token}).first() is None:
         raise Fenced(f"lease term {token} of {name!r} is over")

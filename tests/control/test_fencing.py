@@ -54,6 +54,13 @@ def written(database: Database) -> list[str]:
         return list(conn.execute(sa.text("SELECT text FROM fence_notes ORDER BY text")).scalars())
 
 
+def taken_over_after(standby: Lease) -> float:
+    """Seconds until `standby` holds the lease, trying every 0.2 s (20 s at most)."""
+    started = time.monotonic()
+    wait_until(lambda: standby.keep() is not None, "the standby to take over", 20, interval=0.2)
+    return time.monotonic() - started
+
+
 def test_one_holder_at_a_time_and_a_new_term_when_it_lapses(database: Database) -> None:
     name = lease_name()
     first, second = Lease(database.engine, name, TTL_S), Lease(database.engine, name, TTL_S)
@@ -124,13 +131,82 @@ def test_a_frozen_holders_open_unit_is_ended_by_postgresql(database: Database) -
     thread = threading.Thread(target=holder)
     thread.start()
     assert entered.wait(10)
-    started = time.monotonic()
-    wait_until(lambda: standby.keep() is not None, "the standby to take over", 20, interval=0.2)
-    taken_after = time.monotonic() - started
+    taken_after = taken_over_after(standby)
     thawed.set()
     thread.join(10)
     assert errors and isinstance(errors[0], sa.exc.DBAPIError), errors  # its session was ended
     print(f"standby took the lease {taken_after:.1f}s after the holder froze in a unit")
+    assert taken_after < 6 * TTL_S + 2  # a liveness bound, not a speed
+
+
+def test_a_holder_frozen_between_its_renewal_and_its_commit_is_ended_by_postgresql(
+    database: Database,
+) -> None:
+    """The renewal's UPDATE locks the lease row until its commit: a beat frozen
+    between the two would keep every standby out for as long as it stays frozen
+    (a fleet run saw 80 s, until PostgreSQL restarted). Its transaction's idle
+    timeout (one lease) ends it, and the standby takes over."""
+    name = lease_name()
+    engine = sa.create_engine(database.engine.url)
+    frozen, standby = Lease(engine, name, TTL_S), Lease(database.engine, name, TTL_S)
+    assert frozen.keep() is not None
+    renewed, thawed = threading.Event(), threading.Event()
+
+    @sa.event.listens_for(engine, "after_cursor_execute")
+    def freeze(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if "INSERT INTO control_leases" in statement and not renewed.is_set():
+            renewed.set()
+            thawed.wait(30)  # frozen: the row locked, the commit not sent
+
+    tokens: list[int | None] = []
+    thread = threading.Thread(target=lambda: tokens.append(frozen.keep()))
+    thread.start()
+    try:
+        assert renewed.wait(10)
+        taken_after = taken_over_after(standby)
+    finally:
+        thawed.set()
+        thread.join(10)
+        engine.dispose()
+    assert tokens == [None], tokens  # the thawed renewal found its session ended
+    print(f"standby took the lease {taken_after:.1f}s after the holder froze in a renewal")
+    assert taken_after < 6 * TTL_S + 2  # a liveness bound, not a speed
+
+
+def test_a_unit_waiting_for_a_lock_lets_the_lease_change_hands(
+    database: Database, notes: None
+) -> None:
+    """A fenced unit waiting for a row another host holds (a host cut off from the
+    database mid-transaction) holds the lease row's share lock while it waits, and
+    no idle timeout applies to a wait: its lock timeout (one lease) ends it, so
+    neither beat's renewal is held back for as long as the other host stays away."""
+    name = lease_name()
+    holder, standby = Lease(database.engine, name, TTL_S), Lease(database.engine, name, TTL_S)
+    term = holder.keep()
+    note(database, "row")
+    errors: list[BaseException] = []
+
+    def sweep() -> None:
+        try:
+            with (
+                database.scope(),
+                database.fenced(name, term, TTL_S),
+                database.unit_of_work() as session,
+            ):
+                session.execute(sa.text("UPDATE fence_notes SET text = 'swept'"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with database.engine.connect() as away:  # the other host's open transaction
+        away.execute(sa.text("UPDATE fence_notes SET text = 'held'"))
+        thread = threading.Thread(target=sweep)
+        thread.start()
+        taken_after = taken_over_after(standby)
+        thread.join(10)
+        away.rollback()
+    assert errors and isinstance(errors[0], sa.exc.DBAPIError), errors  # the wait gave up
+    assert written(database) == ["row"]
+    print(f"standby took the lease {taken_after:.1f}s after a unit began waiting for a lock")
     assert taken_after < 6 * TTL_S + 2  # a liveness bound, not a speed
 
 
