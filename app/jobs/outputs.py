@@ -51,9 +51,13 @@ _RECORD = text(
         RETURNING job_id
     ),
     hooked AS (  -- (a data-modifying CTE runs whether or not it is read)
-        INSERT INTO webhook_deliveries (job_id, tenant_id, event_type, message_id, url)
+        -- created_at on the clock the throttle below reads (now() is the start of
+        -- the transaction, which may be well before this statement)
+        INSERT INTO webhook_deliveries (job_id, tenant_id, event_type, message_id, url,
+                                        created_at)
         SELECT j.id, j.tenant_id, 'job.output',
-               'msg_' || replace(CAST(gen_random_uuid() AS text), '-', ''), j.webhook_url
+               'msg_' || replace(CAST(gen_random_uuid() AS text), '-', ''), j.webhook_url,
+               clock_timestamp()
         FROM jobs AS j
         WHERE j.id IN (SELECT job_id FROM recorded) AND j.webhook_url IS NOT NULL
           AND 'job.output' = ANY (j.webhook_events)
