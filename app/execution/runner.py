@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from app.cards import ModelCard
 from app.errors import UnknownModel
 from app.execution import runs
-from app.execution.leases import LeaseKeeper
+from app.execution.leases import LeaseKeeper, Renew
 from app.jobs.chunks import read_range, result_key
 from app.jobs.claims import ClaimedJob
 from app.jobs.guards import Guards
@@ -77,7 +77,7 @@ class Runner:
     settings: RunSettings
     store: FileStore  # batch chunks' rows and results
     # Writes new leases for jobs still running (a unit of work of its own).
-    renew: Callable[[list[ClaimedJob]], None]
+    renew: Renew  # (returns the ids still this worker's)
     # Called when jobs outrun JOB_TIME_LIMIT_SECONDS. Worker children kill themselves
     # there (a hard time limit); elsewhere (tests, the API) nothing is set.
     on_time_limit: Callable[[list[ClaimedJob]], None] | None = None

@@ -122,6 +122,7 @@ class Loop:
     schedule: Scheduler  # its policy: admitted, paused, when to claim (no I/O)
     running: dict[uuid.UUID, Running] = field(default_factory=dict)  # paused ones too
     overtime: set[uuid.UUID] = field(default_factory=set)
+    lost: set[tuple[uuid.UUID, int]] = field(default_factory=set)  # (job, attempt) taken back
 
 
 def ended_outcome(running: Running) -> tuple[Outcome, dict[str, Any]]:

@@ -176,8 +176,9 @@ class Execution:
         settle(self.database.session(), batch_ids)
 
 
-def renew_leases(database: Database, lease_s: float, jobs: list[ClaimedJob]) -> None:
+def renew_leases(database: Database, lease_s: float, jobs: list[ClaimedJob]) -> set[uuid.UUID]:
     """Extend the leases of jobs still running: the lease keeper's thread, a unit of
-    work of its own beside any task's (app.execution.leases)."""
+    work of its own beside any task's (app.execution.leases). Returns the ids still
+    this worker's."""
     with database.separate_unit_of_work() as session:
-        claims.renew_leases(session, jobs, lease_s)
+        return claims.renew_leases(session, jobs, lease_s)

@@ -163,18 +163,7 @@ class Generation:
         their recorded tokens; their slots are freed. Else this process would go on
         renewing those leases, with nothing decoding the jobs, until the time limit."""
         for job_id in list(loop.running):
-            self._drop(loop, job_id)
-
-    def _drop(self, loop: Loop, job_id: uuid.UUID) -> None:
-        """A generation out of the loop, its lease no longer renewed, its text not
-        recorded yet dropped (it is made again from the recorded tokens)."""
-        running = loop.running.pop(job_id)
-        running.leases.close()
-        loop.overtime.discard(job_id)
-        loop.engine.cancel(job_id)
-        loop.schedule.left(job_id)
-        self.publisher.forget(job_id)
-        self.recorder.take([job_id])
+            self.outflow.drop(loop, job_id)
 
     def _loop(self, model: str, loop: Loop, lock: str, token: str) -> int:
         """The loop's passes: what to do at each is the scheduler's (see its module);
@@ -288,7 +277,7 @@ class Generation:
             # past its lease (a partition), this loop lost the job to the sweep, and
             # claimed it again. Its writes would be refused, and its tokens, beside
             # the new attempt's, would go into the new attempt's text twice.
-            self._drop(loop, job.id)
+            self.outflow.drop(loop, job.id)
         fmt = chat_format(loop.card)
         try:
             request = stored_request(bytes(job.input_data or b""))
@@ -305,7 +294,8 @@ class Generation:
         run = self.runner.settings
         leases.enter_context(self.runner.leases.holding(
             [job], run.lease_s / 3, run.time_limit_s,
-            lambda jobs: loop.overtime.update(j.id for j in jobs)))  # fmt: skip
+            lambda jobs: loop.overtime.update(j.id for j in jobs),
+            lambda jobs: loop.lost.update((j.id, j.attempt) for j in jobs)))  # fmt: skip
         # A retry goes on from the tokens its earlier attempts recorded; the text they
         # made (recorded and sent already) is replayed into the text stream unsent.
         # (Only the fault suite turns the `resume` guard off: a retry starts afresh.)
@@ -356,6 +346,7 @@ class Generation:
                 break
             budget -= engine.prefilled
         ended += self._run(loop, engine.decode)
+        self.outflow.drop_lost(loop)
         for job_id in list(loop.overtime):
             loop.overtime.discard(job_id)
             if (running := loop.running.get(job_id)) is not None:

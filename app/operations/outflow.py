@@ -1,11 +1,13 @@
 """What a decode step's tokens become (app.operations.generation steps the engine):
 text published to the job's followers and recorded in pieces for a retry, each
 token counted for its tenant, log-probabilities and label scores kept for the
-job's outcome."""
+job's outcome; and a generation dropped from the loop with its unrecorded text."""
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
 
 from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
@@ -13,6 +15,8 @@ from app.jobs.outputs import Recorder
 from app.operations.decode_loop import Loop, LoopMeter, Running
 from app.runtime.decode import Emitted
 from app.runtime.labels import LabelScores
+
+logger = logging.getLogger(__name__)
 
 
 class Outflow:
@@ -68,3 +72,24 @@ class Outflow:
         if tail := running.text.finish().text:
             self.publisher.add(running.job.id, tail)
             self.recorder.add(running.job.id, running.job.attempt, tail, None, time.monotonic())
+
+    def drop(self, loop: Loop, job_id: uuid.UUID) -> None:
+        """A generation out of the loop, its lease no longer renewed, its text not
+        recorded yet dropped (it is made again from the recorded tokens)."""
+        running = loop.running.pop(job_id)
+        running.leases.close()
+        loop.overtime.discard(job_id)
+        loop.engine.cancel(job_id)
+        loop.schedule.left(job_id)
+        self.publisher.forget(job_id)
+        self.recorder.take([job_id])
+
+    def drop_lost(self, loop: Loop) -> None:
+        """Generations whose job went to another attempt while this loop was cut off
+        from the database past their lease leave the batch: their writes would be
+        refused, and their text would go on reaching the job's followers."""
+        while loop.lost:
+            job_id, attempt = loop.lost.pop()
+            if (running := loop.running.get(job_id)) is not None and running.job.attempt == attempt:
+                logger.warning("generation %s: its lease was lost; it leaves the batch", job_id)
+                self.drop(loop, job_id)

@@ -20,7 +20,9 @@ import tritonclient.grpc as triton
 from flask import Flask
 from flask.testing import FlaskClient
 
+from app.generation.pieces import channel
 from app.grpc.server import Running
+from app.jobs import claims
 from app.jobs.transitions import take_back_expired_leases
 from app.platform.database import Database
 from app.platform.settings import Settings
@@ -197,6 +199,65 @@ def resumed_whole(
     pieces = [e["data"] for e in events if e["event"] == "output"]
     assert "".join(pieces) == reference["text"]
     return events
+
+
+def test_a_loop_whose_generation_went_to_another_worker_stops_making_its_text(
+    settings: Settings, make_app: Callable[..., Flask], tmp_path: Path, database: Database,
+    auth: dict[str, str],
+) -> None:  # fmt: skip
+    """A worker cut off from the database past a generation's lease, its job claimed
+    by another worker meanwhile, learns at its next renewal that the job is no longer
+    its own: the generation leaves its batch, and its text stops reaching the job's
+    followers (two attempts' tokens would interleave there). Its slot is free: the
+    job, handed back by the other worker, is claimed again and finishes."""
+    queue = f"lost-{uuid.uuid4().hex[:8]}"
+    app = make_app(jobs_queue=queue)
+    client = app.test_client()
+    lease_s = 1.5  # renewed every 0.5 s
+    worker = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
+                           concurrency=1, DRAIN_LINGER_MS="0",
+                           JOB_LEASE_SECONDS=str(lease_s))  # fmt: skip
+    pubsub = redis.Redis.from_url(settings.redis_url).pubsub(ignore_subscribe_messages=True)
+    try:  # (its end of text banned: it goes on until the checks are done)
+        body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
+                "parameters": {"max_tokens": 400, "temperature": 0,
+                               "logit_bias": {"0": -100, "2": -100}}}  # fmt: skip
+        job_id = str(client.post("/jobs", json=body, headers=auth).json["id"])  # type: ignore[index]
+        pubsub.subscribe(channel(job_id))
+
+        def text_flows() -> bool:
+            return pubsub.get_message(timeout=0.1) is not None
+
+        wait_until(text_flows, f"job {job_id}'s text flowing", 120, 0.01)
+        # Another worker claims it, its lease run out (this one renews it no more).
+        with database.sessionmaker.begin() as session:
+            session.execute(sa.text("UPDATE jobs SET lease_expires_at = now() - interval "
+                                    "'1 second' WHERE id = :id"), {"id": job_id})  # fmt: skip
+            (other,) = claims.claim(session, [uuid.UUID(job_id)], 300)
+        assert other.attempt == 2
+        time.sleep(lease_s)  # a renewal (every third of the lease) and a step
+        while pubsub.get_message(timeout=0.05) is not None:  # what was sent before it
+            pass
+        late = []
+        quiet_until = time.monotonic() + lease_s
+        while time.monotonic() < quiet_until:
+            if (message := pubsub.get_message(timeout=0.05)) is not None:
+                late.append(message["data"])
+        assert late == [], f"{len(late)} piece(s) of the lost attempt sent after it was lost"
+        job = client.get(f"/jobs/{job_id}", headers=auth).json
+        assert job is not None and job["status"] == "running" and job["attempts"] == 2, job
+        with database.sessionmaker.begin() as session:
+            assert claims.hand_back(session, [other]) == {uuid.UUID(job_id)}
+        with app.app_context():
+            assert services().parts.dispatcher.wake("smollm2", force=True)
+        done = wait_for_job(client, auth, job_id, timeout=180)
+    finally:
+        pubsub.close()
+        worker.stop()
+    assert done["status"] == "succeeded" and done["attempts"] == 3, done
+    outputs = done["outputs"]
+    assert (outputs["finish_reason"], outputs["completion_tokens"]) == ("length", 400)
+    assert "lease was lost" in (tmp_path / "worker.log").read_text()
 
 
 def test_a_worker_killed_mid_generation_resumes_without_a_gap(

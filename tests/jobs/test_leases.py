@@ -18,8 +18,9 @@ class Renewals:
     def __init__(self) -> None:
         self.calls: list[tuple[float, list[uuid.UUID]]] = []
 
-    def __call__(self, held: list[ClaimedJob]) -> None:
+    def __call__(self, held: list[ClaimedJob]) -> set[uuid.UUID]:
         self.calls.append((time.monotonic(), [j.id for j in held]))
+        return {j.id for j in held}
 
 
 def test_leases_are_renewed_every_interval_while_held_and_never_after() -> None:
@@ -75,7 +76,7 @@ def test_a_batch_past_its_time_limit_is_handed_over_once() -> None:
 def test_a_failed_renewal_is_tried_again_the_next_interval() -> None:
     attempts: list[float] = []
 
-    def failing(held: list[ClaimedJob]) -> None:
+    def failing(held: list[ClaimedJob]) -> set[uuid.UUID]:
         attempts.append(time.monotonic())
         raise ConnectionError("database away")
 
@@ -83,3 +84,41 @@ def test_a_failed_renewal_is_tried_again_the_next_interval() -> None:
     with keeper.holding(jobs(1), 0.05, 60, None):
         time.sleep(0.4)
     assert 3 <= len(attempts) <= 9, attempts  # not a busy loop, and not given up
+
+
+def test_a_job_a_renewal_finds_gone_to_another_attempt_is_handed_over_once() -> None:
+    """The renewal's answer names the jobs still this worker's: one missing (taken
+    back and claimed again elsewhere) goes to `on_lost` once and is renewed no more;
+    its batch's other job goes on being renewed."""
+    kept, taken = jobs(1)[0], jobs(1)[0]
+    renewed: list[list[uuid.UUID]] = []
+    lost: list[list[uuid.UUID]] = []
+
+    def renew(held: list[ClaimedJob]) -> set[uuid.UUID]:
+        renewed.append([j.id for j in held])
+        return {kept.id}
+
+    keeper = LeaseKeeper(renew)
+    with keeper.holding([kept, taken], 0.05, 60, None, lambda j: lost.append([x.id for x in j])):
+        time.sleep(0.4)
+    assert lost == [[taken.id]]
+    assert renewed[0] == [kept.id, taken.id]
+    assert len(renewed) >= 3 and all(ids == [kept.id] for ids in renewed[1:]), renewed
+
+
+def test_a_renewal_that_cannot_tell_loses_nothing() -> None:
+    """A renewal that failed, or one whose renew cannot tell (None), hands nothing
+    to `on_lost`: only a renewal that answered says a job is gone."""
+    lost: list[ClaimedJob] = []
+    answers = iter([None, ConnectionError("database away")] * 10)
+
+    def renew(held: list[ClaimedJob]) -> set[uuid.UUID] | None:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    keeper = LeaseKeeper(renew)
+    with keeper.holding(jobs(2), 0.05, 60, None, lost.extend):
+        time.sleep(0.3)
+    assert lost == []
