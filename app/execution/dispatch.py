@@ -19,7 +19,9 @@ pending flag is kept per queue and model.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 
@@ -35,6 +37,7 @@ SWEEP_TASK = "jobs.sweep"
 PURGE_TASK = "jobs.purge"
 
 WAKE_FLAG_TTL_S = 30
+_BACKLOG_LOOKED = 8  # messages read of each queue (a model has one wake-up pending, mostly)
 
 
 class Dispatcher:
@@ -93,6 +96,23 @@ class Dispatcher:
         queue = self.queue_for(model)
         return bool(self._redis.exists(self._flag(queue, model), self._for_loop(queue, model)))
 
+    def backlog(self, model: str) -> bool:
+        """Whether a message other than `model`'s own wake-ups waits on the broker,
+        on the model's queue or another this worker process consumes: a worker
+        with a free process would have taken it, so an idle decode loop lingering
+        here should give its process back. (Its own wake-ups it serves: the flag
+        brings their jobs to it. Redis away: none seen; its other calls will tell.)"""
+        selected = self._celery.amqp.queues.consume_from or {}
+        queues = sorted({self.queue_for(model), *selected})
+        try:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.lrange(queue, 0, _BACKLOG_LOOKED - 1)  # (kombu's list of messages)
+                waiting = pipe.execute()
+        except redis.RedisError:
+            return False
+        return any(not _wakes(raw, model) for messages in waiting for raw in messages)
+
     def pass_to_loop(self, model: str) -> None:
         """A worker took a wake-up but the machine's loop for the model is running:
         tell the loop (its own key; the wake-up flag itself means a task is on its
@@ -113,3 +133,13 @@ class Dispatcher:
     def _forget(self, flag: str) -> None:
         with contextlib.suppress(redis.RedisError):  # else it expires by itself
             self._redis.delete(flag)
+
+
+def _wakes(raw: bytes, model: str) -> bool:
+    """Whether a message on kombu's Redis list is a wake-up for `model`."""
+    try:
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        return bool(message["headers"]["task"] == DRAIN_TASK and args == [model])
+    except (ValueError, KeyError, TypeError, IndexError):
+        return False

@@ -13,8 +13,11 @@ CLAIM_EVERY_S (jobs back from a retry or the sweep come without one); it looks
 for cancellations (and a hand-over request) every CANCELS_EVERY_S while it has
 generations, for tenants waiting without a slot every SHARE_EVERY_S while every
 slot is taken (app.generation.sharing), counts tokens every COUNT_EVERY_S, and
-renews its machine lock every LOCK_RENEW_S. It stops once idle past its linger,
-or past its drain time with nothing running.
+renews its machine lock every LOCK_RENEW_S. It stops once idle past its linger;
+idle past its drain time, it also stops as soon as other work waits for its
+worker, or the worker shuts down (`backlog`, looked at every BACKLOG_EVERY_S).
+So the next call of its model finds it running, with its model loaded and its
+prefixes kept, while the process is not needed elsewhere.
 
 A loop serves one version of its model (its engine and chat format are that
 version's). Every VERSIONS_EVERY_S, and after a claim that found nothing, it
@@ -39,6 +42,7 @@ SHARE_EVERY_S = 0.1
 COUNT_EVERY_S = 0.25
 LOCK_RENEW_S = 2.0  # a fifth of the lock's life (app.operations.decode_loop.LOCK_S)
 VERSIONS_EVERY_S = 1.0
+BACKLOG_EVERY_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self._idle_until = self.started + self.linger_s
-        self._next = dict.fromkeys(("lock", "claim", "cancels", "share", "count"), 0.0)
+        self._next = dict.fromkeys(("lock", "claim", "cancels", "share", "count", "backlog"), 0.0)
         self._next["versions"] = self.started + VERSIONS_EVERY_S  # (it starts on the first)
 
     def turn(self, now: float, free: int, pending: Callable[[], bool]) -> Turn:
@@ -92,10 +96,9 @@ class Scheduler:
             due["lock"] = now + LOCK_RENEW_S
         resume = min(len(self.paused), free)
         free -= resume
-        # While it has generations it takes new ones (they join the batch at once);
-        # the drain time ends only its idle lingering.
-        taking = not self.closing and (now < self.started + self.drain_s or bool(self.holders))
-        claim_due = taking and (now >= due["claim"] or pending())
+        # It takes new generations while it runs, busy or lingering (they join the
+        # batch at once); the drain time only lets other work end its lingering.
+        claim_due = not self.closing and (now >= due["claim"] or pending())
         share = claim_due and free <= 0 and now >= due["share"]
         if share:
             due["share"] = now + SHARE_EVERY_S
@@ -104,10 +107,14 @@ class Scheduler:
             due["versions"] = now + VERSIONS_EVERY_S
         return Turn(renew, resume, free if claim_due and free > 0 else 0, share, look)
 
-    def then(self, now: float) -> Then:
-        """After the claims: step, or wait, or stop."""
+    def then(self, now: float, backlog: Callable[[], bool] = lambda: False) -> Then:
+        """After the claims: step, or wait, or stop. `backlog()` says whether other
+        work waits for the worker (asked only idle past the drain time, on its timer)."""
         if not self.holders:
-            ended = self.closing or now >= self.started + self.drain_s or now >= self._idle_until
+            ended = self.closing or now >= self._idle_until
+            if not ended and now >= self.started + self.drain_s and now >= self._next["backlog"]:
+                self._next["backlog"] = now + BACKLOG_EVERY_S
+                ended = backlog()
             return Then(stop=ended, idle=not ended)
         self._idle_until = now + self.linger_s
         due = self._next

@@ -69,7 +69,8 @@ from app.tenancy.tokens import TokenMeter
 logger = logging.getLogger(__name__)
 
 # An idle loop keeps watching this long at least (DRAIN_LINGER_MS if longer; none
-# with 0): the next call finds it running, with its model loaded, instead of
+# with 0), unless other work waits for its worker past DRAIN_SECONDS: the next
+# call finds it running, with its model loaded and its prefixes kept, instead of
 # waiting for a wake-up that may reach a worker process that has yet to load the
 # model. (When it claims, shares and stops: app.generation.scheduler.)
 LINGER_S = 10.0
@@ -168,7 +169,12 @@ class Generation:
     def _loop(self, model: str, loop: Loop, lock: str, token: str) -> int:
         """The loop's passes: what to do at each is the scheduler's (see its module);
         the claims, steps, writes and publishing are done here."""
-        schedule, pending, done = loop.schedule, partial(self._dispatcher.pending, model), 0
+        schedule, done = loop.schedule, 0
+        pending = partial(self._dispatcher.pending, model)
+
+        def backlog() -> bool:  # (its worker shutting down wants its process back too)
+            return self._asked_to_hand_over() or self._dispatcher.backlog(model)
+
         try:
             while True:
                 now = time.monotonic()
@@ -190,7 +196,7 @@ class Generation:
                     done += self._share(model, loop, heads)
                 if turn.look and any(h.version != loop.card.version for h in heads):
                     schedule.close()
-                then = schedule.then(now)
+                then = schedule.then(now, backlog)
                 if then.stop:
                     return done
                 if then.idle:

@@ -4,7 +4,10 @@ generations it pauses and resumes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from app.generation.scheduler import (
+    BACKLOG_EVERY_S,
     CANCELS_EVERY_S,
     CLAIM_EVERY_S,
     COUNT_EVERY_S,
@@ -60,13 +63,34 @@ def test_an_idle_loop_lingers_then_stops_and_a_busy_one_steps() -> None:
     assert s.then(0.0).stop, "no linger: it stops at the first pass with nothing running"
 
 
-def test_past_its_drain_time_it_takes_no_new_work_unless_it_has_some() -> None:
-    s = Scheduler(slots=2, started=0.0, drain_s=30, linger_s=10)
-    assert s.turn(31.0, 2, wake_up).claim == 0
-    assert s.then(31.0).stop
+def test_past_its_drain_time_an_idle_loop_lingers_until_other_work_waits() -> None:
+    """The next call finds the loop running, its model loaded and its prefixes
+    kept, unless its worker's process is wanted for other work."""
+    asked: list[float] = []
+
+    def backlog_at(t: float) -> Callable[[], bool]:
+        def backlog() -> bool:
+            asked.append(t)
+            return t >= 3.0
+
+        return backlog
+
+    s = Scheduler(slots=2, started=0.0, drain_s=1, linger_s=10)
+    s.admitted("a", 1, 0, 0.0)
+    s.left("a")
+    assert not s.then(0.5, backlog_at(0.5)).stop and not asked, "asked before the drain time"
+    for t in (1.0, 1.1, 2.0):
+        assert not s.then(t, backlog_at(t)).stop, "stopped with no other work waiting"
+        assert s.turn(t, 2, wake_up).claim == 2, "a lingering loop takes its model's calls"
+    assert asked == [1.0, 2.0], "the backlog is looked at on its timer, not every pass"
+    assert not s.then(2.0 + BACKLOG_EVERY_S / 2, backlog_at(3.0)).stop
+    assert s.then(2.0 + BACKLOG_EVERY_S, backlog_at(3.0)).stop, "other work waits"
+    s = Scheduler(slots=2, started=0.0, drain_s=1, linger_s=10)
+    assert s.then(10.0, no_wake_up).stop, "idle past its linger"
     s = Scheduler(slots=2, started=0.0, drain_s=30, linger_s=10)
     s.admitted("a", 1, 0, 0.0)
     assert s.turn(31.0, 1, wake_up).claim == 1, "a running loop keeps taking jobs"
+    assert s.then(31.0, wake_up).step, "a busy loop never asks"
 
 
 def test_every_slot_taken_it_shares_on_its_own_timer() -> None:

@@ -7,6 +7,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from prometheus_client import REGISTRY
 from app.generation.sharing import Holder, Waiter, preemptions
 from app.jobs.claims import ClaimedJob
 from app.operations.decode_loop import LoopMeter
+from app.operations.generation import LINGER_S
 from app.platform.database import Database
+from app.platform.embedded import stop_process
 from app.platform.settings import Settings
 from app.tenancy.keys import set_quotas
 from app.tenancy.tokens import TokenMeter
@@ -190,6 +193,55 @@ def test_a_spent_token_budget_refuses_generations_with_retry_after(
     assert usage is not None
     window = usage["tokens_per_minute"]
     assert window["limit"] == 30 and window["used"] == took and 1 <= window["retry_after"] <= 60
+
+
+def _loop_lock(settings: Settings, queue: str) -> bytes | None:
+    """The value of the queue's decode loop lock: its holder process and run."""
+    client = redis.Redis.from_url(settings.redis_url)
+    keys = list(client.scan_iter(f"inference:generating:{queue}:smollm2:*"))
+    return client.get(keys[0]) if keys else None
+
+
+@pytest.mark.processes
+def test_an_idle_loop_lingers_past_its_drain_time_until_other_work_waits(
+    settings: Settings, make_app: Callable[..., Flask], tmp_path: Path, auth: dict[str, str]
+) -> None:
+    """Idle past DRAIN_SECONDS, the decode loop keeps running, so the next call
+    finds its model loaded and its prefixes kept (the same loop answers it); but
+    a worker's only process is given back as soon as other work waits (a digits
+    job queued behind the loop starts well before the loop's linger would end),
+    and the worker stops at once when told to, not after the linger."""
+    queue = f"linger-{uuid.uuid4().hex[:8]}"
+    app = make_app(jobs_queue=queue)
+    client = app.test_client()
+    worker = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "w.log",
+                           concurrency=1)  # fmt: skip
+    try:
+        first = wait_for_job(client, auth, _generate(client, auth, {"prompt": "Hi"}, 4), 180)
+        looping = _loop_lock(settings, queue)
+        time.sleep(1.5)  # past the drain time (1 s), idle
+        second = wait_for_job(client, auth, _generate(client, auth, {"prompt": "Yo"}, 4), 60)
+        assert looping is not None and _loop_lock(settings, queue) == looping, "a new loop"
+        body = {"model": "digits", "inputs": {"pixels": [[0.0] * 64]}}
+        submitted = client.post("/jobs", json=body, headers=auth)
+        assert submitted.status_code == 202, submitted.json
+        digits = wait_for_job(client, auth, submitted.json["id"], timeout=60)
+        wait_until(lambda: _loop_lock(settings, queue) is None, "the loop to end", 30)
+        third = wait_for_job(client, auth, _generate(client, auth, {"prompt": "Oh"}, 4), 60)
+        time.sleep(1.5)  # lingering again, past the drain time
+        assert _loop_lock(settings, queue) is not None
+        stop_process(worker.proc, timeout=LINGER_S / 2)  # SIGTERM, then SIGKILL
+    finally:
+        worker.stop()
+    statuses = [first["status"], second["status"], digits["status"], third["status"]]
+    assert statuses == ["succeeded"] * 4, statuses
+    waited = _seconds(digits["started_at"]) - _seconds(digits["created_at"])
+    assert waited < LINGER_S / 2, f"digits waited {waited:.1f}s for the lingering loop"
+    assert worker.proc.returncode == 0, f"killed, not stopped: {worker.proc.returncode}"
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def _loop_holder(settings: Settings, queue: str) -> int:
