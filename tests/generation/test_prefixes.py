@@ -71,6 +71,34 @@ def test_a_kept_prefix_answers_as_a_prefill_with_only_the_rest_prefilled(
     np.testing.assert_allclose(again.prompt_logits, alone.prompt_logits, atol=1e-3)
 
 
+def test_questions_at_once_share_the_default_system_prompt_and_answer_as_alone(
+    card: ModelCard, chat: ChatFormat, session: ort.InferenceSession
+) -> None:
+    """Chats with no system message of their own, several at once (16 streams'
+    first calls): the chat template's default system prompt is prefilled once,
+    each later question only from where they part, and each answers as alone."""
+    questions = ["What is the capital of France?", "Name three primary colours.",
+                 "Write a haiku about rain.", "How many legs has a spider?"]  # fmt: skip
+    prompts = [ids(chat, card, {"messages": [{"role": "user", "content": q}]}) for q in questions]
+    shared = next(i for i, column in enumerate(zip(*prompts, strict=False)) if len(set(column)) > 1)
+    assert shared >= 2 * BLOCK, "the default system prompt is long enough to be kept"
+    alone = [Sequence(i, p, greedy(6)) for i, p in enumerate(prompts)]
+    for _ in run(engine(session, card), alone):
+        pass
+    cached = engine(session, card, prefix_bytes=64 << 20)
+    assert cached.prefixes is not None
+    together = [Sequence(i, p, greedy(6), owner=1) for i, p in enumerate(prompts)]
+    prefilled = 0
+    for _ in run(cached, together):
+        prefilled += cached.prefilled
+    kept = shared // BLOCK * BLOCK
+    counts = cached.prefixes.counts
+    assert (counts.hits, counts.misses) == (len(prompts) - 1, 1)
+    assert counts.tokens_saved >= kept * (len(prompts) - 1)
+    assert prefilled == sum(map(len, prompts)) - counts.tokens_saved
+    assert [s.generated for s in together] == [s.generated for s in alone]
+
+
 def test_owners_never_share_kept_rows(
     card: ModelCard, chat: ChatFormat, session: ort.InferenceSession
 ) -> None:
