@@ -79,14 +79,22 @@ class SessionPool:
     def get(self, card: ModelCard) -> ort.InferenceSession:
         """The card's session. Its file is looked at again for a new card (the
         repository saw a change) and otherwise at most every STAT_EVERY_S: an
-        inline model's calls would stat it each."""
+        inline model's calls would stat it each. A file gone since its session
+        was made leaves the session serving until the version stops serving."""
         now = time.monotonic()
         self._used[card.ref] = now
         cached = self._sessions.get(card.ref)
         seen, at = self._checked.get(card.ref, (None, 0.0))
         if cached is not None and seen is card and now - at < STAT_EVERY_S:
             return cached[1]
-        mtime = card.onnx_path.stat().st_mtime_ns
+        try:
+            mtime = card.onnx_path.stat().st_mtime_ns
+        except FileNotFoundError:
+            if cached is None:
+                raise
+            # Removed while a call of it runs here: that call finishes on what is
+            # loaded; `retain` closes the session once the repository drops it.
+            return cached[1]
         if cached is None or cached[0] != mtime:
             with self._lock:
                 cached = self._sessions.get(card.ref)

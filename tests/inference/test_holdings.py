@@ -5,6 +5,7 @@ their version stops serving and no loop runs them. Real ONNX Runtime sessions.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -86,3 +87,24 @@ def test_a_decode_engine_is_closed_once_its_version_stops_serving_and_no_loop_ru
         pass
     assert engines.loaded() == [chat.ref], "kept after its loop: it serves"
     assert engines.retain(set()) == [chat.ref] and engines.loaded() == []
+
+
+def test_a_version_whose_file_goes_while_it_serves_keeps_its_session_until_dropped(
+    copies: ModelRepository,
+) -> None:
+    """A model removed under a call of it: the call, whichever new card it looks
+    through, finishes on the session loaded; only a version never loaded fails."""
+    pool = SessionPool("cpu", 1)
+    (a,) = cards(copies, "a")
+    session = pool.get(a)
+    shutil.rmtree(a.onnx_path.parent.parent)
+    again = dataclasses.replace(a)  # a rescan's card: the file is looked at again
+    assert again is not a
+    assert pool.get(again) is session
+    outputs = pool.run(again, {"pixels": np.zeros((1, 64), np.float32)})
+    assert set(outputs) == {spec.name for spec in a.outputs}
+    (b,) = cards(copies, "b")
+    shutil.rmtree(b.onnx_path.parent.parent)
+    with pytest.raises(FileNotFoundError):
+        pool.get(b)
+    assert pool.retain(set()) == ["a:1"]
