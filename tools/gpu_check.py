@@ -106,17 +106,17 @@ def pack(python: str, part_mib: int, present: set[str], dest: Path = PARTS) -> l
         return cut(archive, dest, part_mib * 1024 * 1024)
 
 
-def _project(wheel: str) -> str:
-    return wheel.split("-", 1)[0].lower().replace("_", "-")
+def _normal(project: str) -> str:
+    """A project's name as a pin and a wheel's file name spell it, compared alike."""
+    return project.lower().replace("_", "-")
 
 
 def one_version_each(wheels: Path, locked: list[str]) -> None:
     """Where a test tool's dependencies brought a second version of a locked
     package (pip refuses to install two), the locked one stays."""
-    pins = {line.split("==")[0].split("[")[0].lower().replace("_", "-"): line.split("==")[1]
-            for line in locked}  # fmt: skip
+    pins = {_normal(line.split("==")[0].split("[")[0]): line.split("==")[1] for line in locked}
     for wheel in sorted(wheels.glob("*.whl")):
-        project, version = _project(wheel.name), wheel.name.split("-")[1]
+        project, version = _normal(wheel.name.split("-")[0]), wheel.name.split("-")[1]
         if project in pins and version != pins[project]:
             wheel.unlink()
 
