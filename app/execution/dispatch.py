@@ -7,7 +7,13 @@ So a job committed while a wake-up is pending is found by that wake-up's
 claims, and a job committed after the key was deleted publishes a new one:
 under load, one message covers every job that arrived while workers were busy.
 The key expires (WAKE_FLAG_TTL_S), and the sweep wakes models whose jobs wait
-too long regardless of it, so a lost message delays jobs but loses none.
+too long regardless of it, so a lost message delays jobs but loses none. A waker
+that dies between setting the key and publishing (a process killed, a host lost)
+leaves the key without a message: a key older than WAKE_AGAIN_AFTER_S is taken
+over by the next waker, who publishes again, so such a death holds the model's
+next jobs back for seconds, not for the key's life. (Workers busy past that age
+get one more wake-up for the model every WAKE_AGAIN_AFTER_S: one claim that
+finds little, at most.)
 
 Each model's wake-ups travel on the queue its card names (`"queue": "gpu"`), or
 DEFAULT_MODEL_QUEUE: only workers subscribed to it (WORKER_QUEUES) run the
@@ -37,6 +43,18 @@ SWEEP_TASK = "jobs.sweep"
 PURGE_TASK = "jobs.purge"
 
 WAKE_FLAG_TTL_S = 30
+WAKE_AGAIN_AFTER_S = 2.0
+# Set the flag, or take it over when older than ARGV[2] ms or when forced (ARGV[3]):
+# 1 means publish. Its age is its life less its time to live (no clocks compared).
+_WAKE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 1 end
+local left = redis.call('PTTL', KEYS[1])
+if ARGV[3] == '1' or (left >= 0 and tonumber(ARGV[1]) - left >= tonumber(ARGV[2])) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
 _BACKLOG_LOOKED = 8  # messages read of each queue (a model has one wake-up pending, mostly)
 
 
@@ -54,6 +72,7 @@ class Dispatcher:
         self._redis = redis_client(redis_url)
         self._queue = queue
         self._route = route
+        self._wake = self._redis.register_script(_WAKE)
 
     def queue_for(self, model: str) -> str:
         """The queue `model`'s wake-ups travel on."""
@@ -64,12 +83,14 @@ class Dispatcher:
 
     def wake(self, model: str, *, force: bool = False) -> bool:
         """Make sure a wake-up for `model` is pending; `force` publishes one even
-        if the flag says one is. Returns False when Redis refused: the caller
-        leaves its jobs for the sweep, so an outage delays work but loses none."""
+        if the flag says one is, and so does a flag older than WAKE_AGAIN_AFTER_S.
+        Returns False when Redis refused: the caller leaves its jobs for the
+        sweep, so an outage delays work but loses none."""
         queue = self.queue_for(model)
         flag = self._flag(queue, model)
         try:
-            if not self._redis.set(flag, "1", nx=True, ex=WAKE_FLAG_TTL_S) and not force:
+            life, again = WAKE_FLAG_TTL_S * 1000, int(WAKE_AGAIN_AFTER_S * 1000)
+            if not self._wake(keys=[flag], args=[life, again, int(force)]):
                 return True
             self._celery.send_task(DRAIN_TASK, args=[model], queue=queue)
         except Exception as exc:  # redis-py and kombu raise many kinds; all mean "not sent"

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from flask import Flask
 from sklearn.datasets import load_digits
 
+from app.execution.dispatch import WAKE_AGAIN_AFTER_S, WAKE_FLAG_TTL_S
 from app.jobs import claims as claiming
 from app.jobs import transitions
 from app.jobs.tables import Job
@@ -62,6 +63,30 @@ def test_jobs_submitted_while_a_wake_up_is_pending_share_it(
         services().parts.dispatcher.taken("digits")  # a worker took it and is about to claim
     submit(idle, auth)
     assert waiting_messages(idle) == 2, "a job after the take needs a wake-up of its own"
+
+
+def test_a_flag_left_by_a_waker_that_died_before_publishing_holds_wake_ups_back_briefly(
+    idle: Flask, auth: dict[str, str]
+) -> None:
+    """A waker killed between setting the flag and publishing its message (a
+    stream consumer SIGKILLed after its commit) left a flag with no message: a
+    submit while the flag is fresh sends none (the message may be on its way),
+    the first once it is older than WAKE_AGAIN_AFTER_S sends one, and the next
+    shares that one. Before, every submit for the flag's 30 s sent none, and jobs
+    made only then waited for the sweep."""
+    settings = container_of(idle).settings
+    flags = redis.Redis.from_url(settings.redis_url)
+    flag = f"inference:wake:{settings.jobs_queue}:digits"
+    flags.set(flag, "1", px=WAKE_FLAG_TTL_S * 1000)  # the dead waker's, just set
+    submit(idle, auth)
+    assert waiting_messages(idle) == 0
+    # As if set a little longer than WAKE_AGAIN_AFTER_S ago (its time to live is its age).
+    flags.pexpire(flag, int((WAKE_FLAG_TTL_S - WAKE_AGAIN_AFTER_S) * 1000) - 100)
+    submit(idle, auth, 1)
+    assert waiting_messages(idle) == 1, "the stale flag taken over"
+    assert flags.pttl(flag) > (WAKE_FLAG_TTL_S - WAKE_AGAIN_AFTER_S) * 1000, "and made fresh"
+    submit(idle, auth, 2)
+    assert waiting_messages(idle) == 1, "the next submit shares the new wake-up"
 
 
 def test_a_wake_up_passed_to_a_running_loop_never_holds_back_the_next(
