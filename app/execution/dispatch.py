@@ -55,6 +55,7 @@ if ARGV[3] == '1' or (left >= 0 and tonumber(ARGV[1]) - left >= tonumber(ARGV[2]
 end
 return 0
 """
+_WAKE_MS = (WAKE_FLAG_TTL_S * 1000, int(WAKE_AGAIN_AFTER_S * 1000))  # (the script's ARGV 1, 2)
 _BACKLOG_LOOKED = 8  # messages read of each queue (a model has one wake-up pending, mostly)
 
 
@@ -89,8 +90,7 @@ class Dispatcher:
         queue = self.queue_for(model)
         flag = self._flag(queue, model)
         try:
-            life, again = WAKE_FLAG_TTL_S * 1000, int(WAKE_AGAIN_AFTER_S * 1000)
-            if not self._wake(keys=[flag], args=[life, again, int(force)]):
+            if not self._wake(keys=[flag], args=[*_WAKE_MS, int(force)]):
                 return True
             self._celery.send_task(DRAIN_TASK, args=[model], queue=queue)
         except Exception as exc:  # redis-py and kombu raise many kinds; all mean "not sent"
