@@ -54,6 +54,9 @@ class NotFound(DomainError):
     code = "not-found"
 
 
+TRITON_UNKNOWN = "Request for unknown model"
+
+
 class UnknownModel(DomainError, LookupError):
     """Not served to this caller: absent, not visible to its tenant, or a version
     that is not serving (`why` says which, when the model itself exists)."""
@@ -66,10 +69,11 @@ class UnknownModel(DomainError, LookupError):
         self.name, self.version, self.known = name, version, known
         what = f"model '{name}'" + (f" version '{version}'" if version else "")
         listed = ", ".join(known) or "none"
+        # Triton's own wording leads: its example clients look for it.
         if why:
-            detail = f"{what} is not serving ({why}); serving: {listed}"
+            detail = f"{TRITON_UNKNOWN}: {what} is not serving ({why}); serving: {listed}"
         else:
-            detail = f"{what} is not in the repository; known models: {listed}"
+            detail = f"{TRITON_UNKNOWN}: {what} is not in the repository; known models: {listed}"
         super().__init__(detail, known_models=known)
 
 

@@ -71,7 +71,10 @@ def _open(card: ModelCard, source: IO[bytes]) -> pq.ParquetFile:
         kind = schema.field(spec.name).type
         value = kind.value_type if _is_list(kind) else kind
         fits = (
-            pa.types.is_string(value) or pa.types.is_large_string(value)
+            pa.types.is_string(value)
+            or pa.types.is_large_string(value)
+            or pa.types.is_binary(value)
+            or pa.types.is_large_binary(value)
             if spec.datatype == "BYTES"
             else pa.types.is_integer(value)
             or pa.types.is_floating(value)
@@ -192,9 +195,16 @@ def write(names: list[str], parts: Iterable[Arrays], empty: pa.Schema) -> Iterat
     yield sink.take()
 
 
+def _as_bytes(item: str | bytes) -> bytes:
+    return item.encode() if isinstance(item, str) else item
+
+
 def _to_arrow(array: np.ndarray) -> pa.Array:
     """A flat column for one value a row, else a fixed-size list of the row's values."""
     if array.dtype.kind in "OUS":
+        if array.dtype == object and any(isinstance(item, bytes) for item in array.flat):
+            # Bytes that are not text (an image a model made): a binary column.
+            array = np.vectorize(_as_bytes, otypes=[object])(array)
         return pa.array(array.reshape(len(array), -1).tolist() if array.ndim > 1 else array)
     if array.ndim == 1:
         return pa.array(array)

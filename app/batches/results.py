@@ -32,8 +32,8 @@ from app.errors import Conflict, InvalidRequest
 from app.jobs.chunks import result_key
 from app.jobs.tables import Job
 from app.platform.filestore import FileStore
-from app.runtime.datatypes import V2_TO_NUMPY
-from app.runtime.tensors import unpack
+from app.runtime.datatypes import V2_TO_NUMPY, json_values
+from app.runtime.tensors import to_json, unpack
 
 NPY = "application/x-npy"
 JSONL = "application/jsonl"
@@ -122,7 +122,7 @@ def jsonl(card: ModelCard, chunks: Iterator[Chunk]) -> Iterator[bytes]:
             ).encode()
             continue
         arrays = unpack(chunk.output_data)
-        lists = {name: arrays[name].tolist() for name in names}
+        lists = {name: json_values(arrays[name]) for name in names}
         yield "".join(
             json.dumps({"row": chunk.first_row + i, "outputs": {n: lists[n][i] for n in names}})
             + "\n"
@@ -136,7 +136,7 @@ def _generation_jsonl(chunks: Iterator[Chunk]) -> Iterator[bytes]:
             error = {"code": chunk.error_code or chunk.status, "message": chunk.error_message}
             yield (json.dumps({"row": chunk.first_row, "error": error}) + "\n").encode()
             continue
-        outputs = {name: array.tolist() for name, array in unpack(chunk.output_data).items()}
+        outputs = to_json(unpack(chunk.output_data))
         yield (json.dumps({"row": chunk.first_row, "outputs": outputs}) + "\n").encode()
 
 

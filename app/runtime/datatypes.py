@@ -1,14 +1,19 @@
 """KServe v2 datatypes and their numpy / ONNX equivalents.
 
-BYTES tensors hold text here: numpy object arrays of `str` (clients send UTF-8,
-as JSON strings or, in binary, each element as a 4-byte little-endian length
-and its bytes, as Triton does); `tokenize` pipeline steps read them.
+BYTES tensors are numpy object arrays whose elements are `str` where they are
+UTF-8 text and `bytes` otherwise (an image, audio): clients send text as JSON
+strings, anything as `{"b64": "..."}` in JSON (TensorFlow Serving's convention)
+or raw in binary, each element a 4-byte little-endian length and its bytes, as
+Triton does. `tokenize` pipeline steps read text; a model's own code gets
+`bytes` (app.runtime.code).
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -53,9 +58,38 @@ def is_bytes(datatype: str) -> bool:
     return datatype == BYTES
 
 
+def element(data: bytes) -> str | bytes:
+    """A BYTES element as held in memory: its text where it is UTF-8, else its bytes."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
+def json_element(item: str | bytes) -> str | dict[str, str]:
+    """A BYTES element in JSON: its text, or `{"b64": ...}` for bytes that are
+    not UTF-8 (TensorFlow Serving's convention, which requests may use too)."""
+    if isinstance(item, bytes):
+        try:
+            return item.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"b64": base64.b64encode(item).decode("ascii")}
+    return item
+
+
+def json_values(array: np.ndarray) -> list[Any]:
+    """`array.tolist()`, with a BYTES array's bytes that are not text as `{"b64"}`."""
+    if array.dtype != object:
+        return array.tolist()
+    out = np.empty(array.shape, dtype=object)
+    for index, item in np.ndenumerate(array):
+        out[index] = json_element(item) if isinstance(item, bytes | str) else item
+    return out.tolist()
+
+
 def encode_bytes(array: np.ndarray) -> bytes:
     """A BYTES tensor's elements, each as a 4-byte little-endian length then its
-    UTF-8 bytes (Triton's binary form, also how jobs store them)."""
+    bytes (text as UTF-8): Triton's binary form, also how jobs store them."""
     parts = []
     for item in array.reshape(-1):
         data = item.encode() if isinstance(item, str) else bytes(item)

@@ -77,13 +77,23 @@ def tokenize(card: ModelCard, step: dict[str, Any], tensors: Arrays) -> Arrays:
     tokens]): cut to `max_length` word pieces (special tokens included), padded
     to the longest text of the call."""
     tokenizer = _tokenizer(card, _tokenizer_path(card, step), int(step["max_length"]))
-    texts = [str(text) for text in tensors[step["input"]].reshape(-1)]
+    texts = [_text(item) for item in tensors[step["input"]].reshape(-1)]
     encodings = tokenizer.encode_batch(texts)
     return {
         "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
         "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
         "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
     }
+
+
+def _text(item: str | bytes) -> str:
+    """A BYTES element as text: bytes that are not UTF-8 fail their request."""
+    if isinstance(item, bytes):
+        try:
+            return item.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("a BYTES element is not UTF-8 text; this model reads text") from None
+    return str(item)
 
 
 def mean_pool(card: ModelCard, step: dict[str, Any], tensors: Arrays) -> Arrays:

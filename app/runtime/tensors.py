@@ -5,12 +5,15 @@ and the KServe v2 tensor list `[{"name", "shape", "datatype", "data"}]`. Every
 problem is reported per input with the expected name, shape and datatype, so a
 bad job is refused with 422 instead of failing later in a worker.
 
-BYTES inputs are lists of strings (UTF-8 text; in binary, bytes that must
-decode as UTF-8) and become object arrays of `str`.
+BYTES inputs are lists of strings (text) or `{"b64": "..."}` objects (any
+bytes: an image, a document, audio); in binary, raw bytes. They become object
+arrays of `str` where an element is UTF-8 and `bytes` otherwise.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import struct
@@ -24,9 +27,11 @@ from app.runtime.datatypes import (
     NUMPY_TO_V2,
     V2_TO_NUMPY,
     decode_bytes,
+    element,
     encode_bytes,
     is_bytes,
     is_float,
+    json_values,
 )
 
 _ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
@@ -70,7 +75,9 @@ def parse_inputs(card: ModelCard, raw: Any) -> dict[str, np.ndarray]:
             errors.setdefault(spec.name, f"missing; expected a {describe(spec)}")
             continue
         try:
-            arrays[spec.name] = _to_array(spec, named[spec.name], shapes.get(spec.name))
+            arrays[spec.name] = _to_array(
+                spec, named[spec.name], shapes.get(spec.name), spec.name in card.text_inputs
+            )
         except ValueError as exc:
             errors[spec.name] = str(exc)
     if errors:
@@ -79,8 +86,8 @@ def parse_inputs(card: ModelCard, raw: Any) -> dict[str, np.ndarray]:
 
 
 def to_json(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Nested lists, as stored in the job row and returned to clients."""
-    return {name: array.tolist() for name, array in arrays.items()}
+    """Nested lists, as returned to clients (bytes that are not text as `{"b64"}`)."""
+    return {name: json_values(array) for name, array in arrays.items()}
 
 
 def pack(arrays: dict[str, np.ndarray]) -> bytes:
@@ -139,8 +146,9 @@ def _arrays(
         count = math.prod(tensor["shape"])
         if is_bytes(tensor["datatype"]):
             items, offset = decode_bytes(data, count, offset)
-            texts = np.array([item.decode() for item in items], dtype=object)
-            arrays[tensor["name"]] = texts.reshape(tensor["shape"])
+            for i, item in enumerate(items):
+                items[i] = element(item)
+            arrays[tensor["name"]] = items.reshape(tensor["shape"])
             continue
         dtype = V2_TO_NUMPY[tensor["datatype"]].newbyteorder("<")
         array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
@@ -163,9 +171,41 @@ def from_json(specs: Sequence[TensorSpec], stored: dict[str, Any]) -> dict[str, 
 
 
 def _texts(value: Any) -> np.ndarray:
-    """An object array of the strings in (nested) `value`, never split further."""
-    array = np.empty(np.shape(value), dtype=object)
-    array[...] = value
+    """An object array of the strings (or `{"b64"}` objects) in (nested) `value`."""
+    array = _object_array(value)
+    for index, item in np.ndenumerate(array):
+        if isinstance(item, dict):
+            array[index] = element(base64.b64decode(item["b64"]))
+    return array
+
+
+def _object_array(value: Any) -> np.ndarray:
+    """An object array of nested lists whose leaves are strings or `{"b64"}`
+    objects, never split further (numpy would take a dict for a scalar, a string
+    for a sequence of one; ragged lists raise ValueError)."""
+    shape: list[int] = []
+    probe = value
+    while isinstance(probe, list):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    array = np.empty(shape, dtype=object)
+    flat: list[Any] = []
+
+    def walk(item: Any, depth: int) -> None:
+        if depth == len(shape):
+            if isinstance(item, list):
+                raise ValueError("ragged")
+            flat.append(item)
+            return
+        if not isinstance(item, list) or len(item) != shape[depth]:
+            raise ValueError("ragged")
+        for child in item:
+            walk(child, depth + 1)
+
+    walk(value, 0)
+    array.reshape(-1)[:] = flat if flat else []
     return array
 
 
@@ -193,10 +233,10 @@ def _from_v2_tensors(card: ModelCard, tensors: list[Any]) -> tuple[dict[str, Any
     return named, shapes
 
 
-def _to_array(spec: TensorSpec, value: Any, declared_shape: Any) -> np.ndarray:
+def _to_array(spec: TensorSpec, value: Any, declared_shape: Any, text: bool = False) -> np.ndarray:
     expected = describe(spec)
     try:
-        array = _text_array(value, expected) if is_bytes(spec.datatype) else np.asarray(value)
+        array = _text_array(value, expected, text) if is_bytes(spec.datatype) else np.asarray(value)
     except _NotText as exc:
         raise ValueError(str(exc)) from None
     except ValueError:
@@ -231,30 +271,44 @@ class _NotText(ValueError):
     pass
 
 
-def _text_array(value: Any, expected: str) -> np.ndarray:
-    """Strings (bytes must be UTF-8) as an object array of `str`; anything else,
-    numbers included, is refused rather than turned into text."""
+def _text_array(value: Any, expected: str, text: bool = False) -> np.ndarray:
+    """Strings, `{"b64": "..."}` objects and bytes as an object array of `str`
+    (UTF-8 text) and `bytes` (anything else; refused where the model reads `text`);
+    anything else, numbers included, is refused rather than turned into text."""
     if isinstance(value, np.ndarray):  # binary tensor data (bytes), or read from a file
         if value.dtype.kind not in "OUS":
             raise _NotText(f"must contain only strings, not {value.dtype}; expected a {expected}")
         array = value.astype(object)
     elif isinstance(value, list):
-        array = np.array(value, dtype=object)
+        array = _object_array(value)
     else:
         raise _NotText(f"must be a list of strings; expected a {expected}")
     for index, item in np.ndenumerate(array):
         where = list(index) if len(index) > 1 else index[0]
-        if isinstance(item, bytes):
-            try:
-                array[index] = item.decode("utf-8")
-            except UnicodeDecodeError:
-                raise _NotText(f"element {where} is not UTF-8; expected a {expected}") from None
-        elif not isinstance(item, str):
+        if isinstance(item, dict):
+            item = array[index] = element(_b64(item, where, expected))
+        elif isinstance(item, bytes):
+            item = array[index] = element(item)
+        if isinstance(item, bytes) and text:
+            raise _NotText(f"element {where} is not UTF-8; expected a {expected} of text")
+        if not isinstance(item, str | bytes):
             raise _NotText(
                 f"must contain only strings; element {where} is {_kind(item)}, "
                 f"expected a {expected}"
             )
     return array
+
+
+def _b64(item: dict[str, Any], where: Any, expected: str) -> bytes:
+    """The bytes of a `{"b64": "..."}` element (standard base64, padded)."""
+    data = item.get("b64")
+    if set(item) != {"b64"} or not isinstance(data, str):
+        raise _NotText(f'element {where} is an object; bytes are sent as {{"b64": "<base64>"}}, '
+                       f"text as a string; expected a {expected}")  # fmt: skip
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise _NotText(f"element {where}: b64 is not base64; expected a {expected}") from None
 
 
 def _kind(item: Any) -> str:

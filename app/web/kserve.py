@@ -22,7 +22,7 @@ import numpy as np
 
 from app.errors import InvalidRequest
 from app.operations.models import ModelCard
-from app.runtime.datatypes import V2_TO_NUMPY, encode_bytes, from_raw, is_bytes
+from app.runtime.datatypes import V2_TO_NUMPY, encode_bytes, from_raw, is_bytes, json_values
 from app.web import json_codec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -121,7 +121,7 @@ def encode_response(
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            tensor["data"] = array.reshape(-1).tolist()
+            tensor["data"] = json_values(array.reshape(-1))
         tensors.append(tensor)
     response: dict[str, Any] = {
         "model_name": card.name,
