@@ -166,7 +166,7 @@ class InferenceFailed(DomainError):
 
     # Failures the request's own inputs caused, and those of the job's own limits.
     INPUT_FAULTS: ClassVar[frozenset[str]] = frozenset(
-        {"invalid_input", "inference_error", "non_finite_output"}
+        {"invalid_input", "inference_error", "non_finite_output", "code_error", "code_time_limit"}
     )
     LIMIT_FAULTS: ClassVar[frozenset[str]] = frozenset(
         {"cancelled", "expired", "deadline_exceeded"}

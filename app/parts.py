@@ -137,11 +137,12 @@ class Parts(Lazy):
         from app.generation import formats
         from app.platform.broker import redis_client
         from app.repository.generation import Reconciler
-        from app.runtime import pipeline
+        from app.runtime import code, pipeline
 
         url = self.settings.redis_url
         reconciler = Reconciler(self.repository, lambda: redis_client(url))
         reconciler.hold(pipeline.retain)
+        reconciler.hold(code.retain)
         reconciler.hold(formats.retain)
         return reconciler
 

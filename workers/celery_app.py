@@ -21,7 +21,7 @@ from celery.signals import (
 
 from app.container import Container
 from app.observability import logs, metrics_dir
-from app.runtime import pipeline
+from app.runtime.engine import warm
 from app.runtime.sessions import device_for
 
 logger = logging.getLogger(__name__)
@@ -119,6 +119,5 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
             if card.generation is None and (card.queue or settings.model_queue) in queues
         ]  # fmt: skip
         for card in mine[: settings.max_loaded_models or None]:  # within MAX_LOADED_MODELS
-            runner.sessions.get(card)
-            pipeline.load(card)
+            warm(runner.sessions, card)
         container.parts.lane_server.start(queues, take=settings.sync_lane)

@@ -70,7 +70,7 @@ def models_list() -> None:
 
 
 @models.command("add")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--name", required=True, help="The model's name: [A-Za-z0-9_.-]")
 @click.option("--version", default=None, help="Default: one past the highest version, or 1")
 @click.option("--force", is_flag=True, help="Replace the version if it exists")
@@ -91,7 +91,9 @@ def models_add(
 ) -> None:
     """Check PATH (an .onnx file) with ONNX Runtime, draft its card.json from the
     graph, and place both in MODEL_REPOSITORY/NAME/VERSION/; or build a GGUF file
-    of the llama family (llama, qwen2) into a chat model, its card from the file.
+    of the llama family (llama, qwen2) into a chat model, its card from the file;
+    or take a folder with a model.py (the model's own code, beside a model.onnx or
+    alone): its requirements.txt checked, its code tried on its examples.json.
     Running API and worker processes serve it within MODEL_STATE_CACHE_SECONDS."""
     with command() as made:
         added = made.models.add(

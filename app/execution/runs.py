@@ -9,7 +9,10 @@ the failure that ended it, named by the same codes everywhere:
 - `model_invalid`: its file is missing, corrupt or unlike its card;
 - `non_finite_output`: the model gave NaN or infinity for this item;
 - `inference_error`: ONNX Runtime refused this item (`transient` when the device
-  ran out of memory: a job is tried again, a call is answered with it).
+  ran out of memory: a job is tried again, a call is answered with it);
+- `code_error`: the model's own code raised for this item, or gave what its card
+  does not declare (the exception's type and message; its traceback is logged);
+- `code_time_limit`: a call of the model's code ran past `time_limit_seconds`.
 
 What a caller does with a failure (retry, dead-letter, answer 4xx/5xx) is its own.
 """
@@ -25,7 +28,7 @@ import numpy as np
 from app.cards import ModelCard
 from app.errors import UnknownModel
 from app.repository.registry import ModelRepository
-from app.runtime import engine
+from app.runtime import code, engine
 from app.runtime.sessions import SessionPool
 
 logger = logging.getLogger(__name__)
@@ -34,6 +37,8 @@ MODEL_UNAVAILABLE = "model_unavailable"
 MODEL_INVALID = "model_invalid"
 NON_FINITE_OUTPUT = "non_finite_output"
 INFERENCE_ERROR = "inference_error"
+CODE_ERROR = "code_error"
+CODE_TIME_LIMIT = "code_time_limit"
 
 Arrays = dict[str, np.ndarray]
 
@@ -101,7 +106,7 @@ def run_card(
     if not items:
         return []
     try:
-        sessions.get(card)
+        engine.warm(sessions, card)
     except Exception as exc:  # its file is missing, corrupt or unlike its card
         if repository is not None and removed(repository, card):
             return [Failed(MODEL_UNAVAILABLE, exc, message=f"model {card.ref} was removed "
@@ -126,7 +131,7 @@ def run_card(
 
 def removed(repository: ModelRepository, card: ModelCard) -> bool:
     """Whether `card`'s version is gone from the repository (looked at again now)."""
-    if card.onnx_path.exists():
+    if card.main_file.exists():
         return False
     repository.sync(force=True)
     return isinstance(resolve(repository, card.name, card.version), Failed)
@@ -155,6 +160,10 @@ def result(outcome: Outcome) -> tuple[Arrays | None, tuple[str, str] | None, flo
 def _failed(exc: Exception) -> Failed:
     if isinstance(exc, engine.NonFiniteOutput):
         return Failed(NON_FINITE_OUTPUT, exc)
+    if isinstance(exc, code.CodeTimeLimit):
+        return Failed(CODE_TIME_LIMIT, exc, message=str(exc))
+    if isinstance(exc, code.CodeError):  # its message names the function and the exception
+        return Failed(CODE_ERROR, exc, message=str(exc))
     return Failed(INFERENCE_ERROR, exc, transient(exc))
 
 

@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.cards import ModelCard, TensorSpec
-from app.errors import InvalidModel, InvalidRequest, TooLarge, Unavailable
+from app.errors import Forbidden, InvalidModel, InvalidRequest, TooLarge, Unavailable
 from app.jobs.statistics import model_statistics
 from app.operations import triton
 from app.platform.database import Database, transactional
-from app.repository import control, intake, overrides
+from app.repository import code_intake, control, intake, overrides
 from app.repository.control import Check
 from app.repository.intake import Added, check_loadable, check_ref
 from app.repository.registry import PUBLIC, ModelRepository, VersionStatus
@@ -65,9 +65,9 @@ class ModelOperations:
     def model_ready(self, tenant: str | None, name: str, version: str | None = None) -> ModelCard:
         """The card of a model that can serve now; Unavailable while its file is gone."""
         card = self.model(tenant, name, version)
-        if not card.onnx_path.is_file():
+        if not card.main_file.is_file():
             raise Unavailable(
-                f"model {card.ref} is not ready: {card.onnx_path.name} is missing", retry_after=5
+                f"model {card.ref} is not ready: {card.main_file.name} is missing", retry_after=5
             )
         return card
 
@@ -166,12 +166,22 @@ class ModelOperations:
         *,
         force: bool = False,
         description: str = "",
+        allow_code: bool = False,
     ) -> Added:
         """`add` for a version whose file arrives as a stream (`read(n)`), written to a
-        staging file inside the repository as it comes: TooLarge past `limit` bytes."""
+        staging file inside the repository as it comes: TooLarge past `limit` bytes.
+        An archive of a folder with a model.py is code the workers will run: Forbidden
+        unless `allow_code` (ALLOW_CODE_UPLOADS, off by default)."""
         check_ref(name, version)  # before the upload, not after it
         staged = _staged(self.repository.root, read, limit)
         try:
+            if not allow_code and code_intake.has_code(staged):
+                raise Forbidden(
+                    "this upload brings a model.py, code the workers would run, and code "
+                    "uploads are off: add it with `manage.py models add <folder>` on a "
+                    "machine of the service, or set ALLOW_CODE_UPLOADS=true to let operator "
+                    "keys upload code"
+                )
             return self.add(staged, name, version, move=True, force=force, description=description)
         finally:
             staged.unlink(missing_ok=True)
@@ -263,6 +273,8 @@ def _gguf_builder(
     source: Path, weights: str | None
 ) -> Callable[[Path, Path], dict[str, Any]] | None:
     """The builder of a GGUF file (its first bytes say so), else None."""
+    if source.is_dir():
+        return None
     with source.open("rb") as file:
         gguf = file.read(4) == b"GGUF"
     if not gguf:

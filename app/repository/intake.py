@@ -25,6 +25,7 @@ import onnxruntime as ort
 
 from app.cards import ModelCard, TensorSpec, version_key
 from app.errors import Conflict, InvalidModel, InvalidRequest
+from app.repository import code_intake
 from app.runtime.datatypes import ORT_TO_V2
 from app.runtime.sessions import ModelMismatch, check_card
 
@@ -169,16 +170,21 @@ def add_model(
     version_dir.mkdir(parents=True)
     try:
         onnx_path = version_dir / "model.onnx"
-        built = build(source, version_dir) if build is not None else None
-        if built is None and move:
-            os.replace(source, onnx_path)
-        elif built is None:
-            shutil.copyfile(source, onnx_path)
-        graph = inspect(onnx_path, f"{name}:{version}" if move else str(source))
         base = _newest_card(root, name)
-        card_json = draft_card(graph, base) if built is None else {
-            **built, **{k: base[k] for k in INHERITED if base and k in base}}  # fmt: skip
-        card_json.update(card or {})
+        inherited = {k: base[k] for k in INHERITED if base and k in base}
+        if source.is_dir() or code_intake.is_archive(source):
+            card_json = _with_code(source, version_dir, f"{name}:{version}",
+                                   {**inherited, **(card or {})})  # fmt: skip
+            graph = inspect(onnx_path) if onnx_path.is_file() else Graph((), ())
+        else:
+            built = build(source, version_dir) if build is not None else None
+            if built is None and move:
+                os.replace(source, onnx_path)
+            elif built is None:
+                shutil.copyfile(source, onnx_path)
+            graph = inspect(onnx_path, f"{name}:{version}" if move else str(source))
+            card_json = draft_card(graph, base) if built is None else {**built, **inherited}
+            card_json.update(card or {})
         (version_dir / "card.json").write_text(json.dumps(card_json, indent=2) + "\n")
         try:
             ModelCard.load(version_dir)  # (a card the repository would skip is not placed)
@@ -189,6 +195,25 @@ def add_model(
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("added model %s:%s at %s", name, version, target)
     return Added(ModelCard.load(target), replaced, graph.skipped_outputs)
+
+
+def _with_code(
+    source: Path, version_dir: Path, shown: str, fields: dict[str, Any]
+) -> dict[str, Any]:
+    """A folder (or an archive of one) with a model.py: its files placed, its
+    requirements checked, its graph (if any) loaded, its code tried on its
+    examples in a process of its own; the card it serves with."""
+    if source.is_dir():
+        code_intake.copy_folder(source, version_dir)
+    else:
+        unpacked = code_intake.unpack_archive(source, version_dir.parent / "unpacked")
+        code_intake.copy_folder(unpacked, version_dir)
+    if not (version_dir / "model.py").is_file():
+        raise InvalidModel(f"{shown}: a folder brings a model.py (and may bring a model.onnx)")
+    code_intake.check_requirements(version_dir)
+    if (version_dir / "model.onnx").is_file():
+        inspect(version_dir / "model.onnx", f"{shown} model.onnx")
+    return code_intake.dry_run(version_dir, fields, shown)
 
 
 def staging_file(root: Path) -> Path:

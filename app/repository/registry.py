@@ -101,8 +101,8 @@ class ModelRepository:
                 if not (version_dir / "card.json").is_file():
                     continue
                 where = (version_dir.parent.name, version_dir.name)
-                if not (version_dir / "model.onnx").is_file():
-                    broken[where] = "model.onnx is missing"
+                if not any((version_dir / f).is_file() for f in ("model.onnx", "model.py")):
+                    broken[where] = "model.onnx (or model.py) is missing"
                     continue
                 try:
                     card = ModelCard.load(version_dir)

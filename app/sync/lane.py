@@ -95,9 +95,10 @@ return {entry, unpack(heard)}
 
 def route(card: ModelCard, lane_on: bool) -> str:
     """How a sync call of `card` travels, the one rule every door and process
-    follows: INLINE (run in the calling process: `"execution": "inline"`), LANE
-    (worker-run, not generative, with SYNC_LANE on), else JOB (a job row first)."""
-    if card.extra.get("execution") == INLINE:
+    follows: INLINE (run in the calling process: `"execution": "inline"`, never for
+    a model with its own code), LANE (worker-run, not generative, with SYNC_LANE
+    on), else JOB (a job row first)."""
+    if card.extra.get("execution") == INLINE and not card.code:
         return INLINE
     return LANE if lane_on and card.generation is None else JOB
 

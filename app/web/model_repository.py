@@ -68,7 +68,7 @@ def put_version(args: dict[str, Any], name: str, version: str) -> tuple[dict[str
     request.max_content_length = limit  # this route only
     added = services().models.add_upload(
         request.stream.read, name, version, limit, force=args["force"],
-        description=args["description"],
+        description=args["description"], allow_code=services().settings.allow_code_uploads,
     )  # fmt: skip
     return added.to_dict(), 201
 

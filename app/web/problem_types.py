@@ -88,7 +88,8 @@ PROBLEM_TYPES: dict[str, tuple[int, str, str]] = {
         500,
         "Inference failed",
         "The model did not produce outputs for this request. `error_code` says why: "
-        "invalid_input, inference_error or non_finite_output (422) come from the inputs; "
+        "invalid_input, inference_error, non_finite_output, code_error (the model's own "
+        "code raised) or code_time_limit (422) come from the inputs; "
         "cancelled or deadline_exceeded (409) from the job's own limits; anything else "
         "(500) from the service. `job_id`, where present, names the job.",
     ),

@@ -106,6 +106,13 @@ class ServiceSettings(BaseSettings):
         description="The largest model.onnx PUT /v2/repository/models/... accepts (streamed "
         "to a file in MODEL_REPOSITORY, never held in memory).",
     )
+    allow_code_uploads: bool = Field(
+        default=False,
+        description="Whether PUT /v2/repository/models/... takes an archive of a folder with "
+        "a model.py (code the workers run) from an operator key; off, code is added only "
+        "with `manage.py models add` on a machine of the service. A tenant's key never "
+        "uploads anything.",
+    )
     model_state_cache_seconds: float = Field(
         default=2.0,
         description="How often a process checks the shared model states (PostgreSQL) and "
