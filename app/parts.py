@@ -275,7 +275,7 @@ class Parts(Lazy):
     def runner(self) -> Runner:
         """What runs claimed jobs: the models, their sessions, leases kept meanwhile."""
         from app.execution.runner import Runner, RunSettings
-        from app.operations.execution import renew_leases
+        from app.operations.execution import StepStore, renew_leases
 
         settings = RunSettings.of(self.settings)
         return Runner(
@@ -286,6 +286,7 @@ class Parts(Lazy):
             renew=partial(renew_leases, self.database, settings.lease_s),
             guards=self.guards,
             reply=self._publish_replies,
+            steps=StepStore(self.database),
         )
 
     @made

@@ -38,6 +38,19 @@ BUILDERS: dict[str, Builder] = {
 }
 
 
+def _committed(source: Path) -> list[Path]:
+    """The files of a bundled version as committed (not those a build makes)."""
+    made = {"model.onnx", "model.cuda.onnx", "tokenizer.json"}
+    return [p for p in sorted(source.iterdir()) if p.is_file() and p.name not in made]
+
+
+def _stale(source: Path, target: Path) -> bool:
+    """Whether another repository lacks a committed file of the version."""
+    if target.resolve() == source.resolve():
+        return False
+    return any(not (target / p.name).is_file() for p in _committed(source))
+
+
 def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> list[Path]:
     """Build each bundled model whose `model.onnx` is missing from `root` (all of
     them with force); a repository other than the bundled one gets the card too.
@@ -49,13 +62,14 @@ def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> lis
         source = card_path.parent
         target = root / source.parent.name / source.name
         card = json.loads(card_path.read_text())
-        variants = {"model.onnx": card}
-        if cuda and "cuda_weights" in card["build"]:
+        # (a model of code alone, or a pipeline, has nothing to build: its files are all)
+        variants = {"model.onnx": card} if "build" in card else {}
+        if cuda and "cuda_weights" in card.get("build", {}):
             weights = card["build"]["cuda_weights"]
             variants["model.cuda.onnx"] = {**card, "build": {**card["build"], "weights": weights}}
         missing = {name: variant for name, variant in variants.items()
                    if force or not (target / name).is_file()}  # fmt: skip
-        if missing or not (target / "card.json").is_file():
+        if missing or _stale(source, target):
             todo.append((card_path, target, missing))
     built = []
     with _bar(len(todo), "models build", "model") as bar:
@@ -64,7 +78,8 @@ def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> lis
             bar.set_postfix_str(f"{source.parent.name}/{source.name}")
             if target.resolve() != source.resolve():
                 target.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(card_path, target / "card.json")
+                for path in _committed(source):  # the card, and a model's own code and files
+                    shutil.copyfile(path, target / path.name)
             for name, variant in missing.items():
                 started = time.monotonic()
                 model_bytes, facts = BUILDERS[variant["build"]["builder"]](variant, target)

@@ -26,11 +26,28 @@ from app.cards.sandbox import (
     rendering,
     template_environment,
 )
+from app.cards.steps import ENSEMBLE, Step, Steps
+from app.cards.steps import parse as parse_steps
 
 __all__ = [
-    "TEMPLATE_ITEMS", "TEMPLATE_SECONDS", "Batching", "GenerationSpec", "ModelCard",
-    "PipelineSpec", "TemplateRefused", "TensorSpec", "TimedList", "VersionPolicy",
-    "check_template", "on_time", "rendering", "template_environment", "version_key",
+    "ENSEMBLE",
+    "TEMPLATE_ITEMS",
+    "TEMPLATE_SECONDS",
+    "Batching",
+    "GenerationSpec",
+    "ModelCard",
+    "PipelineSpec",
+    "Step",
+    "Steps",
+    "TemplateRefused",
+    "TensorSpec",
+    "TimedList",
+    "VersionPolicy",
+    "check_template",
+    "on_time",
+    "rendering",
+    "template_environment",
+    "version_key",
 ]  # fmt: skip
 
 # A queue name a card may give: it becomes a Redis key and an item of WORKER_QUEUES.
@@ -244,6 +261,8 @@ class ModelCard:
     code: bool = False
     graph: bool = True
     time_limit_s: float = CODE_TIME_LIMIT_S
+    # A pipeline's steps (app.cards.steps): a model made of other models.
+    steps: Steps | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -255,8 +274,17 @@ class ModelCard:
         return self.path / "model.py"
 
     @property
+    def backend(self) -> str:
+        """Triton's `backend`: python for a model with its own code, none for a
+        pipeline (an ensemble), else onnxruntime."""
+        return "" if self.steps is not None else "python" if self.code else "onnxruntime"
+
+    @property
     def main_file(self) -> Path:
-        """The file without which the version cannot serve: its graph, or its code."""
+        """The file without which the version cannot serve: its graph, its code, or
+        (a pipeline's) its card."""
+        if self.steps is not None:
+            return self.path / "card.json"
         return self.onnx_path if self.graph else self.code_path
 
     @property
@@ -288,7 +316,10 @@ class ModelCard:
             "platform": self.platform,
             "description": self.description,
             "inputs": [s.to_dict() for s in self.inputs],
-            "outputs": [s.to_dict() for s in self.outputs],
+            "outputs": [
+                {**s.to_dict(), **({"from": self.steps.outputs[s.name]} if self.steps else {})}
+                for s in self.outputs
+            ],
             "labels": list(self.labels),
             "batching": {
                 "max_batch_size": self.batching.max_batch_size,
@@ -300,6 +331,7 @@ class ModelCard:
             **({"generation": self.generation.to_dict()} if self.generation else {}),
             **({"parameters": dict(self.parameters)} if self.parameters else {}),
             **({"time_limit_seconds": self.time_limit_s} if self.code else {}),
+            **({"steps": self.steps.to_dict()} if self.steps else {}),
             **self.extra,
         }
 
@@ -308,7 +340,7 @@ class ModelCard:
         raw = json.loads((version_dir / "card.json").read_text())
         known = {"name", "version", "platform", "description", "inputs", "outputs", "labels",
                  "batching", "pipeline", "version_policy", "tenants", "queue",
-                 "generation", "parameters", "time_limit_seconds"}  # fmt: skip
+                 "generation", "parameters", "time_limit_seconds", "steps"}  # fmt: skip
         tenants = raw.get("tenants")
         if tenants is not None and not (
             isinstance(tenants, list) and all(isinstance(t, str) for t in tenants)
@@ -329,6 +361,12 @@ class ModelCard:
         if code and raw.get("execution") == "inline":
             raise ValueError('execution: "inline" runs in the API process, where a model\'s own '
                              'code never runs; leave it out (its calls go to workers)')  # fmt: skip
+        steps = None
+        if "steps" in raw or raw.get("platform") == ENSEMBLE:
+            steps = parse_steps(raw, [str(s["name"]) for s in raw["inputs"]], raw["outputs"])
+            if code or "generation" in raw or raw.get("execution") == "inline":
+                raise ValueError("a pipeline (steps) has no model.py, generation nor inline "
+                                 "execution of its own: its steps' models do")  # fmt: skip
         if code and "generation" in raw:
             raise ValueError("model.py: a generative model's code is not supported; "
                              "use a pipeline step around it")  # fmt: skip
@@ -338,7 +376,7 @@ class ModelCard:
             path=version_dir,
             inputs=tuple(TensorSpec.from_dict(s) for s in raw["inputs"]),
             outputs=tuple(TensorSpec.from_dict(s) for s in raw["outputs"]),
-            platform=raw.get("platform", "onnxruntime_onnx"),
+            platform=raw.get("platform", ENSEMBLE if steps else "onnxruntime_onnx"),
             description=raw.get("description", ""),
             labels=tuple(raw.get("labels", ())),
             batching=Batching.from_dict(raw.get("batching", {})),
@@ -349,8 +387,9 @@ class ModelCard:
             generation=GenerationSpec.from_dict(raw["generation"]) if "generation" in raw else None,
             parameters=dict(parameters),
             code=code,
-            graph=(version_dir / "model.onnx").is_file() or not code,
+            graph=steps is None and ((version_dir / "model.onnx").is_file() or not code),
             time_limit_s=limit,
+            steps=steps,
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -32,6 +32,7 @@ from app.execution.leases import LeaseKeeper, Renew
 from app.jobs.chunks import read_range, result_key
 from app.jobs.claims import ClaimedJob
 from app.jobs.guards import Guards
+from app.jobs.steps import StepRow
 from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import Outcome
 from app.platform.filestore import FileStore
@@ -86,6 +87,8 @@ class Runner:
     # Sends sync calls' answers to their callers' channels (app.sync.replies), after
     # the commit; None where nobody waits so (tests of the execute path alone).
     reply: Callable[[list[tuple[str, Reply]]], None] | None = None
+    # Where pipeline jobs' finished steps are kept (app.jobs.steps); None: not kept.
+    steps: StepStore | None = None
     leases: LeaseKeeper = field(init=False)
 
     def __post_init__(self) -> None:
@@ -166,7 +169,8 @@ def _run_group(
             outcomes[job.id] = _failed(job, runs.Failed("invalid_input", exc))
         except OSError as exc:  # the file store did not answer: the chunk's rows are kept
             outcomes[job.id] = _store_error(runner, job, exc)
-    ran_all = runs.run_card(runner.sessions, card, requests, runner.repository)
+    records = JobRecords(runner.steps, runnable) if card.steps and runner.steps else None
+    ran_all = runs.run_card(runner.sessions, card, requests, runner.repository, records)
     for job, ran in zip(runnable, ran_all, strict=True):
         try:
             outcome = (
@@ -181,6 +185,33 @@ def _run_group(
         share, compute_s = (ran.share, ran.compute_s) if isinstance(ran, runs.Ran) else (0.0, 0.0)
         outcomes[job.id] = replace(outcome, batch_share=share, compute_seconds=compute_s)
     return [outcomes[job.id] for job in jobs]
+
+
+class StepStore(Protocol):
+    def load(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[tuple[str, int], bytes]]: ...
+
+    def write(self, rows: list[StepRow]) -> None: ...
+
+
+@dataclass
+class JobRecords:
+    """A micro-batch of pipeline jobs' finished steps (app.execution.steps.Records):
+    read once (a first attempt has none), written as each step finishes."""
+
+    store: StepStore
+    jobs: list[ClaimedJob]
+
+    def recorded(self) -> list[dict[tuple[str, int], dict[str, np.ndarray]]]:
+        if all(job.attempt <= 1 for job in self.jobs):
+            return [{} for _ in self.jobs]
+        found = self.store.load([job.id for job in self.jobs])
+        return [{key: unpack(data) for key, data in found.get(job.id, {}).items()}
+                for job in self.jobs]  # fmt: skip
+
+    def record(self, rows: list[tuple[int, str, int, dict[str, np.ndarray]]]) -> None:
+        jobs = self.jobs
+        self.store.write([StepRow(jobs[i].id, step, element, jobs[i].attempt, pack(outputs))
+                          for i, step, element, outputs in rows])  # fmt: skip
 
 
 def _succeeded(store: FileStore, job: ClaimedJob, outputs: dict[str, np.ndarray]) -> Outcome:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def transient(exc: Exception) -> bool:
     return any(marker in str(exc).lower() for marker in _TRANSIENT_MARKERS)
 
 
-def resolve(repository: ModelRepository, model: str, version: str) -> ModelCard | Failed:
+def resolve(repository: ModelRepository, model: str, version: str | None) -> ModelCard | Failed:
     """The card of `model` at `version`, rescanning once for one added since this
     process last looked; a `model_unavailable` failure when it does not serve."""
     try:
@@ -98,13 +99,20 @@ def run_card(
     card: ModelCard,
     items: list[Arrays],
     repository: ModelRepository | None = None,
+    records: Any = None,
 ) -> list[Outcome]:
     """Run checked items on `card` (one ONNX Runtime call for many where the card
     batches): one outcome an item, a bad item failing only itself. With the
     `repository`, a version whose file went because it was removed a moment ago
-    (its session not made yet here) is `model_unavailable`, not `model_invalid`."""
+    (its session not made yet here) is `model_unavailable`, not `model_invalid`.
+    A pipeline's items run its steps (app.execution.steps; `records` keeps an
+    async job's finished steps)."""
     if not items:
         return []
+    if card.steps is not None:
+        from app.execution import steps  # (it runs each step's model through here)
+
+        return steps.run(sessions, repository, card, items, records)
     try:
         engine.warm(sessions, card)
     except Exception as exc:  # its file is missing, corrupt or unlike its card

@@ -182,6 +182,24 @@ class Job(Base):
     batch_line: Mapped[dict[str, Any] | None] = mapped_column(JSONB, deferred=True)
 
 
+class JobStep(Base):
+    """A finished step of a pipeline job (or one element of a mapped step, -1 for a
+    whole step): its outputs, packed. Written once; a retried job resumes after it."""
+
+    __tablename__ = "job_steps"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[str] = mapped_column(String(100), primary_key=True)
+    element: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    outputs: Mapped[bytes] = mapped_column(LargeBinary)
+    finished_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
 class JobEvent(Base):
     """A job's change of state, written by a trigger on `jobs` in the same statement
     as the change (see the migration), so it costs no extra round trip and can

@@ -20,7 +20,7 @@ from typing import Any
 
 from app.execution.dispatch import DRAIN_TASK, PURGE_TASK, SWEEP_TASK, Dispatcher
 from app.execution.runner import Runner
-from app.jobs import claims, telemetry
+from app.jobs import claims, steps, telemetry
 from app.jobs.chunks import settle
 from app.jobs.claims import ClaimedJob
 from app.jobs.guards import Guards
@@ -36,6 +36,7 @@ __all__ = [
     "Execution",
     "Guards",
     "Outcome",
+    "StepStore",
     "renew_leases",
 ]
 
@@ -174,6 +175,22 @@ class Execution:
     @transactional
     def _settle(self, batch_ids: list[uuid.UUID]) -> None:
         settle(self.database.session(), batch_ids)
+
+
+class StepStore:
+    """A pipeline job's finished steps (app.jobs.steps): each write a unit of work of
+    its own, committed as the step finishes, beside the task's."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def load(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[tuple[str, int], bytes]]:
+        with self.database.separate_unit_of_work() as session:
+            return steps.recorded(session, job_ids)
+
+    def write(self, rows: list[steps.StepRow]) -> None:
+        with self.database.separate_unit_of_work() as session:
+            steps.record(session, rows)
 
 
 def renew_leases(database: Database, lease_s: float, jobs: list[ClaimedJob]) -> set[uuid.UUID]:

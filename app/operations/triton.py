@@ -35,16 +35,18 @@ def model_config(card: ModelCard) -> dict[str, Any]:
     config: dict[str, Any] = {
         "name": card.name,
         "platform": card.platform,
-        "backend": "onnxruntime",
+        "backend": card.backend,
         "max_batch_size": batching,
         "input": [_tensor(spec, skip) for spec in card.inputs],
         "output": [_tensor(spec, skip) for spec in card.outputs],
     }
-    if batching > 0:
+    if batching > 0 and card.steps is None:  # (an ensemble schedules by its steps)
         delay_us = int(card.batching.max_queue_delay_ms * 1000)
         config["dynamic_batching"] = {"max_queue_delay_microseconds": delay_us}
     if card.generation is not None:
         config["model_transaction_policy"] = {"decoupled": True}
+    if card.steps is not None:
+        config["ensemble_scheduling"] = card.steps.triton()
     policy = version_policy(card)
     if policy is not None:
         config["version_policy"] = policy

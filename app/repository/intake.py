@@ -25,7 +25,7 @@ import onnxruntime as ort
 
 from app.cards import ModelCard, TensorSpec, version_key
 from app.errors import Conflict, InvalidModel, InvalidRequest
-from app.repository import code_intake
+from app.repository import code_intake, pipelines
 from app.runtime.datatypes import ORT_TO_V2
 from app.runtime.sessions import ModelMismatch, check_card
 
@@ -172,7 +172,10 @@ def add_model(
         onnx_path = version_dir / "model.onnx"
         base = _newest_card(root, name)
         inherited = {k: base[k] for k in INHERITED if base and k in base}
-        if source.is_dir() or code_intake.is_archive(source):
+        steps = _pipeline_card(source)
+        if steps is not None:  # a pipeline: a card listing its steps, nothing else
+            card_json, graph = {**inherited, **steps, **(card or {})}, Graph((), ())
+        elif source.is_dir() or code_intake.is_archive(source):
             card_json = _with_code(source, version_dir, f"{name}:{version}",
                                    {**inherited, **(card or {})})  # fmt: skip
             graph = inspect(onnx_path) if onnx_path.is_file() else Graph((), ())
@@ -187,14 +190,46 @@ def add_model(
             card_json.update(card or {})
         (version_dir / "card.json").write_text(json.dumps(card_json, indent=2) + "\n")
         try:
-            ModelCard.load(version_dir)  # (a card the repository would skip is not placed)
+            loaded = ModelCard.load(version_dir)  # (a card the repository would skip is not placed)
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidModel(f"{name}:{version}: its card is not valid: {exc}") from None
+        if loaded.steps is not None:
+            pipelines.check(loaded, _finder(root))
         _place(version_dir, target, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("added model %s:%s at %s", name, version, target)
     return Added(ModelCard.load(target), replaced, graph.skipped_outputs)
+
+
+def _pipeline_card(source: Path) -> dict[str, Any] | None:
+    """The card of a pipeline a source brings (a card.json listing steps, alone or in
+    a folder), else None."""
+    path = source / "card.json" if source.is_dir() else source
+    if source.is_dir() and any((source / f).is_file() for f in ("model.py", "model.onnx")):
+        return None
+    try:
+        with path.open("rb") as file:
+            if file.read(1) != b"{":
+                return None
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) and "steps" in raw else None
+
+
+def _finder(root: Path) -> pipelines.Find:
+    """A step's model as the repository's folder holds it now (its newest version)."""
+    from app.repository.registry import ModelRepository
+
+    repository = ModelRepository(root)
+
+    def find(name: str, version: str | None) -> ModelCard | None:
+        versions = repository.versions(name)
+        chosen = version if version is not None else (versions[-1] if versions else None)
+        return repository.card(name, chosen) if chosen in versions else None
+
+    return find
 
 
 def _with_code(

@@ -38,7 +38,7 @@ SETTABLE = (
     "parameters",
 )
 MAX_DELAY_US = 1_000_000  # a card's max_queue_delay_ms is at most 1000
-_BACKEND, _MODEL_FILE = "onnxruntime", "model.onnx"
+_MODEL_FILE = "model.onnx"
 _PUT = "PUT the file to /v2/repository/models/<name>/versions/<version>, then load"
 
 
@@ -126,7 +126,11 @@ def parse_config(name: str, text: str, cards: list[ModelCard]) -> Override:
     if given not in ("", name):
         raise _refused("config.name", f"{given!r} names another model; this load is of {name!r}")
     _agrees(fields.pop("platform", ""), {c.platform for c in cards}, "config.platform")
-    _agrees(fields.pop("backend", ""), {_BACKEND}, "config.backend")
+    _agrees(fields.pop("backend", ""), {c.backend for c in cards}, "config.backend")
+    ensemble = fields.pop("ensemble_scheduling", None)
+    if ensemble is not None and ensemble not in [c.steps.triton() for c in cards if c.steps]:
+        raise _refused("config.ensemble_scheduling", "a pipeline's steps change with a new "
+                       "version (models add), not with a load")  # fmt: skip
     _agrees(
         fields.pop("default_model_filename", ""), {_MODEL_FILE}, "config.default_model_filename"
     )

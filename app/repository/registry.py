@@ -38,6 +38,14 @@ def _entries(folder: Path) -> list[Path]:
         return []
 
 
+def _lists_steps(version_dir: Path) -> bool:
+    """Whether the folder's card.json is a pipeline's (it needs no file beside it)."""
+    try:
+        return '"steps"' in (version_dir / "card.json").read_text()
+    except OSError:
+        return False
+
+
 def _version_dirs(root: Path) -> list[Path]:
     """Every `<root>/<name>/<version>` entry, sorted."""
     return sorted(v for m in _entries(root) for v in _entries(m))
@@ -101,7 +109,8 @@ class ModelRepository:
                 if not (version_dir / "card.json").is_file():
                     continue
                 where = (version_dir.parent.name, version_dir.name)
-                if not any((version_dir / f).is_file() for f in ("model.onnx", "model.py")):
+                files = any((version_dir / f).is_file() for f in ("model.onnx", "model.py"))
+                if not files and not _lists_steps(version_dir):
                     broken[where] = "model.onnx (or model.py) is missing"
                     continue
                 try:

@@ -44,6 +44,10 @@ class ModelConfigSchema(Schema):
     model_transaction_policy = fields.Dict(
         metadata={"description": "`decoupled: true` for generative models"}
     )
+    ensemble_scheduling = fields.Dict(
+        metadata={"description": "a pipeline's steps (platform `ensemble`): each step's "
+                  "`model_name`, `model_version` and `input_map`/`output_map` of tensors"}
+    )  # fmt: skip
     version_policy = fields.Dict(
         metadata={
             "description": 'which versions serve: `{"all": {}}`, `{"latest": {"num_versions": '
