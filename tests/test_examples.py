@@ -139,6 +139,15 @@ def _first_job_sh(running: Running, cwd: Path) -> None:
     assert list(cwd.iterdir()) == []  # it leaves no file behind
 
 
+@check("photo_job.sh")
+def _photo_job_sh(running: Running, cwd: Path) -> None:
+    out = running.run("photo_job.sh", cwd)
+    assert re.search(r"status: succeeded\ndigit: 7 confidence: 0\.9\d*\n$", out), out
+    job = running.job(_job_line(out))
+    assert job["model"] == "digit-photo" and job["outputs"]["digit"] == [7]
+    assert list(cwd.iterdir()) == []
+
+
 @check("first_job.py")
 def _first_job_py(running: Running, cwd: Path) -> None:
     out = running.run("first_job.py", cwd)
