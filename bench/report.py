@@ -33,6 +33,7 @@ WORKLOADS = {
     "m": "(m) embeddings",
     "n": "(n) soak",
     "o": "(o) a model added while it serves",
+    "p": "(p) pipelines",
 }
 # The goals of "a lean data plane", each a ratio (or a bound) within one run.
 TEXTBOOK_GOAL = 4.0  # (a) jobs/s vs the textbook design's
@@ -40,6 +41,8 @@ NOOP_GOAL = 1.0  # (a) jobs/s vs a bare Celery round trip's tasks/s
 SYNC_GOAL = 0.6  # (f) calls/s vs the bare Flask + ORT endpoint's, 16 clients
 ADDED_ANSWER_MS = 1000.0  # (o): a model added is answered within the same second
 INLINE_GOAL = 0.8  # (l) the same, on an inline model
+PIPELINE_GOAL = 0.8  # (p) digit-photo's jobs/s vs the same steps as one model.py
+INGEST_GOAL = 0.8  # (p) ingest's chunks/s vs raw ORT embedding the chunks in one batch
 # One client: a call's p50 (p99) at most the bare endpoint's plus this many ms.
 SYNC_P50_EXTRA_MS, SYNC_P99_EXTRA_MS, INLINE_P50_EXTRA_MS = 2.0, 5.0, 1.0
 GRPC_GOAL = 1.0  # (h) unary gRPC calls/s vs (f)'s
@@ -245,6 +248,16 @@ def targets(
         add(f"first sync answer of a model added while it serves, ms after `models add` "
             f"returned, p50 of 10, {door.upper() if door == 'http' else 'gRPC'} (o)",
             row(o).get(f"{door}_first_answer_ms"), "<=", ADDED_ANSWER_MS, o)  # fmt: skip
+    p = (SERVICE, "p")
+    pipes = {r["variant"]: r for r in results if (r["contender"], r["workload"]) == p}
+    pipe, one = (next((r.get("jobs_per_s") for v, r in pipes.items() if v.startswith(name)), None)
+                 for name in ("digit-photo pipeline", "digit-photo-code"))  # fmt: skip
+    add("digit-photo pipeline jobs/s vs the same steps as one model.py, 16 clients (p)",
+        round(pipe / one, 2) if pipe and one else None, ">=", PIPELINE_GOAL, p)  # fmt: skip
+    for variant, r in sorted(pipes.items()):
+        if variant.startswith("ingest") and r.get("rows_per_s") and r.get("raw_rows_per_s"):
+            add(f"{variant}: chunks/s vs raw ORT in one batch at {r['raw_threads']} thread(s) (p)",
+                round(r["rows_per_s"] / r["raw_rows_per_s"], 2), ">=", INGEST_GOAL, p)  # fmt: skip
     n = (SERVICE, "n")
     add("soak: accepted jobs lost, (n)", row(n).get("lost"), "<=", 0, n)
     add("soak: largest RSS growth of a service process after warm-up, MB (n)",

@@ -373,6 +373,11 @@ def run_all(
         batch = batch_rows(c, plan.batch_rows, digits, plan.drain_timeout_s * 4)
         if batch:
             record(batch)
+    if plan.runs("p") and getattr(c, "serves_pipelines", False):
+        from bench.pipelines import pipelines
+
+        for row in pipelines(c, plan, _measure_closed):
+            record(row)
     if plan.runs("o") and repeat == 0:
         from bench.added import added_model
 

@@ -45,6 +45,7 @@ def classify(cmdline: list[str]) -> str | None:
 class Service(HttpContender):
     name = "service"
     runs_embedding_model = True
+    serves_pipelines = True  # (p): the bundled pipelines
     soaks = True
     description = (
         "this service: manage.py up (granian API, the gRPC door, the stream consumer, Celery "
