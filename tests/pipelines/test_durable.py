@@ -15,8 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import sqlalchemy as sa
 from flask import Flask
 
+from app.platform.database import Database
 from app.platform.settings import Settings
 from app.web.context import container_of
 from tests.conftest import WorkerProcess
@@ -153,3 +155,35 @@ def test_a_pipeline_killed_between_steps_and_inside_its_map_resumes_and_reruns_n
     assert [calls[f"shout {w}"] for w in ("a", "b", "c", "d")] == [1, 1, 1, 1], calls
     # Only the elements in flight at each kill ran twice.
     assert calls["shout sleep:3"] == 2 and calls["shout sleep:3.0"] == 2, calls
+
+
+def test_a_worker_child_crashing_in_a_models_code_is_retried_then_dead_lettered(
+    own: Settings, make_app: Callable[..., Flask], tmp_path: Path, auth: dict[str, str],
+    database: Database,
+) -> None:  # fmt: skip
+    from tests.code.folders import whims_folder
+
+    app = make_app(own, retry_backoff_seconds=0.05, retry_backoff_max_seconds=0.1)
+    container_of(app).models.add(whims_folder(tmp_path / "whims"), "crashy")
+    worker = WorkerProcess(own, tmp_path / "worker.log", concurrency=1, JOB_LEASE_SECONDS="1",
+                           WHIMS_LOG=str(tmp_path / "calls.log"))  # fmt: skip
+    try:
+        client, maintenance = app.test_client(), container_of(app).maintenance
+        bodies = [{"model": "crashy", "inputs": {"text": [text]}} for text in ("crash", "calm")]
+        ids = [client.post("/jobs", headers=auth, json=body).json["id"] for body in bodies]
+
+        def ended() -> list[dict[str, object]] | None:
+            maintenance.sweep()
+            jobs = [client.get(f"/jobs/{i}", headers=auth).json for i in ids]
+            return jobs if all(j["status"] in ("succeeded", "failed") for j in jobs) else None
+
+        crashed, calm = wait_until(ended, "both jobs ended", 120, 0.2)
+    finally:
+        worker.stop()
+    assert calm["status"] == "succeeded" and calm["outputs"] == {"shout": ["CALM"]}
+    assert crashed["status"] == "failed" and crashed["attempts"] == 3, crashed
+    assert crashed["error"]["code"] == "attempts_exhausted", crashed  # type: ignore[index]
+    with database.sessionmaker() as session:
+        query = sa.text("SELECT error_code FROM dead_letters WHERE job_id = :id")
+        letters = session.execute(query, {"id": crashed["id"]}).scalars().all()
+    assert letters == ["attempts_exhausted"]
