@@ -169,7 +169,10 @@ def _run_group(
             outcomes[job.id] = _failed(job, runs.Failed("invalid_input", exc))
         except OSError as exc:  # the file store did not answer: the chunk's rows are kept
             outcomes[job.id] = _store_error(runner, job, exc)
-    records = JobRecords(runner.steps, runnable) if card.steps and runner.steps else None
+    records = (
+        JobRecords(runner.steps, runnable, resume=runner.guards.steps)
+        if card.steps and runner.steps else None
+    )  # fmt: skip
     ran_all = runs.run_card(runner.sessions, card, requests, runner.repository, records)
     for job, ran in zip(runnable, ran_all, strict=True):
         try:
@@ -200,9 +203,10 @@ class JobRecords:
 
     store: StepStore
     jobs: list[ClaimedJob]
+    resume: bool = True  # (the `steps` guard: off, every step runs again)
 
     def recorded(self) -> list[dict[tuple[str, int], dict[str, np.ndarray]]]:
-        if all(job.attempt <= 1 for job in self.jobs):
+        if not self.resume or all(job.attempt <= 1 for job in self.jobs):
             return [{} for _ in self.jobs]
         found = self.store.load([job.id for job in self.jobs])
         return [{key: unpack(data) for key, data in found.get(job.id, {}).items()}

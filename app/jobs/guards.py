@@ -45,7 +45,10 @@ class Guards:
     - `journal`: a sync lane call's record is journaled in Redis in the same step
       that answers it, so a worker that dies between answering and writing the
       record to PostgreSQL loses none (off: the record lives only in the worker's
-      memory until written).
+      memory until written);
+    - `steps`: a retried pipeline job reads the steps its earlier attempts
+      recorded and resumes at its first unfinished one (off: it runs every step
+      again, so a step that had finished runs twice).
     """
 
     claim: bool = True
@@ -59,6 +62,7 @@ class Guards:
     dedupe: bool = True
     resume: bool = True
     journal: bool = True
+    steps: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -100,6 +100,15 @@ them: **completed** counts calls answered 200 (finished on the removed version),
 404 (the model gone) or 503 (a model not idempotent whose worker died). None of
 the three has a guard to switch off.
 
+Scenario 28 (`tests/faults/test_faults_pipelines.py`) runs 40 pipeline jobs
+(a code step that splits a text into six words, then a code step mapped over the
+words, each word a slice recorded on its own) on two workers while worker
+children are SIGKILLed six times and Redis is killed and restarted from its AOF.
+Each code call logs when it started: a call that started after its step's
+record was written is a finished step run twice, and the notes count them. Its
+guard, `steps`: a retried pipeline job reads its finished steps and resumes at
+the first unfinished one; off, it runs them all again.
+
 Timings: leases 1.5 s, sweeps every 0.5 s, republish after 3 s, retry backoff
 0.2-1 s, consumers claim entries idle for 1.5 s (the production defaults are
 60 s, 5 s, 60 s, 2-300 s and 30 s).
