@@ -134,7 +134,7 @@ class Parts(Lazy):
     def reconciler(self) -> Reconciler:
         """Follows the repository generation (app.repository.generation): what this
         process holds per model version is closed once the version stops serving."""
-        from app.generation import formats
+        from app.generation import formats, oneshot
         from app.platform.broker import redis_client
         from app.repository.generation import Reconciler
         from app.runtime import code, pipeline
@@ -143,6 +143,7 @@ class Parts(Lazy):
         reconciler = Reconciler(self.repository, lambda: redis_client(url))
         reconciler.hold(pipeline.retain)
         reconciler.hold(code.retain)
+        reconciler.hold(oneshot.retain)
         reconciler.hold(formats.retain)
         return reconciler
 

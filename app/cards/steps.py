@@ -12,7 +12,10 @@ Celery's chain, group and chord, as one durable job).
        "inputs": {"label": "classify.label", "probabilities": "classify.probabilities"}}
     ]
 
-A source is a request input's name or `<step>.<output>`. A step may `map` over a
+A source is a request input's name or `<step>.<output>`. A chat model's step takes
+its `text_input` and its `parameters` (sampling or `labels`, and a `system`
+message), and gives `text_output` (and `label` and `scores` where it scores
+labels: app.generation.oneshot). A step may `map` over a
 source: each element along its first axis is a request of its own to the step's
 model (micro-batched with every other element and job), and the step's outputs
 are the elements' gathered in order. A step may run only `when` a source's values
@@ -28,6 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENSEMBLE = "ensemble"
+# What a chat model's step gives (app.generation.oneshot), whatever its card says.
+CHAT_OUTPUTS = (("text_output", "BYTES", (1,)), ("label", "BYTES", (1,)), ("scores", "FP32", (-1,)))
+CHAT_FIELDS = ("system",)  # a chat step's parameters beside the sampling ones
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class Step:
     version: str | None = None
     map: str | None = None  # the source whose elements are a request each
     when: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # A chat model's step: its sampling (or `labels` to score) and `system` message.
+    parameters: dict[str, Any] = field(default_factory=dict)
 
     def sources(self) -> set[str]:
         return {*self.inputs.values(), *([self.map] if self.map else []), *self.when}
@@ -50,6 +58,7 @@ class Step:
             "inputs": dict(self.inputs),
             **({"map": self.map} if self.map else {}),
             **({"when": {k: list(v) for k, v in self.when.items()}} if self.when else {}),
+            **({"parameters": dict(self.parameters)} if self.parameters else {}),
         }
 
 
@@ -131,9 +140,11 @@ def _step(index: int, item: Any) -> Step:
     if not (isinstance(when, dict) and all(isinstance(v, list) and v for v in when.values())):
         raise ValueError(f'{where}: when maps a source to the values it runs for, e.g. '
                          '{"classify.label": [1, 2]}')  # fmt: skip
-    version = item.get("version")
+    version, parameters = item.get("version"), item.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise ValueError(f"{where}: parameters is an object (a chat model's sampling, labels)")
     return Step(name, model, dict(inputs), None if version is None else str(version), mapped,
-                {k: tuple(v) for k, v in when.items()})  # fmt: skip
+                {k: tuple(v) for k, v in when.items()}, dict(parameters))  # fmt: skip
 
 
 def _known(what: str, source: str, steps: dict[str, Step], inputs: list[str]) -> None:

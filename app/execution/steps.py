@@ -14,18 +14,23 @@ memory) leaves the job to be retried from that step.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from app.cards import ModelCard, Step, Steps
+from app.cards.steps import CHAT_OUTPUTS
 from app.execution import runs
+from app.generation import oneshot
+from app.generation.requests import GenerationRequest
 from app.jobs.steps import WHOLE
 from app.repository.registry import ModelRepository
 from app.runtime.code import conform
 from app.runtime.datatypes import V2_TO_NUMPY, element
 from app.runtime.sessions import SessionPool
+from app.runtime.tensors import InvalidInputs
 
 Arrays = dict[str, np.ndarray]
 Key = tuple[str, int]  # (step, element): WHOLE for a step that is not mapped
@@ -131,8 +136,11 @@ class _Step:
     def _run(self, part: list[tuple[int, int, Arrays]], state: list[_Item],
              have: dict[tuple[int, int], Arrays]) -> None:  # fmt: skip
         live = [(i, e, r) for i, e, r in part if state[i].failed is None]
-        outcomes = runs.run_card(self.sessions, self.card, [r for _, _, r in live],
-                                 self.repository)  # fmt: skip
+        requests = [r for _, _, r in live]
+        outcomes = (
+            self._generated(requests) if self.card.generation is not None
+            else runs.run_card(self.sessions, self.card, requests, self.repository)
+        )  # fmt: skip
         rows = []
         for (i, e, _), outcome in zip(live, outcomes, strict=True):
             if isinstance(outcome, runs.Failed):
@@ -143,6 +151,30 @@ class _Step:
             rows.append((i, self.step.name, e, outcome.outputs))
         if self.records is not None and rows:
             self.records.record(rows)
+
+    def _generated(self, requests: list[Arrays]) -> list[runs.Outcome]:
+        """A chat model's step (app.generation.oneshot): one generation, or one
+        scoring of the step's labels, a request."""
+        wanted: list[GenerationRequest | runs.Failed] = []
+        for request in requests:
+            try:
+                text = _plain(request[oneshot.INPUT].reshape(-1)[0])
+                wanted.append(oneshot.request(self.card, str(text), self.step.parameters))
+            except (InvalidInputs, KeyError, IndexError) as exc:
+                wanted.append(runs.Failed("invalid_input", exc))
+        asked = [w for w in wanted if not isinstance(w, runs.Failed)]
+        started = time.perf_counter()
+        made = iter(oneshot.generate(oneshot.engines(self.sessions), self.card, asked))
+        share = (time.perf_counter() - started) / max(1, len(asked))
+        outcomes: list[runs.Outcome] = []
+        for w in wanted:
+            if isinstance(w, runs.Failed):
+                outcomes.append(w)
+                continue
+            got = next(made)
+            outcomes.append(runs.Failed(runs.INFERENCE_ERROR, got) if isinstance(got, Exception)
+                            else runs.Ran(got, 1 / max(1, len(asked)), share))  # fmt: skip
+        return outcomes
 
 
 def _runs(step: Step, values: Arrays) -> bool:
@@ -160,12 +192,10 @@ def _plain(value: object) -> object:
 
 def _empty(card: ModelCard) -> Arrays:
     """A step that did not run: each output with no rows."""
-    return {
-        spec.name: np.empty(
-            (0, *(max(d, 0) for d in spec.shape[1:])), dtype=V2_TO_NUMPY[spec.datatype]
-        )
-        for spec in card.outputs
-    }
+    specs = ([(s.name, s.datatype, s.shape) for s in card.outputs] if card.generation is None
+             else CHAT_OUTPUTS)  # fmt: skip
+    return {name: np.empty((0, *(max(d, 0) for d in shape[1:])), dtype=V2_TO_NUMPY[datatype])
+            for name, datatype, shape in specs}  # fmt: skip
 
 
 def _gathered(card: ModelCard, parts: list[Arrays]) -> Arrays:

@@ -1,5 +1,5 @@
 """A pipeline checked against the repository when it is added: each step's model is
-there (and is no chat model: not yet a step), each of its inputs is fed, and
+there (a chat model's step with parameters it knows), each of its inputs is fed, and
 every source gives what it takes (the same datatype, rank and fixed sizes; a
 mapped source gives one row an element). What is wrong is refused naming the
 step, and nothing is placed."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from app.cards import ModelCard, Step, TensorSpec
+from app.cards.steps import CHAT_FIELDS, CHAT_OUTPUTS
 from app.errors import InvalidModel
 
 Find = Callable[[str, str | None], ModelCard | None]
@@ -33,7 +34,9 @@ def check(card: ModelCard, find: Find) -> None:
             _fits(step, f"input {name!r}", wanted[name], source, given)
         for source in step.when:
             _given(step, source, specs)
-        for spec in model.outputs:
+        chat = [TensorSpec(name, datatype, shape) for name, datatype, shape in CHAT_OUTPUTS]
+        outputs = model.outputs if model.generation is None else chat
+        for spec in outputs:
             specs[f"{step.name}.{spec.name}"] = spec
     for output in card.outputs:
         source = card.steps.outputs[output.name]
@@ -53,8 +56,25 @@ def _model(card: ModelCard, step: Step, find: Find) -> ModelCard:
         what = f"model {step.model!r}" + (f" version {step.version!r}" if step.version else "")
         raise _refused(step, f"{what} is not in the repository: add it first")
     if model.generation is not None:
-        raise _refused(step, f"model {model.ref} is a chat model, which a step cannot run yet")
+        _chat(step, model)
+    elif step.parameters:
+        raise _refused(step, f"parameters are a chat model's; model {model.ref} takes none")
     return model
+
+
+def _chat(step: Step, model: ModelCard) -> None:
+    """A chat model's step: parameters it knows, labels of strings."""
+    assert model.generation is not None
+    known = {*model.generation.to_dict()["parameters"], *CHAT_FIELDS}
+    unknown = sorted(set(step.parameters) - known)
+    if unknown:
+        raise _refused(step, f"model {model.ref} takes no parameter {unknown}; it takes "
+                       f"{sorted(known)}")  # fmt: skip
+    labels = step.parameters.get("labels")
+    if labels is not None and not (
+        isinstance(labels, list) and labels and all(isinstance(x, str) and x for x in labels)
+    ):
+        raise _refused(step, "labels: a list of the labels to score, each a non-empty string")
 
 
 def _given(step: Step, source: str, specs: dict[str, TensorSpec]) -> TensorSpec:

@@ -15,7 +15,7 @@ from app.web.context import container_of
 BUNDLED = ROOT / "models"
 # In the order they can be added: a pipeline after its steps' models.
 PIPELINE_MODELS = ("digit-decode", "digit-answer", "digit-photo", "digit-photo-code",
-                   "ingest-chunks", "ingest")  # fmt: skip
+                   "ingest-chunks", "ingest", "triage")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,10 @@ def root(tmp_path: Path, model_repository: Path) -> Path:
     for name in ("digit-decode", "digit-answer"):
         shutil.copytree(bundled / name, root / name)
     shutil.copytree(model_repository / "digits", root / "digits")
+    chat = root / "smollm2" / "1"  # (its card, and its graph linked: not copied)
+    chat.mkdir(parents=True)
+    shutil.copyfile(model_repository / "smollm2" / "1" / "card.json", chat / "card.json")
+    (chat / "model.onnx").symlink_to(model_repository / "smollm2" / "1" / "model.onnx")
     return root
 
 
@@ -93,6 +97,30 @@ def test_a_pipeline_that_cannot_run_is_refused_naming_its_step(
         add(root, tmp_path, {**PHOTO, "steps": steps})
     assert said in str(refused.value)
     assert not (root / "pipe").exists()
+
+
+TRIAGE: dict[str, Any] = json.loads(
+    (Path(__file__).parents[2] / "models" / "triage" / "1" / "card.json").read_text()
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"top_q": 1}, "step 'classify': model smollm2:1 takes no parameter ['top_q']"),
+        ({"labels": []}, "step 'classify': labels: a list of the labels to score"),
+    ],
+    ids=["an unknown parameter", "no labels"],
+)
+def test_a_chat_step_is_added_with_parameters_the_chat_model_takes(
+    root: Path, tmp_path: Path, change: dict[str, Any], said: str
+) -> None:
+    assert add(root, tmp_path, TRIAGE, "triage").card.steps is not None
+    steps = [dict(step) for step in TRIAGE["steps"]]
+    steps[0]["parameters"] = {**steps[0]["parameters"], **change}
+    with pytest.raises(InvalidModel) as refused:
+        add(root, tmp_path, {**TRIAGE, "steps": steps}, "bad-triage")
+    assert said in str(refused.value)
 
 
 def test_an_output_of_another_datatype_than_its_source_is_refused(
