@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.observability import logs
+from app.observability import logs, tracing
 from app.platform.settings import Settings
 
 # The one place the version is written: pyproject.toml reads it (setuptools' `attr`),
@@ -34,6 +34,7 @@ def create_app(settings: Settings | None = None, container: Container | None = N
         container = Container(resolve_urls(settings or Settings.from_env()))
     settings = container.settings
     logs.setup(settings.log_level, settings.log_format)
+    tracing.setup("inference-api")  # (where OTEL_EXPORTER_OTLP_ENDPOINT is set)
     app = Flask(__name__)
     app.json = OrjsonProvider(app)
     request_logs.install(app, settings.log_format)

@@ -20,7 +20,7 @@ from celery.signals import (
 )
 
 from app.container import Container
-from app.observability import logs, metrics_dir
+from app.observability import logs, metrics_dir, tracing
 from app.runtime.engine import warm
 from app.runtime.sessions import device_for
 
@@ -96,6 +96,7 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
     def _after_fork(**_: Any) -> None:
         # Fresh database connections and ONNX Runtime sessions in each worker child.
         container.after_fork()
+        tracing.setup("inference-worker")  # (its exporter's thread, made after the fork)
         container.parts.reconciler.follow()
         runner = container.parts.runner
         runner.sessions.device_id = device_for(

@@ -29,6 +29,7 @@ from app.cards import ModelCard
 from app.errors import UnknownModel
 from app.execution import runs
 from app.execution.leases import LeaseKeeper, Renew
+from app.execution.traces import traced_run
 from app.jobs.chunks import read_range, result_key
 from app.jobs.claims import ClaimedJob
 from app.jobs.guards import Guards
@@ -169,11 +170,12 @@ def _run_group(
             outcomes[job.id] = _failed(job, runs.Failed("invalid_input", exc))
         except OSError as exc:  # the file store did not answer: the chunk's rows are kept
             outcomes[job.id] = _store_error(runner, job, exc)
-    records = (
-        JobRecords(runner.steps, runnable, resume=runner.guards.steps)
-        if card.steps and runner.steps else None
-    )  # fmt: skip
-    ran_all = runs.run_card(runner.sessions, card, requests, runner.repository, records)
+    with traced_run(card, [(job.traceparent, job.created_at) for job in runnable]) as traces:
+        records = (
+            JobRecords(runner.steps, runnable, resume=runner.guards.steps, traced=traces)
+            if card.steps and runner.steps else None
+        )  # fmt: skip
+        ran_all = runs.run_card(runner.sessions, card, requests, runner.repository, records)
     for job, ran in zip(runnable, ran_all, strict=True):
         try:
             outcome = (
@@ -204,6 +206,10 @@ class JobRecords:
     store: StepStore
     jobs: list[ClaimedJob]
     resume: bool = True  # (the `steps` guard: off, every step runs again)
+    traced: list[str | None] | None = None  # each job's run span, its steps' spans under it
+
+    def traces(self) -> list[str | None]:
+        return self.traced or [None] * len(self.jobs)
 
     def recorded(self) -> list[dict[tuple[str, int], dict[str, np.ndarray]]]:
         if not self.resume or all(job.attempt <= 1 for job in self.jobs):

@@ -26,6 +26,7 @@ from app.execution import runs
 from app.generation import oneshot
 from app.generation.requests import GenerationRequest
 from app.jobs.steps import WHOLE
+from app.observability import tracing
 from app.repository.registry import ModelRepository
 from app.runtime.code import conform
 from app.runtime.datatypes import V2_TO_NUMPY, element
@@ -43,6 +44,8 @@ class Records(Protocol):
 
     def record(self, rows: list[tuple[int, str, int, Arrays]]) -> None: ...
 
+    def traces(self) -> list[str | None]: ...
+
 
 @dataclass
 class _Item:
@@ -59,6 +62,7 @@ def run(
     assert card.steps is not None, f"{card.ref} is not a pipeline"
     state = [_Item(dict(item)) for item in items]
     done = records.recorded() if records is not None else [{} for _ in items]
+    traces = records.traces() if records is not None else [None] * len(items)
     for step in card.steps.order:
         live = [i for i, item in enumerate(state) if item.failed is None]
         if not live:
@@ -68,7 +72,13 @@ def run(
             for i in live:
                 state[i].failed = _named(step, step.model, model)
             continue
-        _Step(sessions, repository, step, model, records).run(state, done, live)
+        spans = [tracing.start(f"step {step.name}", traces[i], model=step.model)
+                 for i in live if traces[i]]  # fmt: skip
+        try:
+            _Step(sessions, repository, step, model, records).run(state, done, live)
+        finally:
+            for span in spans:
+                span.end()
     return [_outcome(card, card.steps, item, len(items)) for item in state]
 
 

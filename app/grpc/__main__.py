@@ -12,7 +12,7 @@ import threading
 from types import FrameType
 
 from app.container import Container
-from app.observability import logs, metrics_dir
+from app.observability import logs, metrics_dir, tracing
 from app.platform.embedded import resolve_urls
 from app.platform.settings import Settings
 
@@ -23,6 +23,7 @@ def main() -> None:
     container = Container(door_settings(resolve_urls(Settings.from_env())))
     settings = container.settings
     logs.setup(settings.log_level, settings.log_format)
+    tracing.setup("inference-grpc")
     if settings.grpc_metrics_port:
         metrics_dir.clear(metrics_dir.ensure("grpc"))
         from app.observability import metrics

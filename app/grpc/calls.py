@@ -11,6 +11,7 @@ import grpc
 
 from app.errors import InvalidRequest
 from app.grpc import codec
+from app.observability import tracing
 from app.operations import InferRequest
 from app.operations.models import ModelCard
 
@@ -28,9 +29,10 @@ def infer_request(call: codec.Call, context: grpc.ServicerContext) -> InferReque
         deadline = datetime.now(UTC) + timedelta(seconds=remaining)
         answer_by = max(0.001, remaining - min(0.25, remaining * 0.1))
         timeout_s = min(timeout_s or answer_by, answer_by)
+    traceparent = dict(context.invocation_metadata() or ()).get(tracing.TRACEPARENT)
     return InferRequest(
         call.model, call.tensors, version=call.version, timeout_s=timeout_s, deadline=deadline,
-        parameters=call.parameters,
+        parameters=call.parameters, traceparent=tracing.valid(str(traceparent or "")),
     )  # fmt: skip
 
 

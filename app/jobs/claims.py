@@ -38,11 +38,13 @@ class ClaimedJob:
     tenant_id: int | None = None  # whose job: a decode loop shares its slots by tenant
     priority: int = 0
     created_at: datetime | None = None  # (a generation's time to first token counts from it)
+    traceparent: str | None = None  # the trace its spans join
 
 
 _CLAIMED = (
     "id, model, model_version, inputs, input_data, attempts, max_attempts, created_at, batch_id, "
-    "input_file_id, input_offset, input_key, batch_index, reply_to, tenant_id, priority"
+    "input_file_id, input_offset, input_key, batch_index, reply_to, tenant_id, priority, "
+    "traceparent"
 )
 _LEASE = "lease_expires_at = now() + make_interval(secs => :lease)"
 _CLAIMABLE = """
@@ -192,7 +194,7 @@ def _claimed(r: Any) -> ClaimedJob:
     return ClaimedJob(
         r.id, r.model, r.model_version, r.inputs, r.input_data, r.attempts, r.max_attempts,
         r.batch_id, r.input_file_id, r.input_offset, r.input_key, r.batch_index, r.reply_to,
-        r.tenant_id, r.priority, r.created_at,
+        r.tenant_id, r.priority, r.created_at, r.traceparent,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from marshmallow import Schema, fields
 
 from app.jobs.tables import JOB_STATUSES, Job
+from app.observability import tracing
 from app.runtime.tensors import to_json, unpack
 
 
@@ -84,6 +85,11 @@ class JobSchema(Schema):
         allow_none=True,
         metadata={"description": "Its rows over all rows of the micro-batch it ran in"},
     )
+    trace_id = fields.Method(
+        "get_trace_id",
+        metadata={"description": "The W3C trace id its spans share (the request's "
+                  "`traceparent`), if it came with one"},
+    )  # fmt: skip
 
     def dump(self, obj: Any, *, many: bool | None = None) -> Any:
         """One Job written field by field: marshmallow's generic dump of it was a
@@ -113,6 +119,7 @@ class JobSchema(Schema):
             "priority": _number(int, obj.priority),
             "compute_seconds": _number(float, obj.compute_seconds),
             "batch_share": _number(float, obj.batch_share),
+            "trace_id": self.get_trace_id(obj),
         }
 
     def get_outputs(self, job: Job) -> dict[str, Any] | None:
@@ -122,6 +129,9 @@ class JobSchema(Schema):
         if job.error_code is None:
             return None
         return {"code": job.error_code, "message": job.error_message}
+
+    def get_trace_id(self, job: Job) -> str | None:
+        return tracing.trace_id(job.traceparent)
 
     def get_webhook(self, job: Job) -> dict[str, Any] | None:
         if job.webhook_url is None:

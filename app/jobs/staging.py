@@ -43,6 +43,7 @@ class Terms:
     webhook: Webhook | None = None
     max_attempts: int = 3
     reply_to: str | None = None
+    traceparent: str | None = None  # the trace its spans join (admission's span)
 
 
 RECORD = "record"  # a door's own record beside a job's inputs (JobRequest.record)
@@ -80,6 +81,7 @@ def job_values(
         "webhook_url": webhook.url if webhook else None,
         "webhook_events": list(webhook.events) if webhook else None,
         "reply_to": terms.reply_to,
+        "traceparent": terms.traceparent,
     }
 
 

@@ -180,6 +180,8 @@ class Job(Base):
     # refused before it ran, `refused` ("line": not a request; "request": a body
     # the /v1 door would refuse, with that answer's `status_code` and `param`).
     batch_line: Mapped[dict[str, Any] | None] = mapped_column(JSONB, deferred=True)
+    # The W3C trace context its spans join (app.observability.tracing): admission's.
+    traceparent: Mapped[str | None] = mapped_column(String(55))
 
 
 class JobStep(Base):

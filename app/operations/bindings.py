@@ -184,7 +184,8 @@ class BindingOperations:
             except DomainError as exc:
                 outcomes[request.entry_id] = EntryOutcome(request.entry_id, error=exc)
                 continue
-            terms = Terms(request.priority, max_attempts=max_attempts)
+            terms = Terms(request.priority, max_attempts=max_attempts,
+                          traceparent=request.traceparent)  # fmt: skip
             staged.append((request, staging.job_values(card, arrays, tenant.id, terms)))
         return staged
 

@@ -225,6 +225,7 @@ class CallOperations:
             card.name, request.inputs, version=card.version, priority=SYNC_PRIORITY,
             deadline=request.deadline, reply_to=self._replies.channel,
             parameters=request.parameters if card.generation is not None else None,
+            traceparent=request.traceparent,
         )  # fmt: skip
 
 
@@ -267,6 +268,7 @@ class LaneCalls:
             entry = lane.Entry(
                 uuid.uuid4(), tenant.id, card.name, card.version, queue, self._replies.channel,
                 sent_at, deadline, pack(arrays), lane.batch_limit(card), lane.idempotent(card),
+                traceparent=request.traceparent,
             )  # fmt: skip
             by_queue.setdefault(queue, []).append(len(started))
             started.append(Call(card, entry.id, timeout_s, now + timeout_s,

@@ -26,6 +26,7 @@ from typing import Any
 
 from app.cards import ModelCard
 from app.execution import runs
+from app.execution.traces import traced_run
 from app.jobs import staging
 from app.jobs.guards import ALL_ON, Guards
 from app.repository.registry import ModelRepository
@@ -169,7 +170,8 @@ class LaneServer:
         except (KeyError, ValueError) as exc:  # the card changed since the call was checked
             failure = runs.Failed("invalid_input", exc)
             return [_answered(e, card, {}, started_at, failure) for e in entries]
-        outcomes = runs.run_card(self._sessions, card, items, self._repository)
+        with traced_run(card, [(e.traceparent, e.sent_at) for e in entries]):
+            outcomes = runs.run_card(self._sessions, card, items, self._repository)
         return [
             _answered(entry, card, item, started_at, outcome)
             for entry, item, outcome in zip(entries, items, outcomes, strict=True)
@@ -196,6 +198,7 @@ def _answered(
         outputs=outputs, error=error,
     )  # fmt: skip
     record["id"] = entry.id
+    record["traceparent"] = entry.traceparent
     record["created_at"] = datetime.fromtimestamp(entry.sent_at, UTC)
     record["attempts"] = record["max_attempts"] = entry.attempt
     if error is None:

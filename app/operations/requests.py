@@ -50,6 +50,8 @@ class JobRequest:
     # What a door keeps beside the inputs and reads back itself (the Responses
     # door's input items, instructions, format); the worker reads none of it.
     record: dict[str, Any] | None = None
+    # The W3C trace context the request came with (app.observability.tracing).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,7 @@ class InferRequest:
     # A generative model's sampling parameters (the request's own, as Triton's vLLM
     # backend takes them); None elsewhere.
     parameters: Any = None
+    traceparent: str | None = None  # the W3C trace context the call came with
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +152,4 @@ class EntryRequest:
     model: str | None = None
     version: str | None = None
     parameters: Any = None
+    traceparent: str | None = None  # the entry's `traceparent` field, if any

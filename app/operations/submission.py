@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
@@ -28,7 +28,7 @@ from app.jobs.idempotency import BulkKeys, Checked
 from app.jobs.inserts import JobInserter
 from app.jobs.staging import Terms
 from app.jobs.tables import Job
-from app.observability import metrics
+from app.observability import metrics, tracing
 from app.operations.requests import JobRequest
 from app.platform.database import Database, transactional
 from app.repository.registry import CardCache, ModelRepository
@@ -74,7 +74,7 @@ class Submitter:
 
     def terms(self, request: JobRequest) -> Terms:
         return Terms(request.priority, request.deadline, request.webhook,
-                     self.settings.max_attempts, request.reply_to)  # fmt: skip
+                     self.settings.max_attempts, request.reply_to, request.traceparent)  # fmt: skip
 
     def check(self, card: ModelCard, request: JobRequest) -> dict[str, Any]:
         """The request's inputs as the card's arrays (InputsDoNotFit), its webhook's
@@ -88,7 +88,12 @@ class Submitter:
 
     def submit(self, tenant: TenantRef, card: ModelCard, request: JobRequest) -> Job:
         """One job. With an idempotency key, a repeat of the same request returns the
-        first job (the key is held under an advisory lock until the commit)."""
+        first job (the key is held under an advisory lock until the commit). Its
+        admission is a span of the request's trace, which the job's spans join."""
+        with tracing.span("admission", request.traceparent, model=card.name) as traced:
+            return self._submit(tenant, card, replace(request, traceparent=traced))
+
+    def _submit(self, tenant: TenantRef, card: ModelCard, request: JobRequest) -> Job:
         arrays = self.check(card, request)
         if request.idempotency_key is not None:
             job, new = self._submit_keyed(tenant, card, request, arrays)
@@ -146,6 +151,18 @@ class Submitter:
         made before; a key repeated in the list gets its first use's outcome.
         `staged` runs in the transaction, after the jobs are written: a door's own
         rows beside them. `key_field` names the key in errors (the door's name)."""
+        with tracing.spans("admission", [r.traceparent for r in requests]) as traced:
+            requests = [replace(r, traceparent=t) if t != r.traceparent else r
+                        for r, t in zip(requests, traced, strict=True)]  # fmt: skip
+            return self._submit_many(tenant, requests, staged, key_field)
+
+    def _submit_many(
+        self,
+        tenant: TenantRef,
+        requests: Sequence[JobRequest],
+        staged: Callable[[Session, list[Job]], object] | None,
+        key_field: str,
+    ) -> list[Job | DomainError]:
         outcomes: Outcomes = [None] * len(requests)
         checked: list[Checked] = []
         cards = self.cards(tenant)

@@ -12,6 +12,7 @@ from datetime import datetime
 from app.errors import Conflict, NotFound
 from app.jobs import reads, usage
 from app.jobs.usage import ModelUsage
+from app.observability import tracing
 from app.platform.database import Database, transactional
 from app.tenancy.keys import TenantRef
 from app.webhooks import delivery, log
@@ -108,7 +109,9 @@ class WebhookOperations:
                 return None
             if ready.not_sent is not None:
                 return self._record(ready, Attempted("disabled", 0, ready.not_sent))
-            answer = delivery.send(self.settings, ready, resolver)
+            with tracing.span("webhook delivery", ready.traceparent,
+                              event=ready.delivery.event_type, attempt=ready.attempts):  # fmt: skip
+                answer = delivery.send(self.settings, ready, resolver)
             return self._record(ready, delivery.judge(self.settings, ready, answer))
         except LeaseLost as lost:
             logger.warning("webhook %s: lease lost, outcome not written", lost)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.errors import DomainError, InvalidRequest, MalformedRequest, TooLarge
+from app.observability import tracing
 from app.operations import EntryRequest
 from app.operations.bindings import Finished
 from app.operations.calls import ended_without_outputs
@@ -68,6 +69,7 @@ def _decode(entry: LogEntry, max_bytes: int) -> EntryRequest:
     return EntryRequest(
         entry.id, request_id, inputs, _priority(entry, fields),
         _optional(fields, "model"), _optional(fields, "version"), _parameters(entry, fields),
+        tracing.valid(_optional(fields, tracing.TRACEPARENT)),
     )  # fmt: skip
 
 

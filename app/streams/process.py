@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from app.container import Container
-from app.observability import logs, metrics
+from app.observability import logs, metrics, tracing
 from app.streams import unstaged
 from app.streams.consumer import Consumer
 from app.streams.publisher import Publisher
@@ -39,6 +39,7 @@ def run(container: Container, *, checkpoint: Callable[[str], None] | None = None
     crash (the fault suite's entry point); the service passes none."""
     settings = container.settings
     logs.setup(settings.log_level, settings.log_format)
+    tracing.setup("inference-streams")
     if settings.streams_metrics_port:
         metrics.serve(settings.worker_metrics_host, settings.streams_metrics_port,
                       settings.metrics_token)  # fmt: skip

@@ -130,6 +130,7 @@ class Entry:
     limit: int = 1  # the most calls of its model a micro-batch takes
     idempotent: bool = True  # may run again if its worker dies
     attempt: int = 1
+    traceparent: str | None = None  # the trace its spans join (app.observability.tracing)
 
 
 def encode(entry: Entry) -> bytes:
@@ -138,7 +139,7 @@ def encode(entry: Entry) -> bytes:
         "id": str(entry.id), "tenant": entry.tenant_id, "model": entry.model,
         "version": entry.version, "queue": entry.queue, "reply_to": entry.reply_to,
         "sent_at": entry.sent_at, "deadline": entry.deadline, "idempotent": entry.idempotent,
-        "attempt": entry.attempt,
+        "attempt": entry.attempt, **({"tp": entry.traceparent} if entry.traceparent else {}),
     }  # fmt: skip
     return b"%d " % entry.limit + orjson.dumps(head) + b"\n" + entry.inputs
 
@@ -150,6 +151,7 @@ def decode(payload: bytes) -> Entry:
     return Entry(
         uuid.UUID(f["id"]), f["tenant"], f["model"], f["version"], f["queue"], f["reply_to"],
         f["sent_at"], f["deadline"], inputs, int(limit), f["idempotent"], f["attempt"],
+        f.get("tp"),
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from flask import Response, request
 
+from app.observability import tracing
 from app.operations import InferRequest
 from app.web import kserve
 from app.web.auth import authenticated, current_tenant
@@ -55,6 +56,7 @@ def infer(name: str, version: str | None = None) -> Response:
             version=version,
             timeout_s=call.timeout_s,
             parameters=kserve.sampling_parameters(call.parameters),
+            traceparent=tracing.valid(request.headers.get(tracing.TRACEPARENT)),
         ),
     )
     parameters: dict[str, Any] = {"job_id": str(answer.job_id)} if answer.job_id else {}

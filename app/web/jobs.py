@@ -10,6 +10,7 @@ from flask import Response, request, stream_with_context
 from marshmallow import ValidationError
 
 from app.errors import DomainError, InvalidRequest, MalformedRequest, TooManyWaits
+from app.observability import tracing
 from app.operations import JobQuery, JobRequest, Wait, Webhook
 from app.operations.jobs import TERMINAL_STATUSES, Job, Page, deadline
 from app.platform.settings import Settings
@@ -84,6 +85,7 @@ def job_request(
         parameters=body.get("parameters"), deadline=deadline(body["deadline"], cancel_after),
         idempotency_key=idempotency_key,
         webhook=Webhook(webhook["url"], tuple(webhook["events"])) if webhook else None,
+        traceparent=tracing.valid(request.headers.get(tracing.TRACEPARENT)),
     )  # fmt: skip
 
 

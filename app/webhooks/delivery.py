@@ -136,6 +136,7 @@ class Ready:
     payload: str = ""
     headers: dict[str, str] | None = None
     not_sent: str | None = None
+    traceparent: str | None = None  # its job's trace (app.observability.tracing)
 
     @property
     def guard(self) -> dict[str, Any]:
@@ -164,7 +165,9 @@ def prepare(session: Session, delivery_id: int, settings: DeliverySettings) -> R
     tenant = session.get(Tenant, delivery.tenant_id)
     assert tenant is not None
     headers = signing.headers(tenant, delivery.message_id, payload, ready.now)
-    return replace(ready, payload=payload, headers=headers)
+    job = session.get(Job, delivery.job_id) if delivery.job_id is not None else None
+    traceparent = job.traceparent if job is not None else None
+    return replace(ready, payload=payload, headers=headers, traceparent=traceparent)
 
 
 def send(settings: DeliverySettings, ready: Ready, resolver: Resolver | None) -> transport.Answer:
