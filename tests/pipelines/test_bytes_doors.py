@@ -5,7 +5,9 @@ request mixing raw and typed contents refused, as Triton refuses it."""
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 from pathlib import Path
 
 import grpc
@@ -58,6 +60,27 @@ def test_photos_in_a_parquet_binary_column_run_as_a_batch_of_the_pipeline(
     digits, confidences = by_hand(pipeline_models, pngs)
     assert answers.column("digit").to_pylist() == digits
     np.testing.assert_allclose(answers.column("confidence").to_pylist(), confidences, rtol=1e-6)
+
+
+def test_photos_as_b64_in_a_jsonl_batch_run_as_their_code_model(
+    pipeline_models: Path, client: FlaskClient, tenant: TenantAuth, worker: WorkerProcess
+) -> None:
+    pngs = [digit_png(DIGITS.data[i]) for i in range(6)]
+    lines = b"".join(json.dumps({"image": {"b64": base64.b64encode(p).decode()}}).encode()
+                     + b"\n" for p in pngs)  # fmt: skip
+    uploaded = client.post("/files?filename=photos.jsonl", data=lines, headers=tenant.headers,
+                           content_type="application/octet-stream")  # fmt: skip
+    assert uploaded.status_code == 201, uploaded.json
+    batch = {"model": "digit-photo-code", "file_id": uploaded.json["id"]}
+    made = client.post("/batches", headers=tenant.headers, json=batch)
+    assert made.status_code == 202, made.json
+    url = f"/batches/{made.json['id']}"
+    wait_until(lambda: client.get(url, headers=tenant.headers).json["status"] == "succeeded",
+               "the batch done", 120, 0.2)  # fmt: skip
+    rows = [json.loads(line) for line in client.get(f"{url}/results", headers=tenant.headers)
+            .data.decode().splitlines()]  # fmt: skip
+    digits, _ = by_hand(pipeline_models, pngs)
+    assert [row["outputs"]["digit"] for row in rows] == digits
 
 
 def test_an_unknown_model_is_answered_in_tritons_words_on_both_sync_doors(

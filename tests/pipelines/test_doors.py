@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,28 @@ def by_hand(repository: Path, pngs: list[bytes]) -> tuple[list[int], list[float]
                                    providers=["CPUExecutionProvider"])  # fmt: skip
     labels, probabilities = session.run(["label", "probabilities"], {"pixels": pixels})
     return [int(v) for v in labels], [float(v) for v in probabilities.max(axis=1)]
+
+
+def streamed(grpc: triton.InferenceServerClient, key: dict[str, str],
+             pngs: list[bytes]) -> list[tuple[int, float]]:  # fmt: skip
+    """Each photo a request of one ModelStreamInfer stream (Triton's decoupled door)."""
+    got: dict[str, Any] = {}
+    done = threading.Event()
+
+    def answered(result: Any, error: Any) -> None:
+        got[result.get_response().id if error is None else f"error {len(got)}"] = result or error
+        if len(got) == len(pngs):
+            done.set()
+
+    grpc.start_stream(answered, headers=key)
+    for i, png in enumerate(pngs):
+        image = triton.InferInput("image", [1], "BYTES")
+        image.set_data_from_numpy(np.array([png], dtype=object))
+        grpc.async_stream_infer("digit-photo", [image], request_id=f"photo-{i}")
+    assert done.wait(120), got
+    grpc.stop_stream()
+    results = [got[f"photo-{i}"] for i in range(len(pngs))]
+    return [(int(r.as_numpy("digit")[0]), float(r.as_numpy("confidence")[0])) for r in results]
 
 
 def b64(data: bytes) -> dict[str, str]:
@@ -95,6 +118,7 @@ def test_digit_photo_answers_on_every_door_as_its_steps_by_hand(
         result = grpc.infer("digit-photo", [image], headers=key)
         got = (result.as_numpy("digit").tolist(), result.as_numpy("confidence").tolist())
         answers["grpc"] = list(zip(*got, strict=True))
+        answers["grpc stream"] = streamed(grpc, key, pngs)
         config = grpc.get_model_config("digit-photo", headers=key, as_json=True)["config"]
         assert config["platform"] == "ensemble"
         assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == [
