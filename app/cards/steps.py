@@ -46,6 +46,8 @@ class Step:
     when: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     # A chat model's step: its sampling (or `labels` to score) and `system` message.
     parameters: dict[str, Any] = field(default_factory=dict)
+    # Tries of a request of this step before its job fails (its own retry policy).
+    max_attempts: int = 1
 
     def sources(self) -> set[str]:
         return {*self.inputs.values(), *([self.map] if self.map else []), *self.when}
@@ -59,6 +61,7 @@ class Step:
             **({"map": self.map} if self.map else {}),
             **({"when": {k: list(v) for k, v in self.when.items()}} if self.when else {}),
             **({"parameters": dict(self.parameters)} if self.parameters else {}),
+            **({"max_attempts": self.max_attempts} if self.max_attempts != 1 else {}),
         }
 
 
@@ -143,8 +146,11 @@ def _step(index: int, item: Any) -> Step:
     version, parameters = item.get("version"), item.get("parameters", {})
     if not isinstance(parameters, dict):
         raise ValueError(f"{where}: parameters is an object (a chat model's sampling, labels)")
+    attempts = item.get("max_attempts", 1)
+    if isinstance(attempts, bool) or not (isinstance(attempts, int) and 1 <= attempts <= 10):
+        raise ValueError(f"{where}: max_attempts is a number of tries from 1 to 10")
     return Step(name, model, dict(inputs), None if version is None else str(version), mapped,
-                {k: tuple(v) for k, v in when.items()}, dict(parameters))  # fmt: skip
+                {k: tuple(v) for k, v in when.items()}, dict(parameters), attempts)  # fmt: skip
 
 
 def _known(what: str, source: str, steps: dict[str, Step], inputs: list[str]) -> None:

@@ -35,6 +35,11 @@ from app.runtime.tensors import InvalidInputs
 
 Arrays = dict[str, np.ndarray]
 Key = tuple[str, int]  # (step, element): WHOLE for a step that is not mapped
+# What a step's own `max_attempts` tries again, alone (a failure of the request's,
+# or of the model's code, that may not come again); the model being gone is not.
+RETRIED = frozenset({runs.CODE_ERROR, runs.CODE_TIME_LIMIT, runs.INFERENCE_ERROR,
+                     runs.NON_FINITE_OUTPUT})  # fmt: skip
+RETRY_S, RETRY_MAX_S = 0.05, 1.0  # its backoff: doubled each try, at most this
 
 
 class Records(Protocol):
@@ -146,11 +151,16 @@ class _Step:
     def _run(self, part: list[tuple[int, int, Arrays]], state: list[_Item],
              have: dict[tuple[int, int], Arrays]) -> None:  # fmt: skip
         live = [(i, e, r) for i, e, r in part if state[i].failed is None]
-        requests = [r for _, _, r in live]
-        outcomes = (
-            self._generated(requests) if self.card.generation is not None
-            else runs.run_card(self.sessions, self.card, requests, self.repository)
-        )  # fmt: skip
+        outcomes = self._outcomes([r for _, _, r in live])
+        for attempt in range(1, self.step.max_attempts):  # the step's own retries
+            again = [k for k, o in enumerate(outcomes)
+                     if isinstance(o, runs.Failed) and o.code in RETRIED]  # fmt: skip
+            if not again:
+                break
+            time.sleep(min(RETRY_MAX_S, RETRY_S * 2 ** (attempt - 1)))
+            for k, outcome in zip(again, self._outcomes([live[k][2] for k in again]),
+                                  strict=True):  # fmt: skip
+                outcomes[k] = outcome
         rows = []
         for (i, e, _), outcome in zip(live, outcomes, strict=True):
             if isinstance(outcome, runs.Failed):
@@ -161,6 +171,11 @@ class _Step:
             rows.append((i, self.step.name, e, outcome.outputs))
         if self.records is not None and rows:
             self.records.record(rows)
+
+    def _outcomes(self, requests: list[Arrays]) -> list[runs.Outcome]:
+        if self.card.generation is not None:
+            return self._generated(requests)
+        return runs.run_card(self.sessions, self.card, requests, self.repository)
 
     def _generated(self, requests: list[Arrays]) -> list[runs.Outcome]:
         """A chat model's step (app.generation.oneshot): one generation, or one
