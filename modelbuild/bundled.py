@@ -88,7 +88,8 @@ def ensure_models(root: Path, *, force: bool = False, cuda: bool = False) -> lis
                     "built %s/%s %s in %s in %.1f s (%s)", source.parent.name, source.name,
                     name, target, time.monotonic() - started, facts,
                 )  # fmt: skip
-            built.append(target)
+            if missing:  # (a version whose files were only copied was not built)
+                built.append(target)
             bar.update()
     return built
 

@@ -37,8 +37,9 @@ NOT_SETTINGS = {
     "TEST_DATABASE_URL", "TEST_REDIS_URL", "CUDA_LIBS", "PROMETHEUS_MULTIPROC_DIR",
     "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
     "GPU_CHECK_PYTHON",  # the Makefile's, for `make gpu-check`
-    # read by libraries the service uses (s3fs, requests)
+    # read by libraries the service uses (s3fs, requests; OpenTelemetry's, as its standard)
     "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
     # (docker-compose.yml's own variables, such as PUBLIC_HOST, are read from it)
     "POSTGRES_PASSWORD", "POSTGRES_USER", "POSTGRES_DB",
     # protocol words: SQL, Redis, HTTP headers, ONNX and KServe datatypes, problem codes

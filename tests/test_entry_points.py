@@ -67,13 +67,13 @@ def test_the_service_keeps_every_guard_and_only_the_fault_suite_turns_some_off(
     faults = "from tests.faults.worker import container"
     every = (
         "True Guards(claim=True, finish=True, lease=True, cap=True, republish=True, retry=True, "
-        "ack=True, redelivery=True, dedupe=True, resume=True, journal=True)"
+        "ack=True, redelivery=True, dedupe=True, resume=True, journal=True, steps=True)"
     )
     assert _guards_after(service, settings, FAULTS_GUARDS_OFF="lease", GUARDS_OFF="lease") == every
     assert _guards_after(faults, settings) == every
     assert _guards_after(faults, settings, FAULTS_GUARDS_OFF=" lease, retry") == (
         "True Guards(claim=True, finish=True, lease=False, cap=True, republish=True, retry=False, "
-        "ack=True, redelivery=True, dedupe=True, resume=True, journal=True)"
+        "ack=True, redelivery=True, dedupe=True, resume=True, journal=True, steps=True)"
     )
 
 

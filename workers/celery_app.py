@@ -21,7 +21,6 @@ from celery.signals import (
 
 from app.container import Container
 from app.observability import logs, metrics_dir, tracing
-from app.runtime.engine import warm
 from app.runtime.sessions import device_for
 
 logger = logging.getLogger(__name__)
@@ -119,6 +118,8 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
             card for card in runner.repository.all()
             if card.generation is None and (card.queue or settings.model_queue) in queues
         ]  # fmt: skip
+        from app.runtime.engine import warm  # (with the metrics client: after worker_app)
+
         for card in mine[: settings.max_loaded_models or None]:  # within MAX_LOADED_MODELS
             warm(runner.sessions, card)
         container.parts.lane_server.start(queues, take=settings.sync_lane)
