@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.cards.parameters import NAMES as PARAMETER_NAMES
 from app.cards.sandbox import (
     TEMPLATE_ITEMS,
     TEMPLATE_SECONDS,
@@ -197,12 +198,8 @@ class GenerationSpec:
             "default_max_tokens": self.default_max_tokens,
             "max_choices": self.max_choices,
             "roles": list(self.roles),
-            "parameters": [
-                "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-                "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-                "logprobs", "top_logprobs", "response_format", "labels",
-            ],
-        }  # fmt: skip
+            "parameters": list(PARAMETER_NAMES),
+        }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> GenerationSpec:

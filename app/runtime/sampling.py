@@ -21,23 +21,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.cards.parameters import default
+
 
 @dataclass(frozen=True)
 class Sampling:
     """How tokens are picked: greedy at temperature 0 (or top_k 1), otherwise
     sampled from the top_k most likely, then the top_p of probability mass; a
     seed makes a sampled run repeatable. `logprobs`: None, or how many of the
-    most likely alternatives each token's log-probability comes with (0 to 20)."""
+    most likely alternatives each token's log-probability comes with (0 to 20).
+    The fields are the parameters app.cards.parameters declares for it, a
+    number's or an integer's default the declared one."""
 
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+    temperature: float = default("temperature")
+    top_p: float = default("top_p")
+    top_k: int = default("top_k")
+    seed: int | None = default("seed")
     stop: tuple[str, ...] = ()
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    presence_penalty: float = default("presence_penalty")
+    frequency_penalty: float = default("frequency_penalty")
+    repetition_penalty: float = default("repetition_penalty")
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
 
