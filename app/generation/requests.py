@@ -4,14 +4,16 @@
 and the parameters beside them: sampling (`max_tokens`, `temperature`, `top_p`,
 `top_k`, `seed`, `stop`, the penalties, `logit_bias`), what comes back with each
 token (`logprobs`, `top_logprobs`) and what the output must be
-(`response_format`, app.generation.guides). Every problem is named per field, as the tensor
-inputs' checks name theirs (app.runtime.tensors.InvalidInputs), so a door maps
-them to its own error shape; nothing here knows a door.
+(`response_format`, app.generation.guides), each declared once in
+app.cards.parameters: a number or an integer is checked by its declaration, the
+others by their own functions here. Every problem is named per field, as the
+tensor inputs' checks name theirs (app.runtime.tensors.InvalidInputs), so a door
+maps them to its own error shape; nothing here knows a door.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,6 +21,7 @@ import numpy as np
 import orjson
 
 from app.cards import GenerationSpec
+from app.cards.parameters import NAMES, PARAMETERS
 from app.generation.guides import Constraint, response_format
 from app.runtime.sampling import Sampling
 from app.runtime.tensors import InvalidInputs, unpack
@@ -27,13 +30,7 @@ MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 MAX_STOP_CHARS = 64
 MAX_TOP_LOGPROBS = 20  # as OpenAI allows
 MAX_LOGIT_BIAS = 300  # tokens, as OpenAI allows
-JSON_PARAMETERS = {"response_format": "an object", "logit_bias": "an object", "labels": "a list"}
 REQUEST_INPUT = "generation_request"  # the stored request: one BYTES value of JSON
-PARAMETERS = (
-    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",
-    "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "top_logprobs",
-    "response_format", "labels",
-)  # fmt: skip
 MAX_LABELS = 64  # candidate labels one request scores
 MAX_LABEL_CHARS = 200
 
@@ -181,32 +178,30 @@ def _source(
 
 
 def _sampling(spec: GenerationSpec, raw: Any, errors: dict[str, str]) -> Sampling | None:
+    """The declared parameters of Sampling's fields, checked in their order."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        errors["parameters"] = f"expected an object with any of {list(PARAMETERS)}"
+        errors["parameters"] = f"expected an object with any of {list(NAMES)}"
         return None
-    if unknown := sorted(set(raw) - set(PARAMETERS)):
-        errors["parameters"] = f"unknown parameter(s) {unknown}; known: {list(PARAMETERS)}"
-    max_tokens = raw.get("max_tokens", spec.default_max_tokens)
-    if max_tokens is None:
-        max_tokens = spec.default_max_tokens
-    if not _integer(max_tokens) or not 1 <= max_tokens <= spec.max_tokens:
-        errors["max_tokens"] = (
-            f"expected an integer from 1 to {spec.max_tokens}, got {max_tokens!r}"
-        )
-    temperature = _number(raw, "temperature", 1.0, 0.0, 2.0, errors)
-    top_p = _number(raw, "top_p", 1.0, 0.0, 1.0, errors)
-    if top_p == 0:
-        errors["top_p"] = "expected a number above 0 and at most 1"
-    top_k = raw.get("top_k", 0)
-    if top_k is None:
-        top_k = 0
-    if not _integer(top_k) or top_k < 0:
-        errors["top_k"] = f"expected an integer of 0 (no limit) or more, got {top_k!r}"
-    seed = raw.get("seed")
-    if seed is not None and (not _integer(seed) or not 0 <= seed < 2**63):
-        errors["seed"] = f"expected an integer from 0 to 2**63 - 1, got {seed!r}"
+    if unknown := sorted(set(raw) - set(NAMES)):
+        errors["parameters"] = f"unknown parameter(s) {unknown}; known: {list(NAMES)}"
+    values: dict[str, Any] = {}
+    for parameter in PARAMETERS:
+        if not parameter.sampling:
+            continue
+        if parameter.kind == "own":
+            values[parameter.name] = _OWN[parameter.name](raw, errors)
+            continue
+        if parameter.card_limits:
+            parameter = parameter.bounded(spec.default_max_tokens, spec.max_tokens)
+        values[parameter.name] = parameter.read(raw.get(parameter.name), errors)
+    if errors:
+        return None
+    return Sampling(**values)
+
+
+def _stop(raw: dict[str, Any], errors: dict[str, str]) -> tuple[str, ...]:
     stop = raw.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
@@ -216,38 +211,31 @@ def _sampling(spec: GenerationSpec, raw: Any, errors: dict[str, str]) -> Samplin
         errors["stop"] = (
             f"expected a string or a list of strings of 1 to {MAX_STOP_CHARS} characters"
         )
-    elif len(stop) > MAX_STOP:
+        return ()
+    if len(stop) > MAX_STOP:
         errors["stop"] = f"expected at most {MAX_STOP} stop sequences, got {len(stop)}"
-    presence = _number(raw, "presence_penalty", 0.0, -2.0, 2.0, errors)
-    frequency = _number(raw, "frequency_penalty", 0.0, -2.0, 2.0, errors)
-    repetition = _number(raw, "repetition_penalty", 1.0, 0.0, 10.0, errors)
-    if repetition == 0:
-        errors["repetition_penalty"] = "expected a number above 0 and at most 10 (1: none)"
-    logit_bias = _logit_bias(raw.get("logit_bias"), errors)
-    logprobs = _logprobs(raw, errors)
-    if errors:
-        return None
-    return Sampling(int(max_tokens), temperature, top_p, int(top_k), seed, tuple(stop),
-                    presence, frequency, repetition, logit_bias, logprobs)  # fmt: skip
+    return tuple(stop)
 
 
 def _objects(raw: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
-    """`response_format`, `logit_bias` and `labels` may come as their JSON in a string:
-    the form a door of scalar parameters (gRPC's InferParameter, Triton's) can carry."""
+    """An object or list parameter (`response_format`, `logit_bias`, `labels`) may come
+    as its JSON in a string: the form a door of scalar parameters (gRPC's
+    InferParameter, Triton's) can carry."""
     decoded = dict(raw)
-    for name, shape in JSON_PARAMETERS.items():
-        if isinstance(value := raw.get(name), str):
+    for parameter in PARAMETERS:
+        if parameter.json and isinstance(value := raw.get(parameter.name), str):
             try:
-                decoded[name] = orjson.loads(value)
+                decoded[parameter.name] = orjson.loads(value)
             except orjson.JSONDecodeError:
-                errors[name] = f"expected {shape}, or its JSON in a string"
+                errors[parameter.name] = f"expected {parameter.json}, or its JSON in a string"
     return decoded
 
 
-def _logit_bias(raw: Any, errors: dict[str, str]) -> tuple[tuple[int, float], ...]:
+def _logit_bias(given: dict[str, Any], errors: dict[str, str]) -> tuple[tuple[int, float], ...]:
     """OpenAI's `logit_bias`: token ids (as strings or numbers) to -100..100. That
     the ids are in the model's vocabulary is checked with its tokenizer
     (app.generation.chat.ChatFormat.encode)."""
+    raw = given.get("logit_bias")
     if raw is None:
         return ()
     expected = f"an object of at most {MAX_LOGIT_BIAS} token ids to numbers from -100 to 100"
@@ -284,21 +272,11 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(
-    raw: dict[str, Any], name: str, default: float, low: float, high: float, errors: dict[str, str]
-) -> float:
-    value = raw.get(name, default)
-    if value is None:
-        return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not low <= value <= high
-    ):
-        errors[name] = f"expected a number from {low:g} to {high:g}, got {value!r}"
-        return default
-    return float(value)
+# The checks of the parameters of their own shape that make Sampling's fields
+# (`top_logprobs` is read with `logprobs`; `response_format` and `labels` by parse).
+_OWN: dict[str, Callable[[dict[str, Any], dict[str, str]], Any]] = {
+    "stop": _stop, "logit_bias": _logit_bias, "logprobs": _logprobs,
+}  # fmt: skip
 
 
 def request_arrays(*requests: GenerationRequest) -> dict[str, np.ndarray]:
