@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from app.cards.parameters import PARAMETERS
 from app.generation.fields import BadField
 from app.generation.tools import ToolPlan, call_id, plan, with_tools
 
@@ -23,20 +24,16 @@ __all__ = [
     "completion_request", "error_object", "json_outputs", "streaming",
 ]  # fmt: skip
 
-# OpenAI's fields (and vLLM's extra `top_k`, `repetition_penalty`; this service's
-# `labels`, to score) that map onto the job's parameters of the same names.
-_SAMPLING = (
-    "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "logit_bias", "response_format", "labels",
-)  # fmt: skip
 # Fields OpenAI's clients may send that change nothing here at these values.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "user": (), "stream_options": (), "parallel_tool_calls": (), "store": (False,),
     "metadata": (), "service_tier": ("auto", "default"),
 }  # fmt: skip
-_KNOWN = {"model", "messages", "prompt", "stream", "max_tokens", "max_completion_tokens",
-          "logprobs", "top_logprobs", "tools", "tool_choice", "n", *_SAMPLING,
-          *_NEUTRAL}  # fmt: skip
+# OpenAI's fields that carry the job's parameters (app.cards.parameters; vLLM's extra
+# `top_k`, `repetition_penalty` and this service's `labels`, to score, among them).
+_PARAMETER_FIELDS = tuple(name for parameter in PARAMETERS for name in parameter.openai)
+_KNOWN = {"model", "messages", "prompt", "stream", "tools", "tool_choice", "n",
+          *_PARAMETER_FIELDS, *_NEUTRAL}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -72,17 +69,15 @@ def completion_request(body: dict[str, Any], chat: bool) -> CompletionRequest:
         allowed = _NEUTRAL.get(name)
         if allowed and value is not None and value not in allowed:
             raise BadField(name, f"only {allowed[0]!r} is supported")
-    parameters = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
-    parameters |= _logprobs(body, chat)
+    parameters = _parameters(body)
+    if not chat:
+        parameters |= _legacy_logprobs(body.get("logprobs"))
     tools, tool_format, told = plan(body) if chat else (None, None, None)
     if tool_format is not None:
         if "response_format" in parameters:
             raise BadField("response_format", "a required or named tool_choice shapes the "
                            "answer as the call's arguments: leave out response_format")  # fmt: skip
         parameters["response_format"] = tool_format
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        parameters["max_tokens"] = max_tokens
     inputs = completion_inputs(body, chat)
     if chat:
         inputs["messages"] = with_tools(inputs["messages"], told)
@@ -96,12 +91,22 @@ def completion_request(body: dict[str, Any], chat: bool) -> CompletionRequest:
     return CompletionRequest(model, inputs, parameters, tools, n)
 
 
-def _logprobs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """The job's `logprobs` and `top_logprobs`: a chat's as they are; a text
-    completion's `logprobs` is the number of alternatives (OpenAI's legacy form)."""
-    wanted = body.get("logprobs")
-    if chat or wanted is None or isinstance(wanted, bool):
-        return {k: body[k] for k in ("logprobs", "top_logprobs") if body.get(k) is not None}
+def _parameters(body: dict[str, Any]) -> dict[str, Any]:
+    """The job's parameters: each from the first of its OpenAI fields the body has
+    (`max_completion_tokens` before `max_tokens`), left out when that one is null."""
+    found = {}
+    for parameter in PARAMETERS:
+        value = next((body[name] for name in parameter.openai if name in body), None)
+        if value is not None:
+            found[parameter.name] = value
+    return found
+
+
+def _legacy_logprobs(wanted: Any) -> dict[str, Any]:
+    """A text completion's `logprobs` as a number of alternatives (OpenAI's legacy
+    form) as the job's `logprobs` and `top_logprobs`; true or false as it is."""
+    if wanted is None or isinstance(wanted, bool):
+        return {}
     if not isinstance(wanted, int) or not 0 <= wanted <= 5:
         raise BadField("logprobs", "expected an integer from 0 to 5 (the alternatives per token)")
     return {"logprobs": True, "top_logprobs": wanted}

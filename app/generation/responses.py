@@ -20,15 +20,20 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from app.cards.parameters import PARAMETERS
 from app.generation.fields import BadField
 
 PREFIX = "resp_"
 MAX_METADATA = 16  # keys, as OpenAI allows
 _IGNORED = ("user", "store", "service_tier", "truncation", "parallel_tool_calls", "include",
-            "safety_identifier", "prompt_cache_key", "reasoning", "stream_options")  # fmt: skip
+            "safety_identifier", "prompt_cache_key", "reasoning", "stream_options",
+            "top_logprobs")  # fmt: skip
+# The job's parameters a create body carries (app.cards.parameters): their names here
+# to the job's; a response shows them back under the same names.
+_TAKEN = {parameter.responses: parameter.name for parameter in PARAMETERS if parameter.responses}
 _KNOWN = {"model", "input", "instructions", "previous_response_id", "text", "background",
-          "stream", "max_output_tokens", "temperature", "top_p", "metadata", "webhook",
-          "tools", "tool_choice", "top_logprobs", *_IGNORED}  # fmt: skip
+          "stream", "metadata", "webhook", "tools", "tool_choice", *_TAKEN,
+          *_IGNORED}  # fmt: skip
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
@@ -90,10 +95,8 @@ def read_create(body: dict[str, Any]) -> ResponseAsk:
             raise BadField("previous_response_id", f"expected a response id ({PREFIX}...)")
     text_format = _text_format(body.get("text"))
     parameters: dict[str, Any] = {
-        name: body[name] for name in ("temperature", "top_p") if body.get(name) is not None
+        name: body[field] for field, name in _TAKEN.items() if body.get(field) is not None
     }
-    if body.get("max_output_tokens") is not None:
-        parameters["max_tokens"] = body["max_output_tokens"]
     if text_format["type"] != "text":
         parameters["response_format"] = _chat_format(text_format)
     for name in ("background", "stream"):
@@ -223,8 +226,8 @@ def response_object(shown: Shown) -> dict[str, Any]:
         "error": {"code": "server_error", "message": shown.error} if status == "failed" else None,
         "incomplete_details": incomplete, "metadata": record.get("metadata") or {},
         "text": record.get("text") or {"format": {"type": "text"}},
-        "temperature": parameters.get("temperature"), "top_p": parameters.get("top_p"),
-        "max_output_tokens": parameters.get("max_tokens"), "parallel_tool_calls": False,
+        **{field: parameters.get(name) for field, name in _TAKEN.items()},
+        "parallel_tool_calls": False,
         "tool_choice": "none", "tools": [],
         "usage": {
             "input_tokens": usage.get("prompt_tokens", 0),
