@@ -12,10 +12,11 @@ from typing import Any
 from sqlalchemy import select, text, tuple_
 from sqlalchemy.orm import Session
 
-from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch
+from app.batches.tables import Batch
 from app.errors import Conflict
-from app.jobs.chunks import CHUNK_TERMINAL, stop_chunks
+from app.jobs.chunks import stop_chunks
 from app.platform.orm import owned
+from app.statuses import BATCH_TERMINAL, TERMINAL, TERMINAL_SQL, BatchStatus, JobStatus
 
 
 def cancel(session: Session, tenant_id: int, batch_id: uuid.UUID) -> Batch:
@@ -23,7 +24,7 @@ def cancel(session: Session, tenant_id: int, batch_id: uuid.UUID) -> Batch:
     ones when they finish; Conflict once it has finished. Chunks already done keep
     their results; it finishes once settled (after the commit)."""
     batch = get(session, tenant_id, batch_id)
-    if batch.status in BATCH_TERMINAL_STATUSES:
+    if batch.status in BATCH_TERMINAL:
         raise Conflict(f"batch {batch_id} is already {batch.status}", batch_status=batch.status)
     session.execute(
         text("UPDATE batches SET cancel_requested_at = coalesce(cancel_requested_at, now()) "
@@ -75,13 +76,13 @@ def progress(session: Session, batch: Batch) -> Progress:
     ).all()  # fmt: skip
     chunks = {r.status: r.chunks for r in counts}
     rows = {r.status: int(r.rows) for r in counts}
-    done = rows.get("succeeded", 0)
-    failed = sum(rows.get(s, 0) for s in ("failed", "cancelled", "expired"))
+    done = rows.get(JobStatus.SUCCEEDED, 0)
+    failed = sum(rows.get(s, 0) for s in TERMINAL - {JobStatus.SUCCEEDED})
     ranges: list[dict[str, Any]] = []
     if failed:
         bad = session.execute(
             text("SELECT first_row, batch_rows, status, error_code FROM jobs "
-                 f"WHERE batch_id = :id AND status IN {CHUNK_TERMINAL} AND status <> 'succeeded' "
+                 f"WHERE batch_id = :id AND status IN ({TERMINAL_SQL}) AND status <> 'succeeded' "
                  "ORDER BY batch_index LIMIT :limit"),
             {"id": batch.id, "limit": MAX_RANGES * 4},
         ).all()  # fmt: skip
@@ -110,7 +111,12 @@ def _merged(chunks: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def _eta(batch: Batch, finished: int, pending: int) -> float | None:
-    if batch.status != "running" or batch.started_at is None or not finished or pending <= 0:
-        return 0.0 if batch.status in BATCH_TERMINAL_STATUSES else None
+    if (
+        batch.status != BatchStatus.RUNNING
+        or batch.started_at is None
+        or not finished
+        or pending <= 0
+    ):
+        return 0.0 if batch.status in BATCH_TERMINAL else None
     elapsed = (datetime.now(UTC) - batch.started_at).total_seconds()
     return round(pending * elapsed / finished, 1)

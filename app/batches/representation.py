@@ -8,7 +8,8 @@ from marshmallow import Schema, fields
 from sqlalchemy.orm import Session
 
 from app.batches.progress import progress
-from app.batches.tables import BATCH_STATUSES, Batch
+from app.batches.tables import Batch
+from app.statuses import BATCH_OPEN, BatchStatus
 
 
 class FailedRowsSchema(Schema):
@@ -20,7 +21,7 @@ class FailedRowsSchema(Schema):
 
 class BatchSchema(Schema):
     id = fields.UUID()
-    status = fields.String(metadata={"enum": list(BATCH_STATUSES)})
+    status = fields.String(metadata={"enum": [s.value for s in BatchStatus]})
     model = fields.String()
     model_version = fields.String()
     file_id = fields.UUID(allow_none=True, attribute="input_file_id")
@@ -56,7 +57,7 @@ class BatchSchema(Schema):
 def describe(session: Session, batch: Batch) -> dict[str, Any]:
     """The batch with its progress counted from its chunks, ready for BatchSchema."""
     counted = progress(session, batch)
-    finished = batch.status not in ("queued", "running")
+    finished = batch.status not in BATCH_OPEN
     return {
         **{c: getattr(batch, c) for c in (
             "id", "status", "model", "model_version", "input_file_id", "rows", "chunk_rows",

@@ -23,13 +23,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.platform.orm import Base
-
-BATCH_STATUSES = (
-    "queued", "running", "succeeded", "partially_succeeded", "failed", "cancelled",
-)  # fmt: skip
-
-
-BATCH_TERMINAL_STATUSES = frozenset(BATCH_STATUSES[2:])
+from app.statuses import BATCH_OPEN_SQL, BatchStatus, sql_list
 
 
 class File(Base):
@@ -69,12 +63,12 @@ class Batch(Base):
     __mapper_args__ = {"eager_defaults": True}
     __table_args__ = (
         CheckConstraint(
-            "status IN (" + ", ".join(f"'{s}'" for s in BATCH_STATUSES) + ")",
+            f"status IN ({sql_list(BatchStatus)})",
             name="batches_status_valid",
         ),
         Index("ix_batches_tenant_created", "tenant_id", text("created_at DESC"), text("id DESC")),
         Index(
-            "ix_batches_open", "split_at", postgresql_where=text("status IN ('queued', 'running')")
+            "ix_batches_open", "split_at", postgresql_where=text(f"status IN ({BATCH_OPEN_SQL})")
         ),
         Index(
             "ix_batches_schedule_run",
@@ -104,7 +98,7 @@ class Batch(Base):
     model: Mapped[str] = mapped_column(String(100))
     model_version: Mapped[str] = mapped_column(String(50))
     # queued: its file is being cut into chunks; running: every chunk exists.
-    status: Mapped[str] = mapped_column(String(24), server_default="queued")
+    status: Mapped[str] = mapped_column(String(24), server_default=BatchStatus.QUEUED.value)
     input_file_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("files.id", ondelete="SET NULL")
     )

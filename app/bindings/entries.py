@@ -21,8 +21,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.orm import Session
 
 from app.errors import DomainError
-from app.jobs.tables import TERMINAL_STATUSES
 from app.runtime.tensors import to_json, unpack
+from app.statuses import TERMINAL_SQL
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,6 @@ _RECORD = text(
     """
 ).bindparams(bindparam("jobs", type_=ARRAY(UUID(as_uuid=True))))
 
-_TERMINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
 _FINISHED = """
     SELECT b.output, e.entry_id, e.request_id, e.job_id, j.status, j.output_data,
            j.outputs, j.error_code, j.error_message
@@ -77,9 +76,9 @@ _FINISHED = """
     LIMIT :limit
     FOR UPDATE OF e SKIP LOCKED
 """
-_FINISHED_ANY = text(_FINISHED.format(terminal=_TERMINAL, only=""))
+_FINISHED_ANY = text(_FINISHED.format(terminal=TERMINAL_SQL, only=""))
 _FINISHED_OF = text(
-    _FINISHED.format(terminal=_TERMINAL, only="AND e.job_id = ANY(:jobs)")
+    _FINISHED.format(terminal=TERMINAL_SQL, only="AND e.job_id = ANY(:jobs)")
 ).bindparams(bindparam("jobs", type_=ARRAY(UUID(as_uuid=True))))
 
 _PUBLISHED = text(

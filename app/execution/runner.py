@@ -34,7 +34,6 @@ from app.jobs.chunks import read_range, result_key
 from app.jobs.claims import ClaimedJob
 from app.jobs.guards import Guards
 from app.jobs.steps import StepRow
-from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import Outcome
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
@@ -48,6 +47,7 @@ from app.runtime.tensors import (
     unpack,
     unpack_apart,
 )
+from app.statuses import TERMINAL, JobStatus
 from app.sync.replies import Reply
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class Runner:
         replies = [
             (channels[row.id], _answer(row, by_job[row.id]))
             for row in rows
-            if row.id in channels and row.status in TERMINAL_STATUSES
+            if row.id in channels and row.status in TERMINAL
         ]
         try:
             if replies:
@@ -144,7 +144,7 @@ class Runner:
 def _answer(row: Any, outcome: Outcome) -> Reply:
     """A finished job's answer: its status as written (cancelled, where asked while
     it ran), and its outputs only where it succeeded."""
-    outputs = outcome.output_data if row.status == "succeeded" else None
+    outputs = outcome.output_data if row.status == JobStatus.SUCCEEDED else None
     return Reply(row.id, row.status, row.error_code, outcome.error_message, outputs)
 
 
@@ -231,9 +231,9 @@ def _succeeded(store: FileStore, job: ClaimedJob, outputs: dict[str, np.ndarray]
     only records their size, when its finish is written."""
     data = pack(outputs)
     if job.batch_id is None or job.batch_index is None:
-        return Outcome(job.id, job.attempt, "succeeded", output_data=data)
+        return Outcome(job.id, job.attempt, JobStatus.SUCCEEDED, output_data=data)
     size = store.write(result_key(job.batch_id, job.batch_index), data)
-    return Outcome(job.id, job.attempt, "succeeded", output_bytes=size)
+    return Outcome(job.id, job.attempt, JobStatus.SUCCEEDED, output_bytes=size)
 
 
 def _inputs(
@@ -310,7 +310,7 @@ def _failed(job: ClaimedJob, failed: runs.Failed) -> Outcome:
     return Outcome(
         job.id,
         job.attempt,
-        "failed",
+        JobStatus.FAILED,
         error_code=failed.code,
         error_message=failed.detail,
         error_class=type(exc).__name__,

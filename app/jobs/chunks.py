@@ -18,8 +18,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
 from app.jobs.transitions import UUIDS
-
-CHUNK_TERMINAL = "('succeeded', 'failed', 'cancelled', 'expired')"
+from app.statuses import BATCH_OPEN_SQL, OPEN_SQL
 
 
 # Where a batch's objects live in the file store, named by ids the service made:
@@ -77,19 +76,19 @@ def stop_chunks(session: Session, batch_id: uuid.UUID) -> None:
         text("UPDATE jobs SET cancel_requested_at = coalesce(cancel_requested_at, now()), "
              "status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END, "
              "finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END "
-             "WHERE batch_id = :id AND status IN ('queued', 'running')"),
+             f"WHERE batch_id = :id AND status IN ({OPEN_SQL})"),
         {"id": batch_id},
     )  # fmt: skip
 
 
 _SETTLE = text(
-    """
+    f"""
     WITH ready AS (  -- no chunk left: a probe of ix_jobs_batch_open per batch
         SELECT b.id FROM batches b
-        WHERE b.id = ANY(:ids) AND b.status IN ('queued', 'running')
+        WHERE b.id = ANY(:ids) AND b.status IN ({BATCH_OPEN_SQL})
           AND (b.status = 'running' OR b.cancel_requested_at IS NOT NULL)
           AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.id
-                          AND j.batch_id IS NOT NULL AND j.status IN ('queued', 'running'))
+                          AND j.batch_id IS NOT NULL AND j.status IN ({OPEN_SQL}))
     ),
     counts AS (
         SELECT r.id, 0 AS open,

@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session, defer, undefer
 
 from app.errors import InvalidRequest, MalformedRequest, NotFound
 from app.jobs.events import EventBus
-from app.jobs.tables import TERMINAL_STATUSES, Job
+from app.jobs.tables import Job
 from app.platform.orm import owned
+from app.statuses import TERMINAL
 
 
 def get(session: Session, tenant_id: int, job_id: uuid.UUID) -> Job:
@@ -142,7 +143,7 @@ def _wait(
                 raise NotFound(f"no job with id {job_id}")
             left = give_up - time.monotonic()
             enough = changes is not None and seen - first >= changes
-            if job.status in TERMINAL_STATUSES or left <= 0 or enough:
+            if job.status in TERMINAL or left <= 0 or enough:
                 return job
             waiter.release()
             seen = watch.wait(seen, left)
@@ -169,4 +170,4 @@ def events_due(session: Session, job_id: uuid.UUID, after: int) -> bool:
             "of the last event received, or none to start from the first",
             errors={"Last-Event-ID": ["the id of an event received"]},
         )
-    return not (row.status in TERMINAL_STATUSES and after >= (row.own or 0))
+    return not (row.status in TERMINAL and after >= (row.own or 0))

@@ -10,9 +10,10 @@ from typing import Any
 
 from marshmallow import Schema, fields
 
-from app.jobs.tables import JOB_STATUSES, Job
+from app.jobs.tables import Job
 from app.observability import tracing
 from app.runtime.tensors import to_json, unpack
+from app.statuses import JobStatus
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -47,7 +48,7 @@ def _number(kind: Callable[[Any], Any], value: Any) -> Any:
 
 class JobSchema(Schema):
     id = fields.UUID()
-    status = fields.String(metadata={"enum": list(JOB_STATUSES)})
+    status = fields.String(metadata={"enum": [s.value for s in JobStatus]})
     model = fields.String()
     model_version = fields.String()
     outputs = fields.Method(

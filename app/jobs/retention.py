@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.jobs.tables import TERMINAL_STATUSES
 from app.platform.settings import Settings
+from app.statuses import TERMINAL
 
 BATCH = 500
 MAX_BATCHES = 2000
@@ -93,7 +93,7 @@ _OLD_JOBS = text(
 def delete_old_jobs(session: Session, older_than_s: float) -> int:
     """Up to BATCH jobs finished longer ago than `older_than_s`, deleted with what
     hangs on them; how many."""
-    params = {"age": older_than_s, "terminal": sorted(TERMINAL_STATUSES), "limit": BATCH}
+    params = {"age": older_than_s, "terminal": sorted(TERMINAL), "limit": BATCH}
     return len(session.execute(_OLD_JOBS, params).all())
 
 

@@ -27,9 +27,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.platform.orm import Base
+from app.statuses import OPEN_SQL, JobStatus, sql_list
 
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "expired"})
 # Clients ask for 0 to MAX_PRIORITY (within their tenant's allowance); sync calls run
 # at SYNC_PRIORITY, ahead of every async job.
 MAX_PRIORITY = 9
@@ -42,7 +41,7 @@ class Job(Base):
     __mapper_args__ = {"eager_defaults": True}
     __table_args__ = (
         CheckConstraint(
-            "status IN (" + ", ".join(f"'{s}'" for s in JOB_STATUSES) + ")",
+            f"status IN ({sql_list(JobStatus)})",
             name="jobs_status_valid",
         ),
         # GET /jobs: a tenant's jobs, newest first, keyset-paginated on (created_at, id).
@@ -61,7 +60,7 @@ class Job(Base):
         Index(
             "ix_jobs_tenant_open",
             "tenant_id",
-            postgresql_where=text("status IN ('queued', 'running')"),
+            postgresql_where=text(f"status IN ({OPEN_SQL})"),
         ),
         # The sweeps each read one narrow slice of the table.
         Index(
@@ -84,7 +83,7 @@ class Job(Base):
         Index(
             "ix_jobs_deadline",
             "deadline_at",
-            postgresql_where=text("status IN ('queued', 'running') AND deadline_at IS NOT NULL"),
+            postgresql_where=text(f"status IN ({OPEN_SQL}) AND deadline_at IS NOT NULL"),
         ),
         Index(
             "ix_jobs_retention",
@@ -101,7 +100,7 @@ class Job(Base):
         Index(
             "ix_jobs_batch_open",
             "batch_id",
-            postgresql_where=text("batch_id IS NOT NULL AND status IN ('queued', 'running')"),
+            postgresql_where=text(f"batch_id IS NOT NULL AND status IN ({OPEN_SQL})"),
         ),
     )
 
@@ -109,7 +108,7 @@ class Job(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     model: Mapped[str] = mapped_column(String(100))
     model_version: Mapped[str] = mapped_column(String(50))
-    status: Mapped[str] = mapped_column(String(16), server_default="queued")
+    status: Mapped[str] = mapped_column(String(16), server_default=JobStatus.QUEUED.value)
     # Inputs as packed tensors of their declared datatypes (app.runtime.tensors.pack):
     # float32 stays 4 bytes a value, where JSON took about 20. `inputs` (JSON) is
     # read for rows written before, or staged by hand.

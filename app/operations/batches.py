@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.batches import creation, files, openai_format, progress, readers, results, splitting
 from app.batches.creation import BATCH_EVENTS, SPLIT_TASK, Chunking
 from app.batches.representation import BatchSchema, describe
-from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch
+from app.batches.tables import Batch
 from app.errors import InvalidRequest, UnknownModel
 from app.execution.dispatch import Dispatcher
 from app.jobs import staging
@@ -31,13 +31,13 @@ from app.operations.requests import BatchRequest
 from app.platform.database import Database, transactional
 from app.platform.filestore import FileStore
 from app.repository.registry import ModelRepository
+from app.statuses import BatchStatus
 from app.tenancy.keys import TenantRef
 from app.tenancy.quotas import Quotas
 from app.webhooks.ssrf import UrlPolicy
 
 __all__ = [
     "BATCH_EVENTS",
-    "BATCH_TERMINAL_STATUSES",
     "SPLIT_TASK",
     "BatchOperations",
     "BatchSchema",
@@ -184,7 +184,11 @@ class BatchOperations:
         waking its model after each step; what happened, for the task's log."""
         batch = self.database.session().get(Batch, batch_id)
         self.database.end_reads()  # a unit of work a chunk from here on
-        if batch is None or batch.status != "queued" or batch.cancel_requested_at is not None:
+        if (
+            batch is None
+            or batch.status != BatchStatus.QUEUED
+            or batch.cancel_requested_at is not None
+        ):
             return "nothing to split"
         try:
             cut = self._cut(batch)

@@ -29,12 +29,13 @@ from app.generation.openai_objects import (
 )
 from app.generation.pieces import Followed, follow
 from app.jobs.representation import stored_outputs
-from app.jobs.tables import TERMINAL_STATUSES, Job
+from app.jobs.tables import Job
 from app.operations.jobs import JobOperations
 from app.operations.requests import JobRequest
 from app.operations.submission import Submitter
 from app.platform.database import Database
 from app.repository.registry import ModelRepository
+from app.statuses import TERMINAL
 from app.tenancy.keys import TenantRef
 
 __all__ = [
@@ -136,7 +137,7 @@ class Completions:
         """The final message's fields from the record, once the job has ended."""
         with self.database.sessionmaker() as session:
             job = session.get(Job, job_id, options=[undefer(Job.output_data)])
-            if job is None or job.tenant_id != tenant.id or job.status not in TERMINAL_STATUSES:
+            if job is None or job.tenant_id != tenant.id or job.status not in TERMINAL:
                 return None
             outputs = stored_outputs(job) or {}
         usage = {k: outputs[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")

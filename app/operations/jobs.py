@@ -17,17 +17,16 @@ from app.jobs.outputs import OUTPUT
 from app.jobs.reads import Page, Waiter
 from app.jobs.representation import JobSchema
 from app.jobs.staging import deadline
-from app.jobs.tables import JOB_STATUSES, TERMINAL_STATUSES, Job, JobEvent
+from app.jobs.tables import Job, JobEvent
 from app.operations.holds import Holds
 from app.operations.requests import JobQuery, JobRequest, Wait
 from app.operations.submission import Submitter
 from app.platform.database import Database, transactional
+from app.statuses import TERMINAL, JobStatus
 from app.tenancy.keys import TenantRef
 
 __all__ = [
-    "JOB_STATUSES",
     "OUTPUT",
-    "TERMINAL_STATUSES",
     "Job",
     "JobEvent",
     "JobOperations",
@@ -112,7 +111,7 @@ class JobOperations:
 
     def _so_far(self, job: Job) -> Job:
         """A running generation shows the text recorded so far as its outputs."""
-        if job.status == "running" and job.output_data is None:
+        if job.status == JobStatus.RUNNING and job.output_data is None:
             text = outputs.text_so_far(self.database.session(), job.id)
             if text is not None:
                 # a plain attribute, not a column: the session never writes it back
@@ -166,7 +165,7 @@ class JobOperations:
         (a slow client) takes them."""
         with self.database.sessionmaker() as session:
             found = events_after(session, job_id, after)
-            if not any(event.status in TERMINAL_STATUSES for event in found):
+            if not any(event.status in TERMINAL for event in found):
                 return found, None
             return found, session.get(Job, job_id, options=[undefer(Job.output_data)])
 

@@ -34,11 +34,12 @@ from app.generation.responses import (
 from app.jobs import outputs, transitions
 from app.jobs.representation import stored_outputs
 from app.jobs.staging import Webhook, stored_record
-from app.jobs.tables import TERMINAL_STATUSES, Job
+from app.jobs.tables import Job
 from app.operations.completions import Completions
 from app.operations.jobs import JobOperations
 from app.operations.requests import JobRequest, Wait
 from app.platform.database import Database, transactional
+from app.statuses import TERMINAL, JobStatus
 from app.tenancy.keys import TenantRef
 
 __all__ = [
@@ -73,7 +74,7 @@ class Responses:
         job, record = self._read(tenant, job_id)
         if job is None or record is None:
             raise BadField("previous_response_id", f"no response {response_id(job_id)} of yours")
-        if job.status not in TERMINAL_STATUSES:
+        if job.status not in TERMINAL:
             raise BadField("previous_response_id", f"{response_id(job_id)} is still "
                            f"{job.status}; follow it once it has completed")  # fmt: skip
         request = stored_request(bytes(job.input_data or b""))
@@ -89,7 +90,7 @@ class Responses:
         if job is None or record is None:
             raise NotFound(f"no response {response_id(job_id)}")
         found = stored_outputs(job) or {}
-        if job.status == "running" and job.output_data is None:
+        if job.status == JobStatus.RUNNING and job.output_data is None:
             with self.database.sessionmaker() as session:
                 found = {"text": outputs.text_so_far(session, job.id) or ""}
         counts = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -122,7 +123,7 @@ class Responses:
             new = ""
             if shown.text.startswith(sent):
                 new, sent = shown.text[len(sent) :], shown.text
-            if shown.status in TERMINAL_STATUSES:
+            if shown.status in TERMINAL:
                 yield Followed(new, {"final": True, "status": shown.status})
                 return
             if new:
@@ -137,7 +138,7 @@ class Responses:
         if not shown.record.get("background"):
             raise BadField("response_id", "only a response created with background: true "
                            "can be cancelled")  # fmt: skip
-        if shown.status not in TERMINAL_STATUSES:
+        if shown.status not in TERMINAL:
             self._jobs.cancel_many(tenant, [job_id])
             self._jobs.wait(tenant, job_id, Wait(SETTLE_S, "finished"))
             self.database.end_reads()
@@ -147,7 +148,7 @@ class Responses:
         """Forget a response: an unfinished one is stopped first; its input, output
         and recorded text are erased (the job's row stays, for the usage counts)."""
         shown = self.shown(tenant, job_id)
-        if shown.status not in TERMINAL_STATUSES:
+        if shown.status not in TERMINAL:
             self._jobs.cancel_many(tenant, [job_id])
             self._jobs.wait(tenant, job_id, Wait(SETTLE_S, "finished"))
             self.database.end_reads()

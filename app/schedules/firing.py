@@ -27,12 +27,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.batches import files, progress, results
 from app.batches.creation import attach_file, new_batch
-from app.batches.tables import BATCH_TERMINAL_STATUSES, Batch
+from app.batches.tables import Batch
 from app.errors import DomainError, InvalidRequest, UnknownModel
 from app.platform.filestore import FileStore
 from app.schedules import paths
 from app.schedules.definitions import Rules, following, now_of, root_of, tenant_of
 from app.schedules.tables import Schedule
+from app.statuses import BATCH_TERMINAL, BatchStatus
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def _run(
         detail = exc.detail if isinstance(exc, DomainError) else str(exc)
         batch = Batch(
             id=uuid.uuid4(), tenant_id=schedule.tenant_id, model=schedule.model,
-            model_version=schedule.model_version or "", status="failed", chunk_rows=1,
+            model_version=schedule.model_version or "", status=BatchStatus.FAILED, chunk_rows=1,
             split_rows=0, error_code="input_unavailable", error_message=detail[:2000],
             finished_at=now,
         )  # fmt: skip
@@ -119,7 +120,7 @@ def take_finished(session: Session) -> Batch | None:
     return session.scalar(
         select(Batch)
         .where(Batch.output_path.is_not(None), Batch.exported_at.is_(None),
-               Batch.status.in_(BATCH_TERMINAL_STATUSES))
+               Batch.status.in_(BATCH_TERMINAL))
         .order_by(Batch.finished_at)
         .limit(1)
         .with_for_update(skip_locked=True)
@@ -161,7 +162,7 @@ def _export(
     chunks = results.chunks(sessions, store, batch.id)
     body: Iterator[bytes]
     try:
-        if batch.status != "succeeded" or counted.rows_failed:
+        if batch.status != BatchStatus.SUCCEEDED or counted.rows_failed:
             raise InvalidRequest("not every row has outputs")
         names = results.numeric_outputs(card, None)
         body, target = results.npy(names, counted.rows_done, chunks), folder / f"{stem}.npy"

@@ -29,12 +29,13 @@ from sqlalchemy.orm import Session
 
 from app.status.census import Census, WorkerCensus
 from app.status.streams import StreamLine, StreamTotals
+from app.statuses import TERMINAL, ordered
 
 WINDOW_S = 3600.0
 DEAD_LETTER_CAP = 10_000
 RECENT_LIMIT = 20
 STATEMENT_TIMEOUT_MS = 3000
-FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "expired")
+FINISHED_STATUSES = ordered(TERMINAL)
 
 
 @dataclass(frozen=True)

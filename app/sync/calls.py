@@ -23,9 +23,9 @@ from sqlalchemy import Engine, bindparam, text
 
 from app.cards import ModelCard
 from app.errors import DeadlinePassed, DomainError, InferenceFailed, Unavailable, UnknownModel
-from app.jobs.tables import TERMINAL_STATUSES
 from app.jobs.transitions import UUIDS
 from app.runtime.tensors import from_json, unpack
+from app.statuses import OPEN, TERMINAL, JobStatus
 from app.sync.lane import LOST
 from app.sync.replies import Follower
 
@@ -201,11 +201,7 @@ class Calls:
         ran out by `now` (whatever their status)."""
         with self._engine.connect() as conn:
             rows = conn.execute(_READ, {"ids": list(calls), "tenant": self._tenant_id}).all()
-        return [
-            row
-            for row in rows
-            if row.status in TERMINAL_STATUSES or calls[row.id].give_up_at <= now
-        ]
+        return [row for row in rows if row.status in TERMINAL or calls[row.id].give_up_at <= now]
 
 
 def _ended(call: Call, job: Outcome) -> Ended:
@@ -219,7 +215,7 @@ def answer(card: ModelCard, job: Outcome, timeout_s: float) -> Answer:
     """The finished job's outputs; DeadlinePassed while it is unfinished,
     InferenceFailed when it ended without outputs, Unavailable when its worker
     died before answering (a lane call it may not run again)."""
-    if job.status == "succeeded":
+    if job.status == JobStatus.SUCCEEDED:
         return Answer(card, _outputs(card, job), job.id)
     if job.status == LOST:
         raise Unavailable(
@@ -228,7 +224,7 @@ def answer(card: ModelCard, job: Outcome, timeout_s: float) -> Answer:
             "was recorded: send it again",
             retry_after=1, job_id=str(job.id), error_code=job.error_code,
         )  # fmt: skip
-    if job.status == "failed" and job.error_code == MODEL_UNAVAILABLE:
+    if job.status == JobStatus.FAILED and job.error_code == MODEL_UNAVAILABLE:
         # The model went (unloaded, removed) while the call waited: as for a call
         # made now, 404 naming it, not a server error.
         gone = UnknownModel(card.name, card.version, [],
@@ -278,7 +274,7 @@ def late_error(job_id: uuid.UUID, status: str | None, timeout_s: float) -> Deadl
 
 
 def _outcome_error(job: Outcome, timeout_s: float) -> DomainError:
-    if job.status in ("queued", "running"):
+    if job.status in OPEN:
         return late_error(job.id, job.status, timeout_s)
     return ended_without_outputs(job.id, job.status, job.error_code, job.error_message)
 

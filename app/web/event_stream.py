@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator
 
 from app.operations.jobs import (
     OUTPUT,
-    TERMINAL_STATUSES,
     Job,
     JobEvent,
     JobOperations,
     JobSchema,
 )
+from app.statuses import TERMINAL
 
 KEEPALIVE_S = 15.0
 MAX_STREAM_S = 600.0  # then the client reconnects with Last-Event-ID
@@ -53,7 +53,7 @@ def _stream(jobs: JobOperations, job_id: uuid.UUID, after: int) -> Iterator[str]
             for event_id, status, message in _messages(*jobs.events(job_id, after), job_id):
                 yield message
                 after = event_id
-                if status in TERMINAL_STATUSES:
+                if status in TERMINAL:
                     return
             remaining = ends_at - time.monotonic()
             if remaining <= 0:
@@ -78,7 +78,7 @@ def _messages(
             "attempt": event.attempt,
             "at": event.at.isoformat(),
         }
-        if event.status in TERMINAL_STATUSES and job is not None:
+        if event.status in TERMINAL and job is not None:
             data["job"] = JobSchema().dump(job)
         message = f"id: {event.id}\nevent: job.{event.status}\ndata: {json.dumps(data)}\n\n"
         messages.append((event.id, event.status, message))

@@ -12,8 +12,9 @@ from marshmallow import ValidationError
 from app.errors import DomainError, InvalidRequest, MalformedRequest, TooManyWaits
 from app.observability import tracing
 from app.operations import JobQuery, JobRequest, Wait, Webhook
-from app.operations.jobs import TERMINAL_STATUSES, Job, Page, deadline
+from app.operations.jobs import Job, Page, deadline
 from app.platform.settings import Settings
+from app.statuses import TERMINAL
 from app.web.auth import authenticated, current_tenant
 from app.web.blueprint import Blueprint, links_by_id
 from app.web.context import services
@@ -73,7 +74,7 @@ def submit(body: dict[str, Any], headers_in: dict[str, Any]) -> tuple[Job, int, 
     except TooManyWaits:
         return job, 202, headers  # the job is accepted all the same: no wait, as RFC 7240 allows
     headers["Preference-Applied"] = f"wait={wait:g}"
-    return job, 200 if job.status in TERMINAL_STATUSES else 202, headers
+    return job, 200 if job.status in TERMINAL else 202, headers
 
 
 def job_request(

@@ -11,8 +11,9 @@ from typing import Any, ClassVar
 
 from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, missing, validate
 
-from app.operations.jobs import JOB_STATUSES, JobSchema
+from app.operations.jobs import JobSchema
 from app.operations.webhooks import DEFAULT_EVENTS, EVENTS
+from app.statuses import JobStatus
 
 MAX_CANCEL_AFTER_S = 366 * 24 * 3600
 
@@ -307,7 +308,7 @@ class JobPageSchema(Schema):
 
 
 class ListJobsArgsSchema(Schema):
-    status = fields.String(validate=validate.OneOf(JOB_STATUSES))
+    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
     model = fields.String()
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=200))
     cursor = fields.String()
