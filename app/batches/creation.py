@@ -29,6 +29,7 @@ from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.runtime.datatypes import V2_TO_NUMPY
 from app.runtime.tensors import pack
+from app.statuses import BatchStatus, JobStatus
 
 SPLIT_TASK = "batches.split"
 BATCH_EVENTS = ("batch.succeeded", "batch.partially_succeeded", "batch.failed", "batch.cancelled")
@@ -61,7 +62,7 @@ def new_batch(
         )
     return Batch(
         id=uuid.uuid4(), tenant_id=tenant_id, model=card.name, model_version=card.version,
-        status="queued", chunk_rows=chunk_rows(card, chunking), split_rows=0,
+        status=BatchStatus.QUEUED, chunk_rows=chunk_rows(card, chunking), split_rows=0,
         max_attempts=int(card.extra.get("max_attempts", chunking.max_attempts)),
         webhook_url=webhook["url"] if webhook else None,
         webhook_events=list(webhook["events"]) if webhook else None,
@@ -72,7 +73,7 @@ def add_rows(session: Session, batch: Batch, arrays: dict[str, np.ndarray]) -> N
     """Inline rows (checked against the card): the batch is running at once, a
     chunk job for each `chunk_rows` of them, queued."""
     total = len(next(iter(arrays.values())))
-    batch.status, batch.rows, batch.split_rows = "running", total, total
+    batch.status, batch.rows, batch.split_rows = BatchStatus.RUNNING, total, total
     batch.chunks, batch.started_at = chunks_of(batch, total), datetime.now(UTC)
     session.add(batch)
     session.flush()
@@ -168,7 +169,7 @@ def chunk_values(
     """A chunk job's columns: rows [first_row, first_row + rows) of the batch."""
     return {
         "id": uuid.uuid4(), "tenant_id": batch.tenant_id, "model": batch.model,
-        "model_version": batch.model_version, "status": "queued", "input_data": data,
+        "model_version": batch.model_version, "status": JobStatus.QUEUED, "input_data": data,
         "batch_rows": rows, "attempts": 0, "max_attempts": batch.max_attempts,
         "batch_id": batch.id, "batch_index": index, "first_row": first_row,
     }  # fmt: skip

@@ -24,6 +24,7 @@ from app.errors import Conflict, InsufficientStorage, InvalidRequest, TooLarge, 
 from app.jobs.chunks import PART_BYTES, file_key
 from app.platform.filestore import FileStore
 from app.platform.orm import owned
+from app.statuses import BATCH_OPEN
 
 FORMATS = (*readers.FORMATS, "parquet")
 
@@ -119,7 +120,7 @@ def unread(session: Session, tenant_id: int, file_id: uuid.UUID) -> File:
     file = get(session, tenant_id, file_id)
     busy = session.scalar(
         select(Batch.id)
-        .where(Batch.input_file_id == file_id, Batch.status.in_(("queued", "running")))
+        .where(Batch.input_file_id == file_id, Batch.status.in_(BATCH_OPEN))
         .limit(1)
     )
     if busy is not None:

@@ -39,6 +39,7 @@ from app.generation.openai_objects import (
 )
 from app.jobs.staging import check_inputs
 from app.runtime.tensors import unpack
+from app.statuses import BATCH_OPEN, BatchStatus, JobStatus
 
 ENDPOINTS = {"/v1/chat/completions": True, "/v1/completions": False}  # endpoint: chat?
 COMPLETION_WINDOW = "24h"
@@ -189,7 +190,7 @@ def _request(card: ModelCard, chat: bool, custom_id: str, body: Any) -> Line:
 
 
 def _failed(code: str, message: str, line: dict[str, Any]) -> Line:
-    return Line(None, {"status": "failed", "error_code": code, "error_message": message,
+    return Line(None, {"status": JobStatus.FAILED, "error_code": code, "error_message": message,
                        "finished_at": datetime.now(UTC), "batch_line": line})  # fmt: skip
 
 
@@ -228,9 +229,9 @@ def answer(model: str, chat: bool, chunk: Chunk) -> dict[str, Any]:
     created = int(chunk.finished_at.timestamp()) if chunk.finished_at else None
     tools = ToolPlan.from_json(fields["tools"]) if fields.get("tools") else None
     shape = CompletionShape(chunk.job_id or uuid.UUID(int=0), model, chat, created, tools)
-    if chunk.status == "succeeded" and chunk.output_data is not None:
+    if chunk.status == JobStatus.SUCCEEDED and chunk.output_data is not None:
         outputs = {name: array.tolist() for name, array in unpack(chunk.output_data).items()}
-        final = {"status": "succeeded", "finish_reason": outputs.get("finish_reason"),
+        final = {"status": JobStatus.SUCCEEDED, "finish_reason": outputs.get("finish_reason"),
                  "usage": outputs, **json_outputs(outputs)}  # fmt: skip
         return response(200, shape.whole(str(outputs.get("text", "")), final))
     message = chunk.error_message or ""
@@ -240,12 +241,14 @@ def answer(model: str, chat: bool, chunk: Chunk) -> dict[str, Any]:
         return response(fields["status_code"], body)
     if fields.get("refused") == "line":
         return {**head, "response": None, "error": {"code": chunk.error_code, "message": message}}
-    if chunk.status == "failed":
+    if chunk.status == JobStatus.FAILED:
         final = {"status": chunk.status, "error": chunk.error_message}
         return response(500, error_object(500, "inference-failed", shape.error(final)["message"],
                                           None))  # fmt: skip
-    ended = {"cancelled": "the batch was cancelled before this request ran to its end",
-             "expired": "the request's deadline passed before it ran"}  # fmt: skip
+    ended: dict[str, str] = {
+        JobStatus.CANCELLED: "the batch was cancelled before this request ran to its end",
+        JobStatus.EXPIRED: "the request's deadline passed before it ran",
+    }
     error = {"code": f"batch_{chunk.status}", "message": ended.get(chunk.status, chunk.status)}
     return {**head, "response": None, "error": error}
 
@@ -282,11 +285,11 @@ def status(batch: Batch) -> str:
     `completed` (its error file says why); `failed` is the file's refusal."""
     if batch.error_code is not None:
         return "failed"
-    if batch.status in ("queued", "running"):
+    if batch.status in BATCH_OPEN:
         if batch.cancel_requested_at is not None:
             return "cancelling"
-        return "validating" if batch.status == "queued" else "in_progress"
-    return "cancelled" if batch.status == "cancelled" else "completed"
+        return "validating" if batch.status == BatchStatus.QUEUED else "in_progress"
+    return "cancelled" if batch.status == BatchStatus.CANCELLED else "completed"
 
 
 def batch_object(batch: Batch, counted: Progress) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from app.jobs.tables import Job
 from app.platform.filestore import FileStore
 from app.runtime.datatypes import V2_TO_NUMPY, json_values
 from app.runtime.tensors import to_json, unpack
+from app.statuses import BATCH_OPEN, JobStatus
 
 NPY = "application/x-npy"
 JSONL = "application/jsonl"
@@ -72,7 +73,7 @@ def chunks(
             rows = session.execute(query).all()
         for r in rows:
             data = r.output_data
-            if data is None and r.output_bytes is not None and r.status == "succeeded":
+            if data is None and r.output_bytes is not None and r.status == JobStatus.SUCCEEDED:
                 data = store.read(result_key(batch_id, r.batch_index))
             yield Chunk(r.first_row, r.batch_rows, r.status, r.error_code, r.error_message,
                         data, r.id, r.finished_at, r.batch_line)  # fmt: skip
@@ -82,7 +83,7 @@ def chunks(
 
 
 def check_ready(batch: Batch, failed_rows: int, fmt: str) -> None:
-    if batch.status in ("queued", "running"):
+    if batch.status in BATCH_OPEN:
         raise Conflict(
             f"batch {batch.id} is still {batch.status}; its results can be read once it "
             "finishes (GET /batches/<id> shows its progress)",
@@ -113,7 +114,7 @@ def jsonl(card: ModelCard, chunks: Iterator[Chunk]) -> Iterator[bytes]:
         return
     names = [spec.name for spec in card.outputs]
     for chunk in chunks:
-        if chunk.status != "succeeded" or chunk.output_data is None:
+        if chunk.status != JobStatus.SUCCEEDED or chunk.output_data is None:
             error = json.dumps({"code": chunk.error_code or chunk.status,
                                 "message": chunk.error_message})  # fmt: skip
             yield "".join(
@@ -132,7 +133,7 @@ def jsonl(card: ModelCard, chunks: Iterator[Chunk]) -> Iterator[bytes]:
 
 def _generation_jsonl(chunks: Iterator[Chunk]) -> Iterator[bytes]:
     for chunk in chunks:
-        if chunk.status != "succeeded" or chunk.output_data is None:
+        if chunk.status != JobStatus.SUCCEEDED or chunk.output_data is None:
             error = {"code": chunk.error_code or chunk.status, "message": chunk.error_message}
             yield (json.dumps({"row": chunk.first_row, "error": error}) + "\n").encode()
             continue

@@ -31,6 +31,7 @@ from app.jobs.tables import Job
 from app.platform.filestore import FileStore
 from app.runtime.datatypes import V2_TO_NUMPY
 from app.runtime.tensors import pack, pack_header
+from app.statuses import BatchStatus
 
 # Rows to cut into a chunk (None: a line refused before it ran), and the chunk
 # job's own column values.
@@ -192,7 +193,7 @@ def stale(session: Session, older_than_s: float, limit: int = 100) -> list[uuid.
     """File batches whose splitter stopped (nothing cut for `older_than_s`)."""
     return list(session.scalars(
         select(Batch.id).where(
-            Batch.status == "queued", Batch.cancel_requested_at.is_(None),
+            Batch.status == BatchStatus.QUEUED, Batch.cancel_requested_at.is_(None),
             text("coalesce(split_at, created_at) < now() - make_interval(secs => :age)"),
         ).limit(limit),
         {"age": older_than_s},
@@ -201,5 +202,5 @@ def stale(session: Session, older_than_s: float, limit: int = 100) -> list[uuid.
 
 def open_batches(session: Session, limit: int = 500) -> list[uuid.UUID]:
     """Running batches, oldest first: the sweep settles those whose last chunk ended."""
-    query = select(Batch.id).where(Batch.status == "running")
+    query = select(Batch.id).where(Batch.status == BatchStatus.RUNNING)
     return list(session.scalars(query.order_by(Batch.created_at).limit(limit)))

@@ -18,6 +18,7 @@ from typing import Any
 from app.cards.parameters import PARAMETERS
 from app.generation.fields import BadField
 from app.generation.tools import ToolPlan, call_id, plan, with_tools
+from app.statuses import JobStatus
 
 __all__ = [
     "BadField", "CompletionRequest", "CompletionShape", "ToolPlan", "completion_inputs",
@@ -176,7 +177,7 @@ class CompletionShape:
 
     @staticmethod
     def succeeded(final: dict[str, Any]) -> bool:
-        return final.get("status") in ("succeeded", "cancelled")
+        return final.get("status") in (JobStatus.SUCCEEDED, JobStatus.CANCELLED)
 
     def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]:
         """The whole answer of a call that succeeded (or was cancelled: its text so far)."""
@@ -205,7 +206,7 @@ class CompletionShape:
     def message(self, text: str, final: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """The assistant's message and finish reason: its text, or its tool calls."""
         calls = self.tools.calls(text, self._call_id) if self.tools else None
-        if calls is None or not self.succeeded(final) or final.get("status") == "cancelled":
+        if calls is None or not self.succeeded(final) or final.get("status") == JobStatus.CANCELLED:
             return {"role": "assistant", "content": text}, self.reason(final)
         return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from app.cards.parameters import PARAMETERS
 from app.generation.fields import BadField
+from app.statuses import JobStatus
 
 PREFIX = "resp_"
 MAX_METADATA = 16  # keys, as OpenAI allows
@@ -185,8 +186,9 @@ def messages(ask: ResponseAsk, history: list[dict[str, str]]) -> list[dict[str, 
     return [*system, *history, *ask.items]
 
 
-STATUSES = {"queued": "queued", "running": "in_progress", "succeeded": "completed",
-            "failed": "failed", "cancelled": "cancelled", "expired": "failed"}  # fmt: skip
+STATUSES: dict[str, str] = {JobStatus.QUEUED: "queued", JobStatus.RUNNING: "in_progress",
+            JobStatus.SUCCEEDED: "completed", JobStatus.FAILED: "failed",
+            JobStatus.CANCELLED: "cancelled", JobStatus.EXPIRED: "failed"}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.jobs.transitions import UUIDS
 from app.platform.database import Prepared
+from app.statuses import OPEN_SQL
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def claim_next_statement(guarded: bool = True, versioned: bool = False) -> Prepa
     ahead of its next one of this version are read and passed over. Several
     versions of a model queued at once are the short while after a roll, or
     callers who pin an old one."""
-    waiting = "status = 'queued'" if guarded else "status IN ('queued', 'running')"
+    waiting = "status = 'queued'" if guarded else f"status IN ({OPEN_SQL})"
     of_version = " AND model_version = :version" if versioned else ""
     types = {"model": "text", "max_rows": "integer", "per_tenant": "integer", "lease": "float8"}
 

@@ -19,6 +19,7 @@ from app.errors import InputsDoNotFit, InvalidRequest
 from app.jobs.inserts import INSERT_JOB, INSERT_JOBS
 from app.jobs.tables import SYNC_PRIORITY, Job
 from app.runtime.tensors import InvalidInputs, pack, parse_inputs, unpack
+from app.statuses import JobStatus
 
 if TYPE_CHECKING:  # imported where used: one-shot jobs never load the tokenizer
     from app.generation.requests import GenerationRequest
@@ -71,7 +72,7 @@ def job_values(
         "tenant_id": tenant_id,
         "model": card.name,
         "model_version": card.version,
-        "status": "queued",
+        "status": JobStatus.QUEUED,
         "input_data": pack(arrays),
         "batch_rows": batch_rows(card, arrays),
         "priority": terms.priority,
@@ -120,7 +121,7 @@ def call_record(
         "tenant_id": tenant_id,
         "model": model[0],
         "model_version": model[1],
-        "status": "succeeded" if error is None else "failed",
+        "status": JobStatus.SUCCEEDED if error is None else JobStatus.FAILED,
         "output_data": pack(outputs) if outputs is not None else None,
         "error_code": error[0] if error else None,
         "error_message": error[1] if error else None,

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.jobs.claims import ClaimedJob
 from app.observability import metrics
+from app.statuses import JobStatus
 
 logger = logging.getLogger("app.jobs")
 
@@ -36,11 +37,11 @@ def finished(session: Session, claimed: list[ClaimedJob], written: list[Any]) ->
     for model, jobs in Counter(job.model for job in claimed).items():
         metrics.CLAIM_JOBS.labels(model).observe(jobs)
     for row in written:
-        if row.status not in ("succeeded", "failed", "cancelled"):
+        if row.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             continue
         tenant = tenant_name(session, row.tenant_id)
         metrics.JOBS_FINISHED.labels(row.model, tenant, row.status).inc()
-        if row.status == "failed":  # finish wrote its dead letter
+        if row.status == JobStatus.FAILED:  # finish wrote its dead letter
             metrics.DEAD_LETTERS.labels(row.model, "job").inc()
         queued = float(row.queued_s) if row.queued_s is not None else None
         running = float(row.running_s) if row.running_s is not None else None

@@ -24,6 +24,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.orm import Session
 
 from app.platform.database import Prepared
+from app.statuses import OPEN_SQL
 
 UUIDS = ARRAY(UUID(as_uuid=True))
 
@@ -241,13 +242,13 @@ def expire_overdue(session: Session, limit: int) -> int:
     """Jobs past their deadline end `expired`; a worker still running one cannot
     write its result afterwards (the finish guard wants `running`)."""
     statement = text(
-        """
+        f"""
         UPDATE jobs SET status = 'expired', finished_at = now(), lease_expires_at = NULL,
                error_code = 'deadline_exceeded',
                error_message = format('not finished by its deadline %s', deadline_at)
         WHERE id IN (
             SELECT id FROM jobs
-            WHERE status IN ('queued', 'running') AND deadline_at < now()
+            WHERE status IN ({OPEN_SQL}) AND deadline_at < now()
             LIMIT :limit FOR UPDATE SKIP LOCKED
         )
         RETURNING id
@@ -301,11 +302,11 @@ def request_cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> str |
     Returns the job's status afterwards, or None if it was not queued or running.
     """
     statement = text(
-        """
+        f"""
         UPDATE jobs SET cancel_requested_at = now(),
                status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
                finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END
-        WHERE id = :id AND tenant_id = :tenant AND status IN ('queued', 'running')
+        WHERE id = :id AND tenant_id = :tenant AND status IN ({OPEN_SQL})
         RETURNING status
         """
     )
@@ -314,11 +315,11 @@ def request_cancel(session: Session, tenant_id: int, job_id: uuid.UUID) -> str |
 
 
 _REQUEST_CANCEL_MANY = text(
-    """
+    f"""
     UPDATE jobs SET cancel_requested_at = now(),
            status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
            finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END
-    WHERE id = ANY(:ids) AND tenant_id = :tenant AND status IN ('queued', 'running')
+    WHERE id = ANY(:ids) AND tenant_id = :tenant AND status IN ({OPEN_SQL})
     """
 ).bindparams(bindparam("ids", type_=UUIDS))
 

@@ -16,19 +16,20 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidRequest
+from app.statuses import OPEN_SQL
 
 # A report reads every job of the period (through ix_jobs_tenant_created): bounded.
 MAX_PERIOD = timedelta(days=31)
 
 _REPORT = text(
-    """
+    f"""
     SELECT model,
            count(*) AS jobs,
            count(*) FILTER (WHERE batch_id IS NOT NULL) AS batch_chunks,
            count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
            count(*) FILTER (WHERE status IN ('failed', 'expired')) AS failed,
            count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-           count(*) FILTER (WHERE status IN ('queued', 'running')) AS unfinished,
+           count(*) FILTER (WHERE status IN ({OPEN_SQL})) AS unfinished,
            coalesce(sum(batch_rows), 0) AS rows,
            coalesce(sum(extract(epoch FROM coalesce(started_at, finished_at) - created_at)), 0)
                AS queued_seconds,

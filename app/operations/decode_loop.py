@@ -32,6 +32,7 @@ from app.platform.settings import Settings
 from app.runtime.decode import DecodeEngine, Sequence
 from app.runtime.prefixes import PrefixCache
 from app.runtime.tensors import pack
+from app.statuses import JobStatus
 from app.tenancy.tokens import TokenMeter, namespace
 
 LOCK_S = 10.0
@@ -145,11 +146,11 @@ def ended_outcome(running: Running) -> tuple[Outcome, dict[str, Any]]:
     outputs = pack(arrays)
     job = running.job
     if reason == "time_limit":
-        outcome = Outcome(job.id, job.attempt, "failed", error_code="time_limit",
+        outcome = Outcome(job.id, job.attempt, JobStatus.FAILED, error_code="time_limit",
                           error_message="the job ran past JOB_TIME_LIMIT_SECONDS",
                           output_data=outputs)  # fmt: skip
     else:
-        status = "cancelled" if reason == "cancelled" else "succeeded"
+        status = JobStatus.CANCELLED if reason == "cancelled" else JobStatus.SUCCEEDED
         outcome = Outcome(job.id, job.attempt, status, output_data=outputs)
     outcome = replace(outcome, compute_seconds=running.compute_s,
                       prompt_tokens=usage["prompt_tokens"],

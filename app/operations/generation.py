@@ -64,6 +64,7 @@ from app.runtime.engines import EnginePool
 from app.runtime.labels import LabelScores
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import InvalidInputs
+from app.statuses import JobStatus
 from app.tenancy.tokens import TokenMeter
 
 logger = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ class Generation:
             guide = fmt.guide(request)
             labels = fmt.label_ids(request)
         except (KeyError, TypeError, ValueError, InvalidInputs) as exc:
-            failed = Outcome(job.id, job.attempt, "failed", error_code="invalid_input",
+            failed = Outcome(job.id, job.attempt, JobStatus.FAILED, error_code="invalid_input",
                              error_message=f"{type(exc).__name__}: {exc}",
                              error_class=type(exc).__name__)  # fmt: skip
             self._finish([failed], [job])

@@ -32,6 +32,7 @@ from app.jobs.guards import ALL_ON, Guards
 from app.repository.registry import ModelRepository
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import unpack
+from app.statuses import JobStatus
 from app.sync import lane, records, replies
 from app.sync.lane import Entry, Lane
 from app.sync.records import RecordWriter
@@ -202,7 +203,7 @@ def _answered(
     record["created_at"] = datetime.fromtimestamp(entry.sent_at, UTC)
     record["attempts"] = record["max_attempts"] = entry.attempt
     if error is None:
-        reply = Reply(entry.id, "succeeded", None, None, record["output_data"])
+        reply = Reply(entry.id, JobStatus.SUCCEEDED, None, None, record["output_data"])
     else:
-        reply = Reply(entry.id, "failed", error[0], error[1], None)
+        reply = Reply(entry.id, JobStatus.FAILED, error[0], error[1], None)
     return entry, reply, record

@@ -18,6 +18,7 @@ from app.schedules.definitions import Rules
 from app.schedules.firing import TICK_TASK
 from app.schedules.representation import ScheduleSchema
 from app.schedules.tables import Schedule
+from app.statuses import BatchStatus
 from app.tenancy.keys import TenantRef
 
 __all__ = ["TICK_TASK", "Schedule", "ScheduleOperations", "ScheduleSchema"]
@@ -80,7 +81,7 @@ class ScheduleOperations:
             if batch is None:  # that tick had its run already
                 continue
             fired.append(batch.id)
-            if batch.status == "queued" and not start_split(batch.id):
+            if batch.status == BatchStatus.QUEUED and not start_split(batch.id):
                 logger.warning("schedule run %s: split not sent; the sweep sends it", batch.id)
         return fired
 

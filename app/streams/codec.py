@@ -22,6 +22,7 @@ from app.operations import EntryRequest
 from app.operations.bindings import Finished
 from app.operations.calls import ended_without_outputs
 from app.platform.logstreams import LogEntry
+from app.statuses import JobStatus
 from app.web.problem_types import problem
 
 MAX_REQUEST_ID = 200
@@ -139,7 +140,7 @@ def result(item: Finished) -> dict[str, bytes]:
     `error` (the problem a sync call of the same job would answer)."""
     fields = {"id": item.request_id.encode(), "job_id": str(item.job_id).encode(),
               "status": item.status.encode()}  # fmt: skip
-    if item.status == "succeeded":
+    if item.status == JobStatus.SUCCEEDED:
         fields["outputs"] = _json(item.outputs)
     else:
         error = ended_without_outputs(item.job_id, item.status, item.error_code,

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 from app.jobs.tables import Job
 from app.platform.background import LazyThread
 from app.platform.database import Database
+from app.statuses import JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def decode(payload: bytes) -> Record:
     for name in _DATES:
         if record.get(name) is not None:
             record[name] = datetime.fromisoformat(record[name])
-    record["output_data"] = outputs if record["status"] == "succeeded" else None
+    record["output_data"] = outputs if record["status"] == JobStatus.SUCCEEDED else None
     return record
 
 

@@ -31,6 +31,7 @@ from app.errors import InvalidRequest, QuotaExceeded, TenantGone
 from app.jobs.tables import SYNC_PRIORITY
 from app.platform.broker import redis_client
 from app.platform.settings import Settings
+from app.statuses import OPEN_SQL
 from app.tenancy.tables import Tenant
 from app.tenancy.tokens import TokenMeter, namespace
 
@@ -287,9 +288,7 @@ class Quotas:
         )  # fmt: skip
 
 
-_IN_FLIGHT = text(
-    "SELECT count(*) FROM jobs WHERE tenant_id = :tenant AND status IN ('queued', 'running')"
-)
+_IN_FLIGHT = text(f"SELECT count(*) FROM jobs WHERE tenant_id = :tenant AND status IN ({OPEN_SQL})")
 
 
 def stored_bytes(session: Session, tenant_id: int, retention_s: float) -> int:

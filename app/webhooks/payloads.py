@@ -15,6 +15,7 @@ from app.batches.tables import Batch
 from app.jobs.outputs import text_so_far
 from app.jobs.representation import JobSchema
 from app.jobs.tables import Job
+from app.statuses import JobStatus
 from app.webhooks.tables import WebhookDelivery
 
 
@@ -30,7 +31,7 @@ def render(session: Session, delivery: WebhookDelivery, now: datetime, max_bytes
         return json.dumps(body)
     job = session.get(Job, delivery.job_id)
     assert job is not None
-    if job.status == "running" and job.output_data is None:  # (a `job.output` event)
+    if job.status == JobStatus.RUNNING and job.output_data is None:  # (a `job.output` event)
         text = text_so_far(session, job.id)
         if text is not None:
             setattr(job, "so_far", {"text": text})  # noqa: B010  (not a column: never written)
