@@ -32,8 +32,12 @@ run: $(VENV)/.runtime
 	$(PY) manage.py up
 
 ## test: lint, type-check and the test suite on real PostgreSQL, Redis and workers
+# TEST_PROCESSES=N runs the suite in N processes (pytest-xdist, a file at a time
+# each, each with servers of its own), for a machine with cores to spare.
+TEST_PROCESSES ?= 1
+XDIST = $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
 test: $(VENV)/.dev browser lint docs-build
-	$(PY) -m pytest -m "not faults and not fleet"
+	$(PY) -m pytest -m "not faults and not fleet" $(XDIST) --budget test
 
 ## test-fast: the inner loop: the tests that start no worker, server or browser process
 test-fast: $(VENV)/.dev
@@ -41,7 +45,7 @@ test-fast: $(VENV)/.dev
 
 ## test-faults: kill workers, Redis, PostgreSQL mid-run; writes docs/reliability.md
 test-faults: $(VENV)/.dev
-	$(PY) -m pytest -m faults tests/faults
+	$(PY) -m pytest -m faults tests/faults --budget faults
 
 ## gpu-check: the GPU check (tools/gpu_check.py) tried here on the CPU, by a bare Python 3.12
 gpu-check: $(VENV)/.runtime
@@ -53,7 +57,7 @@ gpu-pack: $(VENV)/.runtime
 
 ## test-fleet: a fleet of hosts in network namespaces (root): scaling, faults between hosts
 test-fleet: $(VENV)/.dev
-	$(PY) -m pytest -m fleet tests/fleet -s
+	$(PY) -m pytest -m fleet tests/fleet -s --budget fleet
 
 ## docs: the documentation site at http://127.0.0.1:8008, rebuilt as pages change
 docs: $(VENV)/.dev

@@ -13,6 +13,7 @@ themselves; `make test-fast` leaves them out.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -62,7 +63,12 @@ from tests.support import (
     wait_until,
 )
 
-TEST_VAR = ROOT / "var" / "test"
+# Each suite's time budget (`pytest --budget NAME`; the Makefile names its suite).
+pytest_plugins = ["tests.budget"]
+
+# Under pytest-xdist (`make test` runs two processes), each process its own folder,
+# and so its own embedded PostgreSQL and Redis: nothing of one is seen by the other.
+TEST_VAR = ROOT / "var" / "test" / os.environ.get("PYTEST_XDIST_WORKER", "")
 STAGED = "staged"
 RUN_ID = uuid.uuid4().hex[:8]
 
@@ -116,10 +122,21 @@ def database_url() -> Iterator[str]:
         yield url
 
 
+@contextmanager
+def models_built() -> Iterator[None]:
+    """One process at a time builds the bundled models (the others then find them)."""
+    lock = ROOT / "var" / "models-build.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def model_repository() -> Iterator[Path]:
     """The bundled models plus the test models (`slow`, `memhog`), in a folder of this run."""
-    ensure_models(ROOT / "models")
+    with models_built():
+        ensure_models(ROOT / "models")
     root = TEST_VAR / f"models-{RUN_ID}"
     shutil.copytree(ROOT / "models" / "digits", root / "digits")
     shutil.copytree(ROOT / "models" / "minilm", root / "minilm")
