@@ -14,6 +14,7 @@ what the processes say about themselves.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,10 @@ FAULT_CONSUMER = "tests.faults.consumer"
 # stages crashes in its decode loop at the point the file names (tests.faults.decode_crash).
 DECODE_CRASH_VARIABLE = "FAULTS_DECODE_CRASH_FILE"
 LANE_CRASH_VARIABLE = "FAULTS_LANE_CRASH_FILE"
+# With its guard off, a scenario's jobs at rest this long (no job changed) are where
+# they will stay: longer than any wait the remaining guards take (lease 1.5 s,
+# republish 3 s, retry backoff 1 s, sweeps every 0.5 s, all in FAST).
+SETTLE_S = 6.0
 STREAM_FAST = {"STREAMS_REFRESH_SECONDS": "0.2", "STREAMS_CLAIM_IDLE_SECONDS": "1.5"}
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -128,6 +134,57 @@ class Tally:
     # the scenario follows no stream).
     duplicate_tokens: int | None = None
     missing_tokens: int | None = None
+
+
+_TEMPLATE: list[Path] = []
+
+
+def template_pgdata() -> Path:
+    """A PostgreSQL data folder initialised, migrated and given the fault log once a
+    run, then stopped cleanly: each stack's cluster starts from a copy of it rather
+    than from initdb and every migration."""
+    if not _TEMPLATE:
+        root = ROOT / "var" / "test" / f"fault-template-{uuid.uuid4().hex[:8]}"
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        url = embedded.start_postgres(root)
+        upgrade(url)
+        engine = sa.create_engine(engine_url(url))
+        with engine.begin() as conn:
+            conn.exec_driver_sql(FAULT_LOG)
+        engine.dispose()
+        server = pgserver.get_server(root / "pg")
+        server.cleanup()  # a clean stop: the copies need no recovery
+        atexit.unregister(server._cleanup)
+        _TEMPLATE.append(root / "pg")
+    return _TEMPLATE[0]
+
+
+def copy_template(pgdata: Path) -> None:
+    """The template cluster into `pgdata` (which may be a mount point already),
+    owners and modes kept (the server runs as its own user)."""
+    pgdata.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", f"{template_pgdata()}/.", str(pgdata)], check=True)
+    (pgdata / ".handle_pids.json").unlink(missing_ok=True)  # the template's handles
+
+
+def settled(
+    probe: Callable[[], Any], done: Callable[[Any], bool], timeout: float, settle: bool
+) -> bool:
+    """Poll `probe()` until `done` of what it returns, and say so; False past
+    `timeout` or, with `settle`, once what it returns has not changed for SETTLE_S
+    (a scenario with its guard off shows its loss at rest, not at a timeout)."""
+    start = changed = time.monotonic()
+    seen: Any = object()
+    while time.monotonic() - start < timeout:
+        now = probe()
+        if done(now):
+            return True
+        if now != seen:
+            seen, changed = now, time.monotonic()
+        elif settle and time.monotonic() - changed >= SETTLE_S:
+            return False
+        time.sleep(0.2)
+    return False
 
 
 class Service:
@@ -199,14 +256,12 @@ class FaultStack:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.redis = embedded.start_redis(root)
+        copy_template(root / "pg")
         self.database_url = embedded.start_postgres(root)
         self.pg = pgserver.get_server(root / "pg")  # the handle start_postgres opened
-        upgrade(self.database_url)
         self.engine = sa.create_engine(
             engine_url(self.database_url), pool_size=20, pool_pre_ping=True
         )
-        with self.engine.begin() as conn:
-            conn.exec_driver_sql(FAULT_LOG)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -297,10 +352,14 @@ class FaultStack:
         return service
 
     def start_all(self, workers: int = 1, concurrency: int = 2) -> None:
-        self.start_api()
-        for i in range(workers):
-            self.start_worker(f"worker{i}", concurrency)
-        self.start_beat()
+        """The API, the workers and beat, started at once and each waited for: their
+        start-ups (imports, models loaded) overlap."""
+        with ThreadPoolExecutor(workers + 2) as pool:
+            started = [pool.submit(self.start_api), pool.submit(self.start_beat)]
+            started += [pool.submit(self.start_worker, f"worker{i}", concurrency)
+                        for i in range(workers)]  # fmt: skip
+            for each in started:
+                each.result()
 
     def start_consumer(self, name: str = "consumer", crash_at: str = "", **env: str) -> Service:
         """A stream consumer process; with `crash_at` (`accepted:3`, `published:2`) it
@@ -337,8 +396,10 @@ class FaultStack:
             service.kill()
         self.engine.dispose()
         if self.redis is not None:
-            embedded.stop_redis(self.redis)
-        self.pg.cleanup()  # stops the server: this process holds its only handle
+            self.kill_redis()  # (its data goes with the folder: nothing to flush)
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop_postgres()  # immediate: no checkpoint for a cluster about to go
+        self.pg.cleanup()  # drops this process's handle
         atexit.unregister(self.pg._cleanup)
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -390,13 +451,14 @@ class FaultStack:
     def logs(self) -> RedisLogs:
         return RedisLogs.from_url(self.env["REDIS_URL"])
 
-    def wait_outputs(self, log: str, count: int, timeout: float) -> float | None:
-        """Seconds until the log holds `count` entries, or None if it never did."""
+    def wait_outputs(
+        self, log: str, count: int, timeout: float, settle: bool = False
+    ) -> float | None:
+        """Seconds until the log holds `count` entries, or None if it never did (by
+        `timeout`, or with `settle` once it has not grown for SETTLE_S)."""
         client, start = self.logs().client, time.monotonic()
-        while time.monotonic() - start < timeout:
-            if client.xlen(log) >= count:
-                return time.monotonic() - start
-            time.sleep(0.2)
+        if settled(lambda: client.xlen(log), lambda length: length >= count, timeout, settle):
+            return time.monotonic() - start
         return None
 
     def stream_tally(
@@ -472,15 +534,27 @@ class FaultStack:
             )
             return {r[0]: r[1] for r in rows}
 
-    def wait_terminal(self, ids: list[str], timeout: float) -> float | None:
-        """Seconds until every job is terminal, or None if some never got there."""
+    def wait_terminal(self, ids: list[str], timeout: float, settle: bool = False) -> float | None:
+        """Seconds until every job is terminal, or None if some never got there: by
+        `timeout`, or, with `settle`, once no job has changed at all (status, attempt
+        or result) for SETTLE_S. A scenario with its guard off proves its loss that
+        way, at rest, rather than by waiting out a timeout."""
         start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            statuses = self.statuses(ids)
-            if len(statuses) == len(ids) and all(s in TERMINAL for s in statuses.values()):
-                return time.monotonic() - start
-            time.sleep(0.2)
+
+        def seen() -> tuple[int, dict[str, str]]:
+            return (self._last_change() if settle else 0), self.statuses(ids)
+
+        def done(now: tuple[int, dict[str, str]]) -> bool:
+            statuses = now[1]
+            return len(statuses) == len(ids) and all(s in TERMINAL for s in statuses.values())
+
+        if settled(seen, done, timeout, settle):
+            return time.monotonic() - start
         return None
+
+    def _last_change(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.scalar(sa.text("SELECT coalesce(max(id), 0) FROM fault_log")) or 0)
 
     def tally(
         self, scenario: str, guard: str, ids: list[str], attempted: int, expect: str = "succeeded"

@@ -50,7 +50,7 @@ def test_1_sigkill_worker_children_while_jobs_run(
             random.choice(children).kill()
             kills += 1
     started = time.monotonic()
-    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    done = stack.wait_terminal(ids, 60 if guarded else 15, settle=not guarded)
     tally = stack.tally(
         "1. SIGKILL a worker child repeatedly", "on" if guarded else "off: lease", ids, 200
     )
@@ -74,7 +74,7 @@ def test_2_sigkill_the_whole_worker_and_restart_it(
     time.sleep(1.0)
     stack.start_worker("worker0")
     restarted = time.monotonic()
-    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    done = stack.wait_terminal(ids, 60 if guarded else 15, settle=not guarded)
     tally = stack.tally(
         "2. SIGKILL the whole worker, restart it",
         "on" if guarded else "off: lease, republish",
@@ -117,7 +117,7 @@ def test_4_kill_redis_and_restart_it(make_stack: Callable[..., FaultStack], guar
     time.sleep(1.0)
     stack.restart_redis(keep_data=guarded)
     restarted = time.monotonic()
-    done = stack.wait_terminal(ids + during, timeout=90 if guarded else 20)
+    done = stack.wait_terminal(ids + during, 90 if guarded else 20, settle=not guarded)
     tally = stack.tally(
         "4. Kill Redis, restart it" + (" from its AOF" if guarded else " empty"),
         "on" if guarded else "off: republish",
@@ -151,7 +151,7 @@ def test_5_stop_postgres_during_a_run(make_stack: Callable[..., FaultStack], gua
     time.sleep(4.0)
     stack.start_postgres()
     restarted = time.monotonic()
-    done = stack.wait_terminal(ids, timeout=60 if guarded else 20)
+    done = stack.wait_terminal(ids, 60 if guarded else 20, settle=not guarded)
     tally = stack.tally(
         "5. Stop PostgreSQL (immediate), restart it",
         "on" if guarded else "off: lease, retry",
@@ -182,7 +182,7 @@ def test_6_api_crash_between_commit_and_publish(
     time.sleep(0.5)  # the workers stopped looking (DRAIN_LINGER_MS) before the crash
     orphan_ids = stack.insert_queued([{"pixels": [ROWS[i]]} for i in range(50)])
     ids = submitted + orphan_ids
-    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    done = stack.wait_terminal(ids, 60 if guarded else 15, settle=not guarded)
     tally = stack.tally(
         "6. API crash after commit, before publish", "on" if guarded else "off: republish", ids, 100
     )
@@ -264,7 +264,7 @@ def test_8_poison_jobs_among_good_ones(
     bodies = [digits(i) for i in range(100)] + [poison] * 20
     random.shuffle(bodies)
     ids = stack.submit(bodies)
-    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    done = stack.wait_terminal(ids, 60 if guarded else 15, settle=not guarded)
     statuses = stack.statuses(ids)
     with stack.engine.connect() as conn:
         retries = conn.execute(
@@ -338,7 +338,7 @@ def test_9_sigkill_the_stream_consumer_mid_run_and_restart_it(
     assert second.proc is not None and second.proc.wait(60) == -signal.SIGKILL
     stack.start_consumer("consumer3")
     restarted = time.monotonic()
-    done = stack.wait_outputs(binding["output"], count, timeout=90 if not guard else 20)
+    done = stack.wait_outputs(binding["output"], count, 90 if not guard else 20, bool(guard))
     time.sleep(1.0)  # a result appended twice would show now
     tally = stack.stream_tally(
         "9. SIGKILL the stream consumer (staged), restart it",

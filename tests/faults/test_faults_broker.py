@@ -86,7 +86,7 @@ def test_19_redis_restarts_empty_during_a_burst_of_submits(
 
     ids, tried = burst(stack, BURST_S, lose_redis, at=4.0)
     ids, tried = ids + while_down, tried + 10
-    done = stack.wait_terminal(ids, timeout=90 if guarded else 20)
+    done = stack.wait_terminal(ids, 90 if guarded else 20, settle=not guarded)
     tally = stack.tally(
         "19. Redis restarted empty during a 10 s burst of submits",
         "on" if guarded else "off: republish",

@@ -138,7 +138,7 @@ def test_13_the_disk_under_postgresql_full(
     after = stack.submit([digits(i) for i in range(50)])
     during = [a.job_id for a in answers if a.job_id is not None]
     ids = long_jobs + before + calibration + during + after
-    done = stack.wait_terminal(ids, timeout=60 if guarded else 15)
+    done = stack.wait_terminal(ids, 60 if guarded else 15, settle=not guarded)
     tally = stack.tally(
         "13. The disk under PostgreSQL full",
         "on" if guarded else "off: lease",

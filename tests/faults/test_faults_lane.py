@@ -25,7 +25,7 @@ import pytest
 import requests
 import sqlalchemy as sa
 
-from tests.faults.harness import LANE_CRASH_VARIABLE, FaultStack, Tally
+from tests.faults.harness import LANE_CRASH_VARIABLE, FaultStack, Tally, settled
 from tests.faults.scenarios import GUARD, ROWS, check
 
 pytestmark = [pytest.mark.faults, pytest.mark.processes]
@@ -122,9 +122,8 @@ def test_24_sigkill_the_sync_lane_after_answering(
     def all_recorded() -> bool:
         return answered <= records(stack).keys()
 
-    deadline = started + RECORD_WAIT_S
-    while not all_recorded() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    # Guard off, the records that will come are in once none came for SETTLE_S.
+    settled(lambda: len(records(stack)), lambda _: all_recorded(), RECORD_WAIT_S, not guarded)
     written = records(stack)
     without = answered - written.keys()
     strays = written.keys() - answered  # records of calls nobody was answered
