@@ -44,8 +44,10 @@ test-fast: $(VENV)/.dev
 	$(PY) -m pytest -m "not processes and not stack and not faults and not fleet"
 
 ## test-faults: kill workers, Redis, PostgreSQL mid-run; writes docs/reliability.md
+# Two scenarios at a time (each its own stack: servers, ports, folders): most of a
+# scenario's time is waiting for leases and restarts.
 test-faults: $(VENV)/.dev
-	$(PY) -m pytest -m faults tests/faults --budget faults
+	$(PY) -m pytest -m faults tests/faults -n 2 --dist load --budget faults
 
 ## gpu-check: the GPU check (tools/gpu_check.py) tried here on the CPU, by a bare Python 3.12
 gpu-check: $(VENV)/.runtime

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,10 +14,22 @@ from app.platform.settings import ROOT
 from tests.faults import report
 from tests.faults.harness import FaultStack
 
+# Under pytest-xdist each test process leaves its tallies here for the controller.
+TALLIES = ROOT / "var" / "test" / "fault-tallies"
 
-@pytest.fixture(scope="session", autouse=True)
-def reliability_report() -> Iterator[None]:
-    yield
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):
+        shutil.rmtree(TALLIES, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The report, written once, by the run's own process, with every process's rows."""
+    worker = getattr(session.config, "workerinput", None)
+    if worker is not None:
+        report.hand_over(TALLIES / f"{worker['workerid']}.json")
+        return
+    report.take_over(TALLIES)
     report.write(ROOT / "docs" / "reliability.md")
 
 

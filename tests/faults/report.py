@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from tests.faults.harness import Tally
@@ -117,6 +120,20 @@ Timings: leases 1.5 s, sweeps every 0.5 s, republish after 3 s, retry backoff
 
 def record(tally: Tally) -> None:
     TALLIES[(tally.scenario, tally.guard)] = tally
+
+
+def hand_over(path: Path) -> None:
+    """This test process's tallies, for the run's controller (pytest-xdist) to write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(t) for t in TALLIES.values()]))
+
+
+def take_over(folder: Path) -> None:
+    """The tallies the test processes handed over (none when the run had one)."""
+    for path in sorted(folder.glob("*.json")):
+        for each in json.loads(path.read_text()):
+            record(Tally(**each))
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def order(scenario: str) -> tuple[int, str]:
