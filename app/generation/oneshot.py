@@ -26,9 +26,9 @@ from app.cards.steps import CHAT_FIELDS
 from app.generation.chat import TextStream
 from app.generation.formats import chat_format
 from app.generation.requests import GenerationRequest, parse
-from app.runtime.decode import Sequence
 from app.runtime.engines import EnginePool
 from app.runtime.labels import LabelScores
+from app.runtime.sequences import Sequence
 from app.runtime.sessions import SessionPool
 
 Arrays = dict[str, np.ndarray]

@@ -29,8 +29,9 @@ from app.jobs.transitions import Outcome
 from app.observability import metrics
 from app.platform.broker import redis_client
 from app.platform.settings import Settings
-from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.decode import DecodeEngine
 from app.runtime.prefixes import PrefixCache
+from app.runtime.sequences import Sequence
 from app.runtime.tensors import pack
 from app.statuses import JobStatus
 from app.tenancy.tokens import TokenMeter, namespace

@@ -59,9 +59,9 @@ from app.operations.decode_loop import (
 )
 from app.operations.outflow import Outflow
 from app.platform.database import Database, transactional
-from app.runtime.decode import Emitted, Sequence
 from app.runtime.engines import EnginePool
 from app.runtime.labels import LabelScores
+from app.runtime.sequences import Emitted, Sequence
 from app.runtime.sessions import SessionPool
 from app.runtime.tensors import InvalidInputs
 from app.statuses import JobStatus

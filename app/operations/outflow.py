@@ -13,8 +13,8 @@ from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
 from app.jobs.outputs import Recorder
 from app.operations.decode_loop import Loop, LoopMeter, Running
-from app.runtime.decode import Emitted
 from app.runtime.labels import LabelScores
+from app.runtime.sequences import Emitted
 
 logger = logging.getLogger(__name__)
 

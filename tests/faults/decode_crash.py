@@ -32,7 +32,8 @@ from typing import Any
 
 from app.jobs.outputs import Piece
 from app.operations.generation import Generation
-from app.runtime.decode import DecodeEngine, Emitted
+from app.runtime.decode import DecodeEngine
+from app.runtime.sequences import Emitted
 
 CRASH_FILE_VARIABLE = "FAULTS_DECODE_CRASH_FILE"
 POINTS = ("prefill", "decode", "recorded")

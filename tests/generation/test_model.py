@@ -16,9 +16,10 @@ from app.cards import ModelCard
 from app.generation.chat import ChatFormat
 from app.generation.requests import GenerationRequest, parse
 from app.platform.settings import ROOT
-from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.decode import DecodeEngine
 from app.runtime.kvcache import HostCache
 from app.runtime.sampling import Sampling
+from app.runtime.sequences import Sequence
 from app.runtime.sessions import SessionPool
 from modelbuild.bundled import ensure_models
 from modelbuild.gguf_file import gguf_path, read_gguf

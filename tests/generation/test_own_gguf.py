@@ -26,8 +26,9 @@ from app.generation.chat import ChatFormat
 from app.generation.requests import parse
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.decode import DecodeEngine
 from app.runtime.sampling import Sampling
+from app.runtime.sequences import Sequence
 from app.runtime.tensors import InvalidInputs
 from app.tenancy.keys import create_operator_key
 from app.web.context import container_of

@@ -19,8 +19,8 @@ from app.cards import ModelCard
 from app.generation.chat import ChatFormat
 from app.platform.database import Database
 from app.platform.settings import Settings
-from app.runtime.decode import Sequence
 from app.runtime.prefixes import BLOCK, PrefixCache
+from app.runtime.sequences import Sequence
 from tests.conftest import WorkerProcess, free_port, make_tenant, wait_for_job
 from tests.generation.test_model import engine, greedy, ids, run
 from tests.observability.conftest import scrape, value

@@ -16,9 +16,10 @@ from app.cards import ModelCard
 from app.generation.chat import ChatFormat
 from app.generation.guides import Least, shortest
 from app.generation.requests import GenerationRequest, parse
-from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.decode import DecodeEngine
 from app.runtime.labels import LabelScores, log_softmax
 from app.runtime.sampling import Sampling, Seen, logprob_of, shape
+from app.runtime.sequences import Sequence
 from app.runtime.tensors import InvalidInputs
 from tests.generation.schemas import CASES, PERSON, messages, response_format
 

@@ -19,9 +19,10 @@ import onnxruntime as ort
 import pytest
 
 from app.platform.settings import ROOT
-from app.runtime.decode import DecodeEngine, Sequence
+from app.runtime.decode import DecodeEngine
 from app.runtime.kvcache import DeviceCache
 from app.runtime.sampling import Sampling
+from app.runtime.sequences import Sequence
 from modelbuild.gguf_file import gguf_path, read_gguf, tokenizer_json
 from modelbuild.llama_graph import llama_graph
 from tests.generation.reference import PROMPTS
