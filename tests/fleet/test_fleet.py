@@ -45,10 +45,8 @@ def record(section: str, figures: dict[str, Any]) -> None:
     REPORT.write_text(json.dumps(report, indent=2) + "\n")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetStack]:
-    """One fleet for the check of its hosts and the scaling run (the check starts no
-    service: the run finds the fleet as fresh as its own would be)."""
     made = FleetStack(tmp_path_factory.mktemp("fleet", numbered=True))
     try:
         yield made
