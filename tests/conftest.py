@@ -16,7 +16,6 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -353,13 +352,6 @@ def insert_queued_job(
         )
         session.commit()
         return job.id
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:

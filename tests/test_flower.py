@@ -27,12 +27,11 @@ from app.web.context import container_of
 from tests.conftest import (
     TenantAuth,
     WorkerProcess,
-    free_port,
     service_env,
     stop_process,
     wait_for_job,
 )
-from tests.support import process_started, starts_processes, wait_until
+from tests.support import free_port, process_started, starts_processes, wait_until
 
 # What a task may take: a model's name, or the id of a row that holds the rest; a
 # sweep, the control lease's term it was sent in (app.platform.fencing).

@@ -13,8 +13,7 @@ import pytest
 from app.cli import launcher
 from app.cli.launcher import Child, Launcher, LaunchError
 from app.platform.settings import Settings
-from tests.conftest import free_port
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 
 @pytest.fixture(autouse=True)

@@ -29,9 +29,8 @@ import tritonclient.grpc as triton
 from app.platform import embedded
 from app.platform.settings import ROOT
 from inference_client import Client
-from tests.conftest import free_port
 from tests.models import user_model
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 EXAMPLES = ROOT / "examples"
 pytestmark = [pytest.mark.stack, pytest.mark.processes]

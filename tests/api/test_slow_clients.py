@@ -20,8 +20,8 @@ import pytest
 from app.cli.launcher import api_command
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
-from tests.conftest import TenantAuth, free_port, make_tenant, service_env, stop_process
-from tests.support import wait_until
+from tests.conftest import TenantAuth, make_tenant, service_env, stop_process
+from tests.support import free_port, wait_until
 
 SLOW_BODIES = 200  # more than the API's 2 x 32 request threads
 SLOW_HEADERS = 100

@@ -32,8 +32,8 @@ from app.jobs.tables import Job
 from app.platform.database import Database
 from app.platform.settings import ROOT, Settings
 from app.sync import records
-from tests.conftest import LaneView, TenantAuth, WorkerProcess, free_port, service_env
-from tests.support import wait_until
+from tests.conftest import LaneView, TenantAuth, WorkerProcess, service_env
+from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.processes
 

@@ -16,8 +16,8 @@ import s3fs
 from fsspec.implementations.local import LocalFileSystem
 
 from app.platform.filestore import FileStore
-from tests.conftest import free_port
 from tests.s3 import BLOCK, S3
+from tests.support import free_port
 
 KEY = "batches/b1/results/00000001"
 

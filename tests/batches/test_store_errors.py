@@ -27,8 +27,8 @@ from app.platform.database import Database
 from app.platform.filestore import FileStore
 from app.platform.settings import Settings
 from app.web.context import container_of
-from tests.conftest import TenantAuth, free_port, load_job
-from tests.support import execute
+from tests.conftest import TenantAuth, load_job
+from tests.support import execute, free_port
 
 ROWS = (np.random.default_rng(3).random((6, 64)) * 16).astype(np.float32)
 

@@ -49,7 +49,8 @@ from app.platform.logstreams import RedisLogs
 from app.platform.migrate import upgrade
 from app.platform.settings import ROOT
 from app.tenancy.tables import Tenant
-from tests.conftest import QUIET_WORKER, free_port
+from tests.conftest import QUIET_WORKER
+from tests.support import free_port
 
 # The suite's Celery entry point, and the variable it reads the guards to leave off
 # from (not imported here: it builds a container and installs a worker's hooks).

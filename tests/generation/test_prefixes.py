@@ -21,9 +21,10 @@ from app.platform.database import Database
 from app.platform.settings import Settings
 from app.runtime.prefixes import BLOCK, PrefixCache
 from app.runtime.sequences import Sequence
-from tests.conftest import WorkerProcess, free_port, make_tenant, wait_for_job
+from tests.conftest import WorkerProcess, make_tenant, wait_for_job
 from tests.generation.test_model import engine, greedy, ids, run
 from tests.observability.conftest import scrape, value
+from tests.support import free_port
 
 INSTRUCTION = (
     "You sort customer messages for a bicycle shop. Read the message and answer with one "

@@ -17,9 +17,9 @@ import sqlalchemy as sa
 from app.cli.launcher import api_command, beat_command, control_worker_command, worker_command
 from app.platform.database import Database
 from app.platform.settings import Settings
-from tests.conftest import QUIET_WORKER, RUN_ID, free_port, insert_queued_job, make_tenant
+from tests.conftest import QUIET_WORKER, RUN_ID, insert_queued_job, make_tenant
 from tests.observability.conftest import Service, scrape, value
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.processes  # each test starts its services
 

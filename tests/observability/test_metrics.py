@@ -26,13 +26,12 @@ from tests.conftest import (
     QUIET_WORKER,
     RUN_ID,
     TenantAuth,
-    free_port,
     insert_queued_job,
     make_tenant,
     wait_for_job,
 )
 from tests.observability.conftest import Service, parse, scrape, value
-from tests.support import starts_processes, wait_until
+from tests.support import free_port, starts_processes, wait_until
 
 TOKEN = f"metrics-{uuid.uuid4().hex}"
 PIXELS = [[0, 0, 5, 13, 9, 1, 0, 0] * 8]

@@ -30,11 +30,11 @@ from tests.conftest import (
     STAGED,
     TenantAuth,
     WorkerProcess,
-    free_port,
     insert_queued_job,
     make_tenant,
 )
 from tests.status.oracle import as_page, expected_lines, open_dead_letters, shown, table_of
+from tests.support import free_port
 
 SAME_SITE = {"Origin": "http://localhost", "Sec-Fetch-Site": "same-origin"}
 

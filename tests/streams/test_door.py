@@ -22,7 +22,7 @@ from app.platform.logstreams import RedisLogs
 from app.platform.settings import Settings
 from app.tenancy.keys import set_quotas
 from app.web.context import container_of
-from tests.conftest import TenantAuth, WorkerProcess, free_port
+from tests.conftest import TenantAuth, WorkerProcess
 from tests.streams.conftest import (
     DIGITS,
     ConsumerProcess,
@@ -34,7 +34,7 @@ from tests.streams.conftest import (
     request,
     wait_for_results,
 )
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.usefixtures("worker")
 
