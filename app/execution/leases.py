@@ -40,6 +40,7 @@ class _Held:
     limit_s: float
     on_limit: OnLimit | None
     on_lost: OnLimit | None = None
+    limited: bool = False  # its limit was reached: `on_limit` called, renewals over
 
 
 class LeaseKeeper:
@@ -91,8 +92,11 @@ class LeaseKeeper:
         with self._lock:
             held, next_due = list(self._held.values()), self._idle_s
         for h in held:
+            if h.limited:
+                continue  # past its limit: renewed no more, so a holder that never ends
+                # it (a loop gone) lets its lease run out for the sweep to take back
             if h.on_limit is not None and now - h.started >= h.limit_s:
-                on_limit, h.on_limit = h.on_limit, None
+                on_limit, h.on_limit, h.limited = h.on_limit, None, True
                 logger.error(
                     "job(s) %s exceeded the time limit of %gs", [str(j.id) for j in h.jobs],
                     h.limit_s,

@@ -73,6 +73,21 @@ def test_a_batch_past_its_time_limit_is_handed_over_once() -> None:
     assert quick[0].id in renewed
 
 
+def test_a_batch_past_its_time_limit_is_renewed_no_more_while_still_held() -> None:
+    """A holder that never ends its block after the limit (a decode loop gone, its
+    job still held) must let the lease run out, for the sweep to take the job back:
+    renewed on after the limit, the job would stay running with nothing running it."""
+    renewals = Renewals()
+    keeper = LeaseKeeper(renewals)
+    batch = jobs(1)
+    with keeper.holding(batch, 0.05, 0.2, lambda held: None):
+        time.sleep(0.3)
+        at_limit = len(renewals.calls)
+        time.sleep(0.4)
+    assert at_limit >= 1, "renewed before its limit"
+    assert len(renewals.calls) == at_limit, renewals.calls
+
+
 def test_a_failed_renewal_is_tried_again_the_next_interval() -> None:
     attempts: list[float] = []
 
