@@ -41,11 +41,10 @@ from app.generation.pieces import PiecePublisher
 from app.generation.requests import stored_request
 from app.generation.scheduler import WATCH_S, Scheduler
 from app.generation.sharing import Waiter
-from app.jobs import claims, telemetry
-from app.jobs.chunks import settle
+from app.jobs import claims
 from app.jobs.claims import ClaimedJob
-from app.jobs.outputs import Piece, Recorder, record, recorded_logprobs, recorded_tokens
-from app.jobs.transitions import Outcome, finish_rows
+from app.jobs.outputs import Piece, Recorder
+from app.jobs.transitions import Outcome
 from app.observability import metrics
 from app.operations.decode_loop import (
     LOCK_S,
@@ -57,8 +56,9 @@ from app.operations.decode_loop import (
     hand_over_key,
     take_lock,
 )
+from app.operations.generation_store import GenerationStore
 from app.operations.outflow import Outflow
-from app.platform.database import Database, transactional
+from app.platform.database import Database
 from app.runtime.engines import EnginePool
 from app.runtime.labels import LabelScores
 from app.runtime.sequences import Emitted, Sequence
@@ -89,6 +89,7 @@ class Generation:
         provider: str = "auto",
     ) -> None:
         self.database, self.runner, self.settings = database, runner, settings
+        self.store = GenerationStore(database, runner)
         self._dispatcher, self._redis = dispatcher, redis
         self.engines = EnginePool(
             SessionPool(provider, settings.threads), settings.slots, settings.prefill_tokens,
@@ -135,7 +136,7 @@ class Generation:
         finally:
             if self._redis().get(lock) == token.encode():
                 self._redis().delete(lock)
-            if self._claimable(model):
+            if self.store.claimable(model):
                 self._dispatcher.wake(model)
 
     def _first_in_line(self, model: str) -> ModelCard | None:
@@ -145,7 +146,7 @@ class Generation:
         to the runner, which fails them `model_unavailable` (or runs them) as it
         does any job's: they are not left to wait for a loop."""
         for _ in range(_VERSIONS_LOOKED):
-            heads = self._heads(model)
+            heads = self.store.heads(model)
             if not heads:
                 return self.runner.card(model)
             card = self.runner.card(model, heads[0].version)
@@ -155,7 +156,7 @@ class Generation:
         return None
 
     def _not_generated(self, model: str, version: str) -> None:
-        while claimed := self._claim_next(model, version, 64)[0]:
+        while claimed := self.store.claim_next(model, version, 64)[0]:
             self._finish(self.runner.run(self.database.session(), claimed), claimed)
 
     def _let_go(self, loop: Loop) -> None:
@@ -186,10 +187,10 @@ class Generation:
                     self._go_on(loop, schedule.resumable(turn.resume, now))
                 # (one look at the tenants' next jobs serves both the sharing and
                 # the look for another version's)
-                heads = self._heads(model) if turn.look or turn.share else []
+                heads = self.store.heads(model) if turn.look or turn.share else []
                 if turn.claim:
                     self._dispatcher.taken(model)
-                    claimed, more = self._claim_next(model, loop.card.version, turn.claim)
+                    claimed, more = self.store.claim_next(model, loop.card.version, turn.claim)
                     for job in claimed:
                         done += self._start(loop, job)
                     schedule.claimed(now, more, len(claimed))
@@ -223,7 +224,7 @@ class Generation:
         pairs = loop.schedule.preempt(waiters)
         if not pairs:
             return 0
-        claimed = self._claim([waiter.key for _, waiter in pairs])
+        claimed = self.store.claim([waiter.key for _, waiter in pairs])
         for holder, _ in pairs[: len(claimed)]:  # (others may have claimed some)
             loop.engine.cancel(holder.key)
             loop.schedule.pause(holder.key)
@@ -237,17 +238,6 @@ class Generation:
             if (running := loop.running.get(key)) is not None:
                 running.sequence = running.sequence.going_on(running.prompt)
                 loop.engine.add(running.sequence)
-
-    @transactional
-    def _heads(self, model: str) -> list[claims.Head]:
-        return claims.waiting_heads(self.database.session(), model)
-
-    @transactional
-    def _claim(self, job_ids: list[uuid.UUID]) -> list[ClaimedJob]:
-        return claims.claim(
-            self.database.session(), job_ids, self.runner.settings.lease_s,
-            guarded=self.runner.guards.claim, reclaim_expired=False,
-        )  # fmt: skip
 
     def _asked_to_hand_over(self) -> bool:
         try:
@@ -264,18 +254,12 @@ class Generation:
             item.leases.close()
         pieces = self.recorder.take([item.job.id for item in running])
         self.publisher.flush()
-        handed = self._give_back(pieces, [item.job for item in running])
+        handed = self.store.give_back(pieces, [item.job for item in running])
         loop.running.clear()
         loop.schedule.clear()
         logger.info("handed %d generation(s) of %s over as this worker shuts down",
                     len(handed), model)  # fmt: skip
         self._dispatcher.wake(model)
-
-    @transactional
-    def _give_back(self, pieces: list[Piece], jobs: list[ClaimedJob]) -> set[uuid.UUID]:
-        session = self.database.session()
-        record(session, pieces)
-        return claims.hand_back(session, jobs)
 
     def _start(self, loop: Loop, job: ClaimedJob) -> int:
         """Add a claimed job to the batch; a request that cannot run fails at once."""
@@ -297,25 +281,29 @@ class Generation:
                              error_class=type(exc).__name__)  # fmt: skip
             self._finish([failed], [job])
             return 1
+        # A retry goes on from the tokens its earlier attempts recorded; the text they
+        # made (recorded and sent already) is replayed into the text stream unsent.
+        # (Only the fault suite turns the `resume` guard off: a retry starts afresh.)
+        # Read before its lease is held: a read that fails (the database gone) must
+        # not leave a lease renewed for a job no loop holds, which no sweep takes back.
+        resume = job.attempt > 1 and self.runner.guards.resume and labels is None
+        made = self.store.recorded(job.id) if resume else []
+        wants_logprobs = request.sampling.logprobs is not None
+        logprobs = self.store.recorded_logprobs(job.id) if made and wants_logprobs else []
         leases = ExitStack()
         run = self.runner.settings
         leases.enter_context(self.runner.leases.holding(
             [job], run.lease_s / 3, run.time_limit_s,
             lambda jobs: loop.overtime.update(j.id for j in jobs),
             lambda jobs: loop.lost.update((j.id, j.attempt) for j in jobs)))  # fmt: skip
-        # A retry goes on from the tokens its earlier attempts recorded; the text they
-        # made (recorded and sent already) is replayed into the text stream unsent.
-        # (Only the fault suite turns the `resume` guard off: a retry starts afresh.)
-        resume = job.attempt > 1 and self.runner.guards.resume and labels is None
-        made = self._recorded(job.id) if resume else []
         sequence = Sequence.resumed(job.id, prompt, made, request.sampling, guide,
                                     job.tenant_id)  # fmt: skip
         if labels is not None:  # (scored afresh by a retry: nothing of it is recorded)
             sequence.scores = LabelScores(labels)
         running = Running(job, sequence, fmt.text_stream(request.sampling.stop), leases,
                           prompt=prompt, first=not made)  # fmt: skip
-        if request.sampling.logprobs is not None:
-            running.logprobs = self._recorded_logprobs(job.id) if made else []
+        if wants_logprobs:
+            running.logprobs = logprobs
         running.labels = request.labels or ()
         loop.running[job.id] = running
         loop.schedule.admitted(job.id, job.tenant_id, job.priority, time.monotonic())
@@ -330,14 +318,6 @@ class Generation:
             return self._end(loop, [running])
         loop.engine.add(sequence)
         return 0
-
-    @transactional
-    def _recorded(self, job_id: uuid.UUID) -> list[int]:
-        return recorded_tokens(self.database.session(), job_id)
-
-    @transactional
-    def _recorded_logprobs(self, job_id: uuid.UUID) -> list[dict[str, Any]]:
-        return recorded_logprobs(self.database.session(), job_id)
 
     def _step(self, loop: Loop) -> int:
         """A step: prefill (the step's budget of prompt tokens), then decode. Each
@@ -379,8 +359,7 @@ class Generation:
         return [r for item in emitted if (r := self.outflow.emit(loop, item)) is not None]
 
     def _cancels(self, loop: Loop) -> int:
-        with self.database.separate_core_unit_of_work() as connection:
-            asked = claims.cancel_requested(connection, list(loop.running))
+        asked = self.store.cancel_requested(list(loop.running))
         ended = [loop.running[job_id] for job_id in asked]
         for running in ended:
             loop.engine.cancel(running.job.id)
@@ -411,37 +390,12 @@ class Generation:
     ) -> list[Any]:
         """Record the pieces, write the outcomes, answer sync callers, then finish the
         batches whose last chunk (a row of a batch of generations) this was."""
-        rows = self._write(outcomes, jobs, pieces or [])
+        rows = self.store.write(outcomes, jobs, pieces or [])
         self.runner.answer(jobs, outcomes, rows)
         if batches := {job.batch_id for job in jobs if job.batch_id is not None}:
-            self._settle(list(batches))  # after the commit: the last chunk's writer sees all
+            self.store.settle(list(batches))  # after the commit: the last chunk's writer sees all
         return rows
 
-    @transactional
     def _record(self, pieces: list[Piece]) -> None:
-        record(self.database.session(), pieces)
-
-    @transactional
-    def _settle(self, batch_ids: list[uuid.UUID]) -> None:
-        settle(self.database.session(), batch_ids)
-
-    @transactional
-    def _write(
-        self, outcomes: list[Outcome], jobs: list[ClaimedJob], pieces: list[Piece]
-    ) -> list[Any]:
-        session = self.database.session()
-        record(session, pieces)
-        rows = finish_rows(session, outcomes, guarded=self.runner.guards.finish)
-        telemetry.finished(session, jobs, rows)
-        return rows
-
-    @transactional
-    def _claim_next(self, model: str, version: str, room: int) -> tuple[list[ClaimedJob], bool]:
-        return claims.claim_next(
-            self.database.session(), model, room, self.runner.settings.lease_s,
-            guarded=self.runner.guards.claim, version=version,
-        )  # fmt: skip
-
-    def _claimable(self, model: str) -> bool:
-        with self.database.separate_core_unit_of_work() as connection:
-            return claims.any_queued(connection, model)
+        """(A method of the loop's own: the fault suite stages a crash after it.)"""
+        self.store.record(pieces)
