@@ -79,6 +79,13 @@ class ChatFormat:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
+    def prompt_of(self, request: GenerationRequest) -> list[int]:
+        """The prompt's ids a worker runs: those the API measured when the request
+        was submitted (this version's tokenizer too), else encoded here."""
+        if request.prompt_ids:
+            return list(request.prompt_ids)
+        return self.encode(request)
+
     def encode(self, request: GenerationRequest) -> list[int]:
         """The prompt's ids; InvalidInputs when they and max_tokens overrun the context."""
         if request.messages is None:

@@ -84,7 +84,7 @@ def generate(pool: EnginePool, card: ModelCard, requests: list[GenerationRequest
             while pending and engine.room() > 0:
                 index, wanted = pending.popleft()
                 try:
-                    prompt, labels = fmt.encode(wanted), fmt.label_ids(wanted)
+                    prompt, labels = fmt.prompt_of(wanted), fmt.label_ids(wanted)
                     sequence = Sequence(uuid.uuid4(), prompt, wanted.sampling, fmt.guide(wanted))
                     if labels is not None:
                         sequence.scores = LabelScores(labels)

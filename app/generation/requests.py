@@ -42,6 +42,10 @@ class GenerationRequest:
     sampling: Sampling
     constraint: Constraint | None = None
     labels: tuple[str, ...] | None = None  # score these instead of generating
+    # The prompt's token ids, as the API measured them against the context with the
+    # version's own tokenizer: the worker's loop starts from them instead of
+    # tokenizing the prompt again (None: a request stored without them).
+    prompt_ids: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The job's stored inputs (and what `from_json` reads back in the worker)."""
@@ -57,7 +61,10 @@ class GenerationRequest:
             if self.messages is not None
             else {"prompt": self.prompt}
         )
-        return {**source, "parameters": sampling}
+        stored = {**source, "parameters": sampling}
+        if self.prompt_ids is not None:
+            stored["prompt_ids"] = list(self.prompt_ids)
+        return stored
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> GenerationRequest:
@@ -73,6 +80,7 @@ class GenerationRequest:
             sampling=Sampling(**params),
             constraint=Constraint.from_json(constraint) if constraint else None,
             labels=tuple(labels) if labels is not None else None,
+            prompt_ids=tuple(raw["prompt_ids"]) if raw.get("prompt_ids") is not None else None,
         )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -162,8 +162,8 @@ def generation_arrays(card: ModelCard, inputs: Any, parameters: Any) -> dict[str
 
     assert card.generation is not None
     request = parse(card.generation, _text_input(inputs), parameters)
-    chat_format(card).encode(request)  # the prompt fits the context
-    return request_arrays(request)
+    ids = chat_format(card).encode(request)  # the prompt fits the context
+    return request_arrays(replace(request, prompt_ids=tuple(ids)))
 
 
 MAX_ROW_ERRORS = 20  # misfits a refused batch names
@@ -205,8 +205,7 @@ def checked_request(card: ModelCard, row: Any) -> GenerationRequest:
 
     assert card.generation is not None
     request = parse_row(card.generation, row)
-    chat_format(card).encode(request)
-    return request
+    return replace(request, prompt_ids=tuple(chat_format(card).encode(request)))
 
 
 def _text_input(inputs: Any) -> Any:

@@ -65,17 +65,19 @@ class Completions:
     def card(self, tenant: TenantRef, model: str) -> ModelCard:
         return self._submitter.card(tenant, model, None)
 
-    def start(self, tenant: TenantRef, request: JobRequest) -> Job:
-        job = self._jobs.submit(tenant, request)
+    def start(self, tenant: TenantRef, card: ModelCard, request: JobRequest) -> Job:
+        """The job of a request whose card the door resolved (and found generative)."""
+        job = self._jobs.submit(tenant, request, card)
         self.database.end_reads()  # a follower holds no connection while it waits
         return job
 
-    def start_many(self, tenant: TenantRef, request: JobRequest, n: int) -> list[Job]:
+    def start_many(
+        self, tenant: TenantRef, card: ModelCard, request: JobRequest, n: int
+    ) -> list[Job]:
         """`n` choices of one request: as many jobs, submitted together (so one decode
         loop takes them together and prefills their prompt once: the others copy its
         cache rows); a seed is moved on by each, so each choice differs and a seed
-        repeats them all."""
-        card = self.card(tenant, request.model)
+        repeats them all. `card`: the request's, resolved once by the door."""
         assert card.generation is not None
         if n > card.generation.max_choices:
             raise BadField("n", f"at most {card.generation.max_choices} for {card.name}")
@@ -86,7 +88,8 @@ class Completions:
             if isinstance(seed, int) and not isinstance(seed, bool) else request
             for i in range(n)
         ]  # fmt: skip
-        made = self._jobs.submit_many(tenant, requests)
+        cards = self._submitter.cards(tenant).known(request.model, None, card)
+        made = self._jobs.submit_many(tenant, requests, cards=cards)
         self.database.end_reads()
         jobs = [job for job in made if isinstance(job, Job)]
         if len(jobs) < n:

@@ -272,7 +272,7 @@ class Generation:
         fmt = chat_format(loop.card)
         try:
             request = stored_request(bytes(job.input_data or b""))
-            prompt = fmt.encode(request)
+            prompt = fmt.prompt_of(request)
             guide = fmt.guide(request)
             labels = fmt.label_ids(request)
         except (KeyError, TypeError, ValueError, InvalidInputs) as exc:

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from sqlalchemy.orm import Session, undefer
 
+from app.cards import ModelCard
 from app.errors import Conflict, DomainError, NotFound
 from app.jobs import outputs, reads, transitions
 from app.jobs.events import EventBus, events_after
@@ -22,6 +23,7 @@ from app.operations.holds import Holds
 from app.operations.requests import JobQuery, JobRequest, Wait
 from app.operations.submission import Submitter
 from app.platform.database import Database, transactional
+from app.repository.registry import CardCache
 from app.statuses import TERMINAL, JobStatus
 from app.tenancy.keys import TenantRef
 
@@ -68,15 +70,17 @@ class JobOperations:
         self.database.end_reads()  # a fresh snapshot: the record was committed since
         return read()
 
-    def submit(self, tenant: TenantRef, request: JobRequest) -> Job:
+    def submit(self, tenant: TenantRef, request: JobRequest, card: ModelCard | None = None) -> Job:
         """Check the inputs against the model, store the job, then wake its workers.
 
         The row is committed before its model's workers are woken, so a claim
         always sees it; if the wake-up fails, the job stays queued and the sweep
         wakes them. With an idempotency key, a repeat of the same request returns
-        the first job. The tenant sees only the models its card grants.
+        the first job. The tenant sees only the models its card grants. `card`:
+        the request's, where the door resolved it already.
         """
-        card = self._submitter.card(tenant, request.model, request.version)
+        if card is None:
+            card = self._submitter.card(tenant, request.model, request.version)
         return self._submitter.submit(tenant, card, request)
 
     def submit_many(
@@ -86,10 +90,13 @@ class JobOperations:
         *,
         staged: Callable[[Session, list[Job]], object] | None = None,
         key_field: str = "idempotency_key",
+        cards: CardCache | None = None,
     ) -> list[Job | DomainError]:
         """Many jobs at once, in request order, each its job or its own error; a door's
-        own rows (`staged`) beside them in their transaction (`Submitter.submit_many`)."""
-        return self._submitter.submit_many(tenant, requests, staged=staged, key_field=key_field)
+        own rows (`staged`) beside them in their transaction (`Submitter.submit_many`);
+        `cards`: those the door resolved already."""
+        return self._submitter.submit_many(tenant, requests, staged=staged, key_field=key_field,
+                                           cards=cards)  # fmt: skip
 
     def get(self, tenant: TenantRef, job_id: uuid.UUID) -> Job:
         """The tenant's job with its outputs; another tenant's is NotFound."""

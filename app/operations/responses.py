@@ -67,7 +67,7 @@ class Responses:
         request = JobRequest(ask.model, {"messages": messages(ask, history)},
                              parameters=ask.parameters or None, webhook=webhook,
                              record=ask.record())  # fmt: skip
-        return self._completions.start(tenant, request)
+        return self._completions.start(tenant, card, request)
 
     def _history(self, tenant: TenantRef, job_id: uuid.UUID) -> list[dict[str, str]]:
         """The conversation a response that follows `job_id` goes on from."""

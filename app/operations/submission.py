@@ -143,6 +143,7 @@ class Submitter:
         *,
         staged: Callable[[Session, list[Job]], object] | None = None,
         key_field: str = "idempotency_key",
+        cards: CardCache | None = None,
     ) -> list[Job | DomainError]:
         """Many jobs at once, in request order: each checked on its own (a bad one is
         its own error in the list; the others go on), then one quota count for all
@@ -154,7 +155,8 @@ class Submitter:
         with tracing.spans("admission", [r.traceparent for r in requests]) as traced:
             requests = [replace(r, traceparent=t) if t != r.traceparent else r
                         for r, t in zip(requests, traced, strict=True)]  # fmt: skip
-            return self._submit_many(tenant, requests, staged, key_field)
+            return self._submit_many(tenant, requests, staged, key_field,
+                                     cards or self.cards(tenant))  # fmt: skip
 
     def _submit_many(
         self,
@@ -162,10 +164,10 @@ class Submitter:
         requests: Sequence[JobRequest],
         staged: Callable[[Session, list[Job]], object] | None,
         key_field: str,
+        cards: CardCache,
     ) -> list[Job | DomainError]:
         outcomes: Outcomes = [None] * len(requests)
         checked: list[Checked] = []
-        cards = self.cards(tenant)
         for index, request in enumerate(requests):
             try:
                 card = cards(request.model, request.version)

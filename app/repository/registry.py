@@ -298,6 +298,11 @@ class CardCache:
         self._repository, self._tenant = repository, tenant
         self._found: dict[tuple[str, str | None], ModelCard | DomainError] = {}
 
+    def known(self, model: str, version: str | None, card: ModelCard) -> CardCache:
+        """`card`, resolved already (by the door that checked it), for this name."""
+        self._found[(model, version)] = card
+        return self
+
     def __call__(self, model: str, version: str | None) -> ModelCard:
         key = (model, version)
         if key not in self._found:

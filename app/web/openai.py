@@ -110,10 +110,11 @@ def _call(body: dict[str, Any], *, chat: bool) -> Response | dict[str, Any]:
         raise invalid(exc.param, exc.message) from None
     job_request = JobRequest(asked.model, asked.inputs, parameters=asked.parameters)
     operations, tenant = services().openai.completions, current_tenant()
-    if operations.card(tenant, job_request.model).generation is None:
+    card = operations.card(tenant, job_request.model)  # (resolved once for the request)
+    if card.generation is None:
         raise invalid("model", f"{job_request.model} does not generate text (GET /v1/models)")
     try:
-        jobs = operations.start_many(tenant, job_request, asked.n)
+        jobs = operations.start_many(tenant, card, job_request, asked.n)
     except BadField as exc:
         raise invalid(exc.param, exc.message) from None
     job_ids = [job.id for job in jobs]

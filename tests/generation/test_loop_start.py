@@ -22,7 +22,7 @@ from app.operations.decode_loop import Loop
 class Format:
     """The chat format's part `_start` uses: a prompt of three tokens."""
 
-    def encode(self, request: Any) -> list[int]:
+    def prompt_of(self, request: Any) -> list[int]:
         return [1, 2, 3]
 
     def guide(self, request: Any) -> None:
