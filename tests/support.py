@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from werkzeug.serving import make_server
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from app.container import Container
     from app.execution.runner import Runner
     from app.jobs.transitions import Outcome
+    from app.platform.settings import Settings
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., object])
@@ -180,3 +182,29 @@ def execute(
         execution = Execution(parts.database, runner, parts.dispatcher, settings)
     with container.scope():
         return execution.execute(list(job_ids))
+
+
+def link_chat_model(root: Path, name: str) -> None:
+    """The bundled chat model as `root/name/1`, its graph hard-linked (not copied)."""
+    import os
+    import shutil
+
+    from app.platform.settings import ROOT
+
+    source, target = ROOT / "models" / "smollm2" / "1", root / name / "1"
+    target.mkdir(parents=True)
+    os.link(source / "model.onnx", target / "model.onnx")
+    for part in ("card.json", "tokenizer.json"):
+        shutil.copyfile(source / part, target / part)
+
+
+def own_chat_model(settings: Settings, root: Path, queue: str) -> tuple[Settings, str]:
+    """Settings of a test's own, a queue and a repository holding the chat model under
+    a name of its own, and that name. A decode loop claims its model's queued jobs
+    whichever queue woke it: a test whose own worker must run its generations would
+    see them claimed by the run's shared worker, woken for the bundled name by
+    another test or a sweep (more often when several test processes share the cores)."""
+    name = f"chat-{uuid.uuid4().hex[:8]}"
+    link_chat_model(root, name)
+    own = settings.with_overrides(model_repository=root, jobs_queue=f"{queue}-{name}")
+    return own, name

@@ -8,7 +8,6 @@ after the first cycle (their sessions, decode engines and caches are closed)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import uuid
@@ -19,10 +18,10 @@ import psutil
 import pytest
 from flask import Flask
 
-from app.platform.settings import ROOT, Settings
+from app.platform.settings import Settings
 from app.web.context import container_of
 from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
-from tests.support import wait_until
+from tests.support import link_chat_model, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -80,16 +79,6 @@ def call_each(app: Flask, models: list[str], tenant: TenantAuth) -> None:
             call(app, model, tenant)
 
 
-def chat_copy(root: Path, name: str) -> None:
-    """A second copy of the chat model, its 219 MB graph linked (not copied)."""
-    source = ROOT / "models" / "smollm2" / "1"
-    target = root / name / "1"
-    target.mkdir(parents=True)
-    os.link(source / "model.onnx", target / "model.onnx")
-    for part in ("card.json", "tokenizer.json"):
-        shutil.copyfile(source / part, target / part)
-
-
 def generate(app: Flask, model: str, tenant: TenantAuth) -> None:
     body = {"model": model, "inputs": {"prompt": "The capital of France is"},
             "parameters": {"max_tokens": 2, "temperature": 0}}  # fmt: skip
@@ -129,7 +118,7 @@ def test_repository_cycles_leave_no_threads_sockets_or_memory_behind(
     for cycle in range(CYCLES):
         name, chat = f"cycle-{cycle}", f"chat-cycle-{cycle}"
         models.add(digits, name)
-        chat_copy(own.model_repository, chat)
+        link_chat_model(own.model_repository, chat)
         models.load(chat)
         call_each(app, [name], tenant)
         generate(app, chat, tenant)

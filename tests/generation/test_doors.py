@@ -30,7 +30,7 @@ from app.web.context import services
 from tests.conftest import TenantAuth, WorkerProcess, wait_for_job
 from tests.generation.test_jobs import sse
 from tests.grpc.conftest import grpc_server  # noqa: F401  (the fixture)
-from tests.support import LiveServer, wait_until
+from tests.support import LiveServer, own_chat_model, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -169,10 +169,12 @@ def _kill(process: WorkerProcess) -> None:
     process.log.close()
 
 
-def half_made(client: FlaskClient, auth: dict[str, str]) -> tuple[dict[str, Any], str]:
+def half_made(
+    client: FlaskClient, auth: dict[str, str], model: str = "smollm2"
+) -> tuple[dict[str, Any], str]:
     """An uninterrupted greedy generation's outputs, then the id of the same
     request's job once half of its text is recorded (a worker serving it)."""
-    body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
+    body = {"model": model, "inputs": {"prompt": "Once upon a time"},
             "parameters": {"max_tokens": 160, "temperature": 0}}  # fmt: skip
     whole = client.post("/jobs", json=body, headers=auth).json
     assert whole is not None
@@ -210,16 +212,16 @@ def test_a_loop_whose_generation_went_to_another_worker_stops_making_its_text(
     its own: the generation leaves its batch, and its text stops reaching the job's
     followers (two attempts' tokens would interleave there). Its slot is free: the
     job, handed back by the other worker, is claimed again and finishes."""
-    queue = f"lost-{uuid.uuid4().hex[:8]}"
-    app = make_app(jobs_queue=queue)
+    own, model = own_chat_model(settings, tmp_path / "models", "lost")
+    app = make_app(own)
     client = app.test_client()
     lease_s = 1.5  # renewed every 0.5 s
-    worker = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
+    worker = WorkerProcess(own, tmp_path / "worker.log",
                            concurrency=1, DRAIN_LINGER_MS="0",
                            JOB_LEASE_SECONDS=str(lease_s))  # fmt: skip
     pubsub = redis.Redis.from_url(settings.redis_url).pubsub(ignore_subscribe_messages=True)
     try:  # (its end of text banned: it goes on until the checks are done)
-        body = {"model": "smollm2", "inputs": {"prompt": "Once upon a time"},
+        body = {"model": model, "inputs": {"prompt": "Once upon a time"},
                 "parameters": {"max_tokens": 400, "temperature": 0,
                                "logit_bias": {"0": -100, "2": -100}}}  # fmt: skip
         job_id = str(client.post("/jobs", json=body, headers=auth).json["id"])  # type: ignore[index]
@@ -249,7 +251,7 @@ def test_a_loop_whose_generation_went_to_another_worker_stops_making_its_text(
         with database.sessionmaker.begin() as session:
             assert claims.hand_back(session, [other]) == {uuid.UUID(job_id)}
         with app.app_context():
-            assert services().parts.dispatcher.wake("smollm2", force=True)
+            assert services().parts.dispatcher.wake(model, force=True)
         done = wait_for_job(client, auth, job_id, timeout=180)
     finally:
         pubsub.close()
@@ -269,13 +271,12 @@ def test_a_worker_killed_mid_generation_resumes_without_a_gap(
     the tokens recorded and goes on. The
     text equals an uninterrupted run's; the output events join to it, none
     repeated; the usage counts each token once."""
-    queue = f"resume-{uuid.uuid4().hex[:8]}"
-    app = make_app(jobs_queue=queue)
+    on_queue, model = own_chat_model(settings, tmp_path / "models", "resume")
+    app = make_app(on_queue)
     client = app.test_client()
-    on_queue = settings.with_overrides(jobs_queue=queue)
     first = WorkerProcess(on_queue, tmp_path / "first.log", concurrency=1, DRAIN_LINGER_MS="0")
     try:
-        reference, job_id = half_made(client, auth)
+        reference, job_id = half_made(client, auth, model)
     finally:
         _kill(first)
     job = client.get(f"/jobs/{job_id}", headers=auth).json
@@ -286,15 +287,15 @@ def test_a_worker_killed_mid_generation_resumes_without_a_gap(
         conn.execute(sa.text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' "
                              "WHERE id = :id"), {"id": job_id})  # fmt: skip
     with database.sessionmaker.begin() as session:
-        assert take_back_expired_leases(session, 0.01, 0.01, 500) == [uuid.UUID(job_id)]
+        assert uuid.UUID(job_id) in take_back_expired_leases(session, 0.01, 0.01, 500)
     # The dead loop's machine lock is still there (it runs out in LOCK_S): the next
     # worker takes it over at once, its holder being gone.
     held = redis.Redis.from_url(settings.redis_url)
-    assert list(held.scan_iter(f"inference:generating:{queue}:smollm2:*"))
+    assert list(held.scan_iter(f"inference:generating:{on_queue.jobs_queue}:{model}:*"))
     second = WorkerProcess(on_queue, tmp_path / "second.log", concurrency=1, DRAIN_LINGER_MS="0")
     try:
         with app.app_context():
-            assert services().parts.dispatcher.wake("smollm2", force=True)
+            assert services().parts.dispatcher.wake(model, force=True)
         done = wait_for_job(client, auth, job_id, timeout=120)
     finally:
         second.stop()
@@ -313,18 +314,17 @@ def test_a_loop_that_lost_a_generation_s_lease_and_claims_it_again_makes_its_tex
     claim it anew once it reaches the database. The earlier attempt leaves the
     batch: the text equals an uninterrupted run's, each token once (both in the
     batch, every token went into the text twice), and its events join to it."""
-    queue = f"reclaim-{uuid.uuid4().hex[:8]}"
-    client = make_app(jobs_queue=queue).test_client()
-    worker = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
-                           concurrency=1, DRAIN_LINGER_MS="0")  # fmt: skip
+    own, model = own_chat_model(settings, tmp_path / "models", "reclaim")
+    client = make_app(own).test_client()
+    worker = WorkerProcess(own, tmp_path / "worker.log", concurrency=1, DRAIN_LINGER_MS="0")
     try:
-        reference, job_id = half_made(client, auth)
+        reference, job_id = half_made(client, auth, model)
         # Its lease runs out and the sweep takes it back, in one transaction (the
         # loop's renewal waits for it, then finds the job queued, not its own).
         with database.sessionmaker.begin() as session:
             session.execute(sa.text("UPDATE jobs SET lease_expires_at = now() - interval "
                                     "'1 second' WHERE id = :id"), {"id": job_id})  # fmt: skip
-            assert take_back_expired_leases(session, 0.01, 0.01, 500) == [uuid.UUID(job_id)]
+            assert uuid.UUID(job_id) in take_back_expired_leases(session, 0.01, 0.01, 500)
         done = wait_for_job(client, auth, job_id, timeout=120)
     finally:
         worker.stop()

@@ -5,7 +5,6 @@ Runtime, and a real worker counting hits in its metrics)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from app.runtime.sequences import Sequence
 from tests.conftest import WorkerProcess, make_tenant, wait_for_job
 from tests.generation.test_model import engine, greedy, ids, run
 from tests.observability.conftest import scrape, value
-from tests.support import free_port
+from tests.support import free_port, own_chat_model
 
 INSTRUCTION = (
     "You sort customer messages for a bicycle shop. Read the message and answer with one "
@@ -150,10 +149,10 @@ def test_a_worker_reuses_a_tenants_instruction_and_counts_it(
     """Jobs through a real worker: the second of one tenant with the same system
     prompt is a hit; another tenant's same prompt is a miss; the answers are the
     same as they would be without."""
-    queue = f"prefixes-{uuid.uuid4().hex[:8]}"
-    app = make_app(jobs_queue=queue)
+    own, model = own_chat_model(settings, tmp_path / "models", "prefixes")
+    app = make_app(own)
     port = free_port()
-    worker = WorkerProcess(settings.with_overrides(jobs_queue=queue), tmp_path / "worker.log",
+    worker = WorkerProcess(own, tmp_path / "worker.log",
                            concurrency=1, DRAIN_LINGER_MS="0", WORKER_METRICS_PORT=str(port),
                            PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"))  # fmt: skip
     client = app.test_client()
@@ -162,7 +161,7 @@ def test_a_worker_reuses_a_tenants_instruction_and_counts_it(
     try:
         for tenant, question in ((one, "Where is my refund?"), (one, "My chain fell off."),
                                  (other, "Where is my refund?")):  # fmt: skip
-            body = {"model": "smollm2", "inputs": {"messages": [
+            body = {"model": model, "inputs": {"messages": [
                 {"role": "system", "content": INSTRUCTION}, {"role": "user", "content": question}]},
                 "parameters": {"max_tokens": 8, "temperature": 0}}  # fmt: skip
             response = client.post("/jobs", json=body, headers=tenant.headers)
@@ -175,8 +174,8 @@ def test_a_worker_reuses_a_tenants_instruction_and_counts_it(
         worker.stop()
     assert texts[0] == texts[2], "a kept prefix or not, the same answer"
     name = "inference_generation_prefix_lookups_total"
-    lookups = {result: value(metrics, name, model="smollm2", result=result)
+    lookups = {result: value(metrics, name, model=model, result=result)
                for result in ("hit", "miss")}  # fmt: skip
     assert lookups == {"hit": 1, "miss": 2}
-    saved = value(metrics, "inference_generation_prefix_tokens_saved_total", model="smollm2")
+    saved = value(metrics, "inference_generation_prefix_tokens_saved_total", model=model)
     assert saved >= 4 * BLOCK and saved % BLOCK == 0
