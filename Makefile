@@ -32,9 +32,11 @@ run: $(VENV)/.runtime
 	$(PY) manage.py up
 
 ## test: lint, type-check and the test suite on real PostgreSQL, Redis and workers
-# TEST_PROCESSES=N runs the suite in N processes (pytest-xdist, a file at a time
-# each, each with servers of its own), for a machine with cores to spare.
-TEST_PROCESSES ?= 1
+# The suite runs in TEST_PROCESSES processes (pytest-xdist, a file at a time each,
+# each with servers of its own): two by default, since one process keeps two cores
+# busy only about half the time (it waits on workers, servers and timeouts);
+# TEST_PROCESSES=1 runs it in one.
+TEST_PROCESSES ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
 test: $(VENV)/.dev browser lint docs-build
 	$(PY) -m pytest -m "not faults and not fleet" $(XDIST) --budget test
