@@ -184,7 +184,9 @@ def test_12_a_worker_child_oom_killed_mid_batch_chunk(
             (poison[0].id, 3)
         ]
         assert letters == [(poison[0].id, "attempts_exhausted")], letters
-        assert kills == 3 and tally.duplicate_executions == 0, tally
+        # One kill an attempt at the poison chunk; the kernel may take the other
+        # child with it (both grew within the limit), whose chunks are retried.
+        assert 3 <= kills <= 6 and tally.duplicate_executions == 0, tally
         first = get_batch(stack, batch_ids[0])
         assert first["failed_rows"] == [{"first": 24, "last": 31, "status": "failed",
                                          "error": "attempts_exhausted"}], first  # fmt: skip
