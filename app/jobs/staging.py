@@ -157,13 +157,10 @@ def check_inputs(card: ModelCard, inputs: Any, parameters: Any = None) -> dict[s
 
 
 def generation_arrays(card: ModelCard, inputs: Any, parameters: Any) -> dict[str, np.ndarray]:
-    from app.generation.formats import chat_format
     from app.generation.requests import parse, request_arrays
 
     assert card.generation is not None
-    request = parse(card.generation, _text_input(inputs), parameters)
-    ids = chat_format(card).encode(request)  # the prompt fits the context
-    return request_arrays(replace(request, prompt_ids=tuple(ids)))
+    return request_arrays(measured(card, parse(card.generation, _text_input(inputs), parameters)))
 
 
 MAX_ROW_ERRORS = 20  # misfits a refused batch names
@@ -200,11 +197,17 @@ def check_rows(card: ModelCard, inputs: Any) -> dict[str, np.ndarray]:
 def checked_request(card: ModelCard, row: Any) -> GenerationRequest:
     """A batch's row of a generative model (a job's body without the model), parsed
     and its prompt measured against the context; InvalidInputs names a misfit."""
-    from app.generation.formats import chat_format
     from app.generation.requests import parse_row
 
     assert card.generation is not None
-    request = parse_row(card.generation, row)
+    return measured(card, parse_row(card.generation, row))
+
+
+def measured(card: ModelCard, request: GenerationRequest) -> GenerationRequest:
+    """The request with its prompt's ids, measured against the context
+    (InvalidInputs past it): the worker starts from them."""
+    from app.generation.formats import chat_format
+
     return replace(request, prompt_ids=tuple(chat_format(card).encode(request)))
 
 
