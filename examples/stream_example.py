@@ -62,7 +62,9 @@ seen, deadline = 0, time.monotonic() + 120
 while seen < 30:
     if time.monotonic() > deadline:
         raise SystemExit(f"{seen} of 30 results in 120 s: is the stream consumer running?")
-    for _, entries in r.xread({binding["output"]: last}, block=5000) or []:
+    # Block for less than redis-py's own socket timeout (5 s by default): a read
+    # blocked as long as the socket waits races it and can end in TimeoutError.
+    for _, entries in r.xread({binding["output"]: last}, block=2000) or []:
         for entry_id, fields in entries:
             last = entry_id  # the next read starts after it
             if not fields[b"id"].decode().startswith(run):
