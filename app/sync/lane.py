@@ -17,15 +17,18 @@ once: nothing on the workers' side is per model.
 A worker child keeps a liveness key (SYNC_LANE_LEASE_SECONDS) and, for each queue
 it serves, the queue's `serving` key. Whoever finds a registered worker without
 its liveness key (another worker, or an API process whose call waits too long)
-takes its `taken` lists with RENAME, so only one does, and puts each entry back
-at the front of its lane once (the entry says whether its model is idempotent,
-so even a call of a model removed since is settled) or answers it `lost` (503,
-retry later): a call whose worker died before answering is never run twice
-unasked, and never left waiting.
+reads its `taken` lists and settles each in one script: each entry back at the
+front of its lane once (the entry says whether its model is idempotent, so even a
+call of a model removed since is settled) or answered `lost` (503, retry later),
+and the list gone, all at once and only if the list is still what was read (of
+two callers, one settles it; a settler killed midway left it whole for the next).
+A call whose worker died before answering is never run twice unasked, and never
+left waiting.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -90,6 +93,21 @@ redis.call('DEL', KEYS[1])
 if #fields == 0 or ARGV[1] ~= '1' then return {'', unpack(heard)} end
 local entry = redis.call('XADD', KEYS[2], '*', unpack(fields))
 return {entry, unpack(heard)}
+"""
+
+
+# KEYS[1]: a dead worker's taken list, KEYS[2]: its queue's lane; ARGV[1]: the
+# sha1 of the list as it was read (its entries joined by newlines), ARGV[2]: how
+# many go back, then those entries, then (channel, answer) for each call lost.
+# All done, or nothing (0) when the list changed since it was read.
+_SETTLE = """
+local found = redis.call('LRANGE', KEYS[1], 0, -1)
+if #found == 0 or redis.sha1hex(table.concat(found, '\\n')) ~= ARGV[1] then return 0 end
+local back = tonumber(ARGV[2])
+for i = 3, 2 + back do redis.call('LPUSH', KEYS[2], ARGV[i]) end
+for i = 3 + back, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+redis.call('DEL', KEYS[1])
+return #found
 """
 
 
@@ -183,6 +201,7 @@ class Lane:
         self._push = client.register_script(_PUSH)
         self._take = client.register_script(_TAKE)
         self._answer = client.register_script(_ANSWER)
+        self._settle = client.register_script(_SETTLE)
 
     def push(self, queue: str, entries: list[bytes]) -> int:
         """Append these entries to the queue's lane, all or none, in one round trip:
@@ -253,30 +272,29 @@ class Lane:
         alive = pipe.execute()
         return {w: q for (w, q), up in zip(workers.items(), alive, strict=True) if not up}
 
-    def seize(self, worker: str, queues: Iterable[str]) -> list[bytes]:
-        """The entries a dead worker had taken, now this caller's alone (RENAME:
-        of two callers, one gets each list); the worker is forgotten."""
-        seized: list[bytes] = []
-        for queue in queues:
-            mine = f"{PREFIX}seized:{uuid.uuid4().hex}"
-            try:
-                self.client.rename(taken_key(worker, queue), mine)
-            except redis.ResponseError:  # no such list: nothing taken, or seized already
-                continue
-            pipe = self.client.pipeline(transaction=True)
-            pipe.lrange(mine, 0, -1)
-            pipe.delete(mine)
-            seized += pipe.execute()[0]
+    def taken(self, worker: str, queue: str) -> list[bytes]:
+        """What `worker` has taken from the queue's lane and not answered yet."""
+        return list(self.client.lrange(taken_key(worker, queue), 0, -1))  # type: ignore[arg-type]
+
+    def settle(
+        self, worker: str, queue: str, read: list[bytes], back: list[Entry],
+        lost: list[tuple[str, bytes]],
+    ) -> bool:  # fmt: skip
+        """Settle a dead worker's taken list as `read` (`taken`) in one step: the
+        `back` entries at the front of the lane for their next attempt, each `lost`
+        answer (reply channel, encoded reply) published, the list gone. False, and
+        nothing done, when the list is no longer what was read (settled already,
+        or its worker was alive after all and answered)."""
+        digest = hashlib.sha1(b"\n".join(read)).hexdigest()  # a check, not a secret
+        again = [encode(replace(entry, attempt=entry.attempt + 1)) for entry in back]
+        args = [digest, len(again), *again, *(part for call in lost for part in call)]
+        done: Any = self._settle(keys=[taken_key(worker, queue), lane_key(queue)], args=args)
+        return bool(done)
+
+    def let_go(self, worker: str) -> None:
+        """Forget a registered worker whose liveness key is gone (its lists settled)."""
         if not self.client.exists(alive_key(worker)):
             self.client.hdel(WORKERS, worker)
-        return seized
-
-    def put_back(self, entry: Entry) -> bytes:
-        """An entry of a dead worker, at the front of its lane for its second and
-        last attempt (past the bound: it was admitted already)."""
-        again = encode(replace(entry, attempt=entry.attempt + 1))
-        self.client.lpush(lane_key(entry.queue), again)
-        return again
 
     def forget(self, worker: str) -> None:
         """A worker stopping: its liveness key goes at once, so whatever it still

@@ -30,21 +30,32 @@ class Recovery:
         """Settle dead workers' calls; how many."""
         settled = 0
         for worker, queues in self._lane.dead_workers().items():
-            seized = self._lane.seize(worker, queues)
-            lost: list[tuple[str, Reply]] = []
-            for raw in seized:
-                entry = lane.decode(raw)
-                if entry.attempt < 2 and entry.idempotent:
-                    self._lane.put_back(entry)
-                else:
-                    lost.append((entry.reply_to, _lost(entry)))
-            if lost:
-                replies.publish(self._lane.client, lost)
-            if seized:
-                logger.warning("worker %s died with %d sync call(s) taken: %d put back, %d lost",
-                               worker, len(seized), len(seized) - len(lost), len(lost))  # fmt: skip
-            settled += len(seized)
+            for queue in queues:
+                settled += self._settle(worker, queue)
+            self._lane.let_go(worker)
         return settled
+
+    def _settle(self, worker: str, queue: str) -> int:
+        """One dead worker's calls taken from one queue's lane, settled in one step
+        (nothing is held only by this process between the read and the settling:
+        were it killed, the next recovery finds the list as it was)."""
+        read = self._lane.taken(worker, queue)
+        if not read:
+            return 0
+        entries = [lane.decode(raw) for raw in read]
+        back = [e for e in entries if _again(e)]
+        lost = [(e.reply_to, replies.encode(_lost(e))) for e in entries if not _again(e)]
+        if not self._lane.settle(worker, queue, read, back, lost):
+            return 0  # another caller settled it first, or its worker answered after all
+        logger.warning("worker %s died with %d sync call(s) taken: %d put back, %d lost",
+                       worker, len(read), len(back), len(lost))  # fmt: skip
+        return len(read)
+
+
+def _again(entry: Entry) -> bool:
+    """Whether a dead worker's call runs once more: its first attempt, of a model
+    whose card says it may."""
+    return entry.attempt < 2 and entry.idempotent
 
 
 def _lost(entry: Entry) -> Reply:
