@@ -26,11 +26,8 @@ if TYPE_CHECKING:
     from app.operations.bindings import BindingOperations
     from app.operations.calls import CallOperations
     from app.operations.dead_letters import DeadLetterOperations
-    from app.operations.execution import Execution
     from app.operations.files import FileOperations
-    from app.operations.generation import Generation
     from app.operations.jobs import JobOperations
-    from app.operations.maintenance import Maintenance
     from app.operations.models import ModelOperations
     from app.operations.openai_door import OpenAIOperations
     from app.operations.schedules import ScheduleOperations
@@ -38,6 +35,7 @@ if TYPE_CHECKING:
     from app.operations.submission import Submitter
     from app.operations.tenants import TenantOperations
     from app.operations.webhooks import WebhookOperations
+    from app.worker_runtime import WorkerRuntime
 
 
 class Container(Lazy):
@@ -96,8 +94,9 @@ class Container(Lazy):
             settings.webhook_allow_private_networks, networks(settings.webhook_allowed_networks)
         )
         return Submitter(
-            parts.database, parts.repository, parts.inserter, parts.dispatcher, parts.admission,
-            parts.quotas, SubmitSettings(settings.job_max_attempts, policy),
+            parts.database, parts.repository, parts.inserter, parts.dispatcher,
+            parts.limits.admission, parts.limits.quotas,
+            SubmitSettings(settings.job_max_attempts, policy),
         )  # fmt: skip
 
     @made
@@ -106,8 +105,9 @@ class Container(Lazy):
 
         parts = self.parts
         return JobOperations(
-            parts.database, self._submitter, parts.holds, parts.events, parts.records.write_now
-        )
+            parts.database, self._submitter, parts.limits.holds, parts.events,
+            parts.records.write_now,
+        )  # fmt: skip
 
     @made
     def openai(self) -> OpenAIOperations:
@@ -143,7 +143,7 @@ class Container(Lazy):
             parts.lane, Recovery(parts.lane), parts.replies, parts.dispatcher.queue_for
         )
         return CallOperations(
-            parts.database, self._submitter, self.jobs, parts.holds, parts.replies, inline,
+            parts.database, self._submitter, self.jobs, parts.limits.holds, parts.replies, inline,
             timing, lane,
         )  # fmt: skip
 
@@ -158,8 +158,8 @@ class Container(Lazy):
             settings.republish_after_seconds,
         )  # fmt: skip
         return BatchOperations(
-            parts.database, parts.store, parts.repository, (parts.quotas, parts.admission),
-            parts.dispatcher, batch_settings,
+            parts.database, parts.store, parts.repository,
+            (parts.limits.quotas, parts.limits.admission), parts.dispatcher, batch_settings,
         )  # fmt: skip
 
     @made
@@ -168,7 +168,7 @@ class Container(Lazy):
 
         parts = self.parts
         return FileOperations(
-            parts.database, parts.store, parts.quotas, self.settings.max_upload_bytes
+            parts.database, parts.store, parts.limits.quotas, self.settings.max_upload_bytes
         )
 
     @made
@@ -212,7 +212,8 @@ class Container(Lazy):
         """Who a key belongs to; tenants' keys, quotas and webhook secrets."""
         from app.operations.tenants import TenantOperations
 
-        return TenantOperations(self.parts.database, self.parts.api_keys, self.parts.quotas)
+        parts = self.parts
+        return TenantOperations(parts.database, parts.limits.api_keys, parts.limits.quotas)
 
     @made
     def webhooks(self) -> WebhookOperations:
@@ -235,35 +236,9 @@ class Container(Lazy):
         )  # fmt: skip
 
     @made
-    def execution(self) -> Execution:
-        """Claiming, running and finishing jobs (the workers; inline calls' tests)."""
-        from app.operations.execution import DrainSettings, Execution
+    def worker(self) -> WorkerRuntime:
+        """The workers' runtime (app.worker_runtime): the drain, the decode loop, the
+        sync lane's server, beat's sweeps. Made in worker and beat processes only."""
+        from app.worker_runtime import WorkerRuntime
 
-        parts = self.parts
-        return Execution(
-            parts.database, parts.runner, parts.dispatcher, DrainSettings.of(self.settings)
-        )
-
-    @made
-    def generation(self) -> Generation:
-        """The decode loop of generative models (the workers)."""
-        from app.operations.generation import Generation, GenerationSettings
-
-        parts = self.parts
-        generation = Generation(
-            parts.database, parts.runner, parts.dispatcher, lambda: parts._reply_redis,
-            GenerationSettings.of(self.settings), self.settings.ort_provider,
-        )  # fmt: skip
-        parts.reconciler.hold(generation.engines.retain)
-        return generation
-
-    @made
-    def maintenance(self) -> Maintenance:
-        """Beat's sweeps and purges."""
-        from app.operations.maintenance import Maintenance, MaintenanceSettings
-
-        parts = self.parts
-        return Maintenance(
-            parts.database, parts.dispatcher, parts.store,
-            MaintenanceSettings.of(self.settings), self.guards,
-        )  # fmt: skip
+        return WorkerRuntime(self.parts, self.settings, self.guards)

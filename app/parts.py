@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from app.jobs.events import EventBus
     from app.jobs.inserts import JobInserter
     from app.operations.holds import Holds
-    from app.operations.lane import LaneServer
     from app.platform.database import Database
     from app.platform.filestore import FileStore
     from app.platform.logstreams import LogEngine
@@ -200,20 +199,6 @@ class Parts(Lazy):
         return Lane(self._reply_redis, self.settings.sync_lane_max_waiting)
 
     @made
-    def lane_server(self) -> LaneServer:
-        """A worker child's lane threads (started after the fork)."""
-        from app.operations.lane import LaneServer
-        from app.platform.broker import redis_client
-        from app.sync.lane import Lane
-
-        url, settings = self.settings.redis_url, self.settings
-        return LaneServer(
-            lambda: Lane(redis_client(url), settings.sync_lane_max_waiting),
-            self.repository, self.runner.sessions, self.records, settings.sync_lane_lease_seconds,
-            self.guards,
-        )  # fmt: skip
-
-    @made
     def replies(self) -> Replies:
         """This process's reply channel: sync calls' answers from the workers."""
         from app.platform.broker import redis_client
@@ -235,29 +220,10 @@ class Parts(Lazy):
         publish(self._reply_redis, replies)
 
     @made
-    def admission(self) -> Admission:
-        from app.jobs.admission import Admission
-
-        return Admission(self.settings.max_queued_per_model, clock=self.clock)
-
-    @made
-    def quotas(self) -> Quotas:
-        from app.tenancy.quotas import Quotas, QuotaSettings
-
-        return Quotas(QuotaSettings.of(self.settings), clock=self.clock)
-
-    @made
-    def holds(self) -> Holds:
-        """Each tenant's waiting requests on this process (MAX_WAITS_PER_TENANT, MAX_WAITS)."""
-        from app.operations.holds import Holds
-
-        return Holds(self.settings.max_waits_per_tenant, self.settings.max_waits)
-
-    @made
-    def api_keys(self) -> KeyCache:
-        from app.tenancy.keys import KeyCache
-
-        return KeyCache(self.settings.api_key_cache_seconds, clock=self.clock)
+    def limits(self) -> Limits:
+        """What bounds each tenant and model on this process: admission, quotas,
+        waits and the API key cache."""
+        return Limits(self.settings, self.clock)
 
     @made
     def _sessions(self) -> SessionPool:
@@ -323,6 +289,39 @@ class Parts(Lazy):
             QueueCollector(engine, lambda: {card.name for card in repository.all()}),
             StreamCollector(engine, self.logs, settings.streams_group),
         ]
+
+
+class Limits(Lazy):
+    """The per-tenant and per-model bounds of one process, and who a key belongs to."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.settings, self.clock = settings, clock
+
+    @made
+    def admission(self) -> Admission:
+        from app.jobs.admission import Admission
+
+        return Admission(self.settings.max_queued_per_model, clock=self.clock)
+
+    @made
+    def quotas(self) -> Quotas:
+        from app.tenancy.quotas import Quotas, QuotaSettings
+
+        return Quotas(QuotaSettings.of(self.settings), clock=self.clock)
+
+    @made
+    def holds(self) -> Holds:
+        """Each tenant's waiting requests on this process (MAX_WAITS_PER_TENANT, MAX_WAITS)."""
+        from app.operations.holds import Holds
+
+        return Holds(self.settings.max_waits_per_tenant, self.settings.max_waits)
+
+    @made
+    def api_keys(self) -> KeyCache:
+        from app.tenancy.keys import KeyCache
+
+        return KeyCache(self.settings.api_key_cache_seconds, clock=self.clock)
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:

@@ -173,7 +173,7 @@ def run(servers: Servers, database: Database, args: argparse.Namespace) -> None:
         while (now := time.monotonic()) < end:
             if now >= next_purge:
                 with container.scope():
-                    container.maintenance.purge()
+                    container.worker.maintenance.purge()
                 if args.vacuum:
                     vacuum(database)
                 next_purge += args.purge_every

@@ -175,7 +175,7 @@ def execute(
     the container's runner or `runner` (one with other guards or a broken store)."""
     from app.operations.execution import DrainSettings, Execution
 
-    execution = container.execution
+    execution = container.worker.execution
     if runner is not None:
         parts = container.parts
         settings = DrainSettings.of(container.settings)

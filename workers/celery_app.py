@@ -72,8 +72,8 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
 
     @worker_process_shutdown.connect(weak=False)
     def _child_exit(**_: Any) -> None:
-        if container.parts.built("lane_server"):
-            container.parts.lane_server.stop()
+        if container.built("worker"):
+            container.worker.stop_lanes()
         directory = metrics_dir.current()
         if directory is not None:
             from prometheus_client import multiprocess
@@ -84,10 +84,8 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
     def _hand_over(**_: Any) -> None:
         # The main process, on a warm shutdown: its children's decode loops hand
         # their generations to other workers rather than finish them first.
-        from app.operations.decode_loop import ask_hand_over
-
         try:
-            ask_hand_over(settings.redis_url)
+            container.worker.hand_over()
         except Exception:  # their leases still bring them back, only later
             logger.warning("could not ask this worker's decode loops to hand over", exc_info=True)
 
@@ -105,7 +103,7 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
         # killed; Celery starts a new one and the job's lease brings it back.
         runner.on_time_limit = lambda _jobs: os.kill(os.getpid(), signal.SIGKILL)
         # The queues this child serves (-Q), but the control worker's: their lanes,
-        # whatever models they hold now or later (app.operations.lane).
+        # whatever models they hold now or later (app.engine.lane_server).
         served = set(celery.amqp.queues.consume_from or settings.inference_queues)
         queues = sorted(served - {settings.control_queue, settings.webhooks_queue})
         if not queues:
@@ -113,7 +111,7 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
         # Warm: the sessions of the models on those queues now (a CPU worker never
         # holds a GPU model's session, a GPU worker no CPU model's). A generative
         # model's session is the decode loop's own, made when a loop first runs in
-        # this child (app.operations.generation), not a second copy here.
+        # this child (app.engine.core), not a second copy here.
         mine = [
             card for card in runner.repository.all()
             if card.generation is None and (card.queue or settings.model_queue) in queues
@@ -122,4 +120,4 @@ def install_worker_hooks(celery: Celery, container: Container) -> None:
 
         for card in mine[: settings.max_loaded_models or None]:  # within MAX_LOADED_MODELS
             warm(runner.sessions, card)
-        container.parts.lane_server.start(queues, take=settings.sync_lane)
+        container.worker.lane_server.start(queues, take=settings.sync_lane)

@@ -62,7 +62,7 @@ def drain(self: Task, model: str) -> int:
     not run here: a CPU worker never runs a GPU model's jobs. Passing on counts
     as a retry, so two machines whose cards disagree give up after max_retries."""
     container = services(self)
-    execution = container.execution
+    execution = container.worker.execution
     came_on = (self.request.delivery_info or {}).get("routing_key")
     logs.bind(model=model)
     try:
@@ -74,7 +74,7 @@ def drain(self: Task, model: str) -> int:
             raise self.retry(queue=queue, countdown=0)
         execution.taken(model, came_on)
         if execution.generates(model):
-            return container.generation.drain(model)
+            return container.worker.generation.drain(model)
         return execution.drain(model)
     except (DBAPIError, RedisError) as exc:
         # The database or Redis went away: take the wake-up again later, with backoff
@@ -107,7 +107,7 @@ def fire_schedules(self: Task, fence: int | None = None) -> dict[str, int]:
 def sweep(self: Task, fence: int | None = None) -> dict[str, int]:
     counts: dict[str, int] = {}
     with _sweeping(self, SWEEP_TASK, fence) as container:
-        counts = container.maintenance.sweep()  # (the sweep logs what it moved)
+        counts = container.worker.maintenance.sweep()  # (the sweep logs what it moved)
         for action, jobs in counts.items():
             if jobs:
                 metrics.SWEEP_JOBS.labels(action).inc(jobs)
@@ -121,7 +121,7 @@ def sweep(self: Task, fence: int | None = None) -> dict[str, int]:
 def purge(self: Task, fence: int | None = None) -> dict[str, Any]:
     counts: dict[str, Any] = {}
     with _sweeping(self, PURGE_TASK, fence) as container:
-        counts = container.maintenance.purge()  # logs its own
+        counts = container.worker.maintenance.purge()  # logs its own
         if done := {k: v for k, v in counts.items() if k in _PURGE_OWN and v}:
             logger.info("purge: %s", done)
     return counts

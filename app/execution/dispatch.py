@@ -113,7 +113,7 @@ class Dispatcher:
         """Whether jobs of `model` were committed since a running loop last claimed: a
         wake-up is pending, or a worker that took one found the loop running and
         passed it on (`pass_to_loop`). A running loop's cheap look for new work
-        (app.operations.generation)."""
+        (app.engine.core)."""
         queue = self.queue_for(model)
         return bool(self._redis.exists(self._flag(queue, model), self._for_loop(queue, model)))
 

@@ -73,7 +73,7 @@ class Execution:
 
     def generates(self, model: str) -> bool:
         """Whether `model` is generative: its jobs run in the decode loop
-        (app.operations.generation), not here."""
+        (app.engine.core), not here."""
         card = self.runner.card(model)
         return card is not None and card.generation is not None
 

@@ -26,7 +26,7 @@ by default (0) it is on under the CUDA provider and off on the CPU.
 The decoding sequences are kept in slots 0..n-1 (a leaver's slot is filled by
 moving the last one's cache rows), so the call binds one contiguous view of
 each buffer. Everything here is synchronous and owned by
-one thread; the caller (app.operations.generation) adds, cancels and steps.
+one thread; the caller (app.engine.core) adds, cancels and steps.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def test_uploads_and_results_are_objects_in_the_store_not_rows_in_postgresql(
         session.commit()
     container = container_of(bclient.application)
     with container.scope():
-        assert container.maintenance.purge_batch_objects(86_400) >= 1
+        assert container.worker.maintenance.purge_batch_objects(86_400) >= 1
     assert store.size(result_key(batch_id, 0)) is None
     gone = bclient.get(
         f"/batches/{batch_id}/results", headers={**auth, "Accept": "application/x-npy"}

@@ -111,7 +111,7 @@ def wait_batch(
         if database is not None:
             container = container_of(client.application)
             with container.scope():
-                container.maintenance.wake_waiting(60)
+                container.worker.maintenance.wake_waiting(60)
         return None
 
     return wait_until(finished, lambda: f"batch still {seen['status']}: {seen}", timeout)

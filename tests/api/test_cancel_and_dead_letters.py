@@ -129,7 +129,7 @@ def test_a_failed_wake_up_leaves_the_job_for_the_sweep(
     with app.app_context():
         row = services().parts.database.session().get(Job, uuid.UUID(job["id"]))
         assert row is not None and row.status == "queued" and row.enqueued_at is None
-        assert services().maintenance.wake_waiting(older_than_s=60) >= 1
+        assert services().worker.maintenance.wake_waiting(older_than_s=60) >= 1
     assert wait_for_job(app.test_client(), auth, job["id"])["status"] == "succeeded"
 
 

@@ -201,7 +201,7 @@ def test_waiting_requests_are_bounded_per_tenant_and_in_total(
     threads = [threading.Thread(target=hold, args=(t,), daemon=True) for t in (a, a, b)]
     for thread in threads:
         thread.start()
-    holds = container_of(hostile_app).parts.holds
+    holds = container_of(hostile_app).parts.limits.holds
     wait_until(lambda: sum(holds._held.values()) == 3, "all three requests to be waiting")
     over_tenant = hc.get(f"/jobs/{queued[a.id]}?wait=5", headers=a.headers)
     body = problem(over_tenant, 429)

@@ -1,7 +1,7 @@
 """Staged crashes of a decode loop, for the fault suite's worker entry point.
 
 With FAULTS_DECODE_CRASH_FILE naming a file, `install()` wraps three points of
-the service's decode loop (app.operations.generation, app.runtime.decode); a
+the service's decode loop (app.engine.core, app.runtime.decode); a
 worker child that reaches the point named in that file, once the condition
 below holds, SIGKILLs itself there, as the OOM killer would. The file is
 renamed (`<file>.fired`) first, atomically, so a point fires once however many
@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.engine.core import Generation
 from app.jobs.outputs import Piece
-from app.operations.generation import Generation
 from app.runtime.decode import DecodeEngine
 from app.runtime.sequences import Emitted
 

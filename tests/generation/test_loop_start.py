@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from app.engine import core as generation
+from app.engine.loop import Loop
 from app.execution.leases import LeaseKeeper
 from app.jobs.claims import ClaimedJob
-from app.operations import generation
-from app.operations.decode_loop import Loop
 
 
 class Format:

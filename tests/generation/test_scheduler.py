@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.generation.scheduler import (
+from app.engine.scheduler import (
     BACKLOG_EVERY_S,
     CANCELS_EVERY_S,
     CLAIM_EVERY_S,

@@ -18,10 +18,10 @@ from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client import REGISTRY
 
+from app.engine.core import LINGER_S
+from app.engine.loop import LoopMeter
 from app.generation.sharing import Holder, Waiter, preemptions
 from app.jobs.claims import ClaimedJob
-from app.operations.decode_loop import LoopMeter
-from app.operations.generation import LINGER_S
 from app.platform.database import Database
 from app.platform.embedded import stop_process
 from app.platform.settings import Settings

@@ -106,8 +106,8 @@ def test_a_job_costs_two_small_writes_in_the_worker_and_one_at_submit(
     container = container_of(make_app(clock=clock))
     engine = container.parts.database.engine  # the operations', and their job writer's
     with container.scope() as session:  # the queue bound's reading, taken at most
-        container.parts.admission.admit(session, "digits", 0)  # every 0.5 s per model
-        container.parts.quotas.admit_jobs(session, tenant.id, 1)  # and the tenant's quotas
+        container.parts.limits.admission.admit(session, "digits", 0)  # every 0.5 s per model
+        container.parts.limits.quotas.admit_jobs(session, tenant.id, 1)  # and the tenant's quotas
         container.parts.repository.resolve("digits")  # and the shared model states, every 2 s
         telemetry.tenant_name(session, tenant.id)  # and its name, once per worker process
     event.listen(engine, "before_cursor_execute", record)

@@ -282,7 +282,7 @@ def test_retention_deletes_old_inputs_and_outputs_but_keeps_the_job(
     execute(services(), [job_id])
     update_job(database, job_id, "finished_at = now() - interval '8 days'")
     with services().scope():
-        assert services().maintenance.purge()["purged"] >= 1
+        assert services().worker.maintenance.purge()["purged"] >= 1
     job = load_job(database, job_id)
     assert outputs_of(job) is None and job.purged_at is not None and job.status == "succeeded"
     with database.engine.connect() as conn:

@@ -45,7 +45,7 @@ def purge(settings: Settings) -> dict[str, Any]:
     container = Container(settings)
     try:
         with container.scope():
-            return container.maintenance.purge()
+            return container.worker.maintenance.purge()
     finally:
         container.close()
 
@@ -137,7 +137,7 @@ def test_pruning_goes_in_bounded_batches(
     rule = retention.Rule("audit_events", "audit_events", "at", f"tenant_id = {tenant.id}")
     container = container_of(app)
     with container.scope():
-        maintenance = container.maintenance
+        maintenance = container.worker.maintenance
         assert maintenance.prune(rule, 365 * DAY) == 6  # two batches of three, per run
         assert maintenance.prune(rule, 365 * DAY) == 4
         assert maintenance.prune(rule, 365 * DAY) == 0
@@ -240,7 +240,7 @@ def test_deleting_old_jobs_goes_in_bounded_pieces(
     jobs = [finished(database, tenant, 400) for _ in range(8)]
     container = container_of(app)
     with container.scope():
-        maintenance = container.maintenance
+        maintenance = container.worker.maintenance
         runs = [maintenance.delete_old_rows(365 * DAY)["jobs"] for _ in range(3)]
     # Two pieces of three a run; other tests' jobs are younger than a year.
     assert runs == [6, 2, 0]

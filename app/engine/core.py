@@ -34,19 +34,7 @@ from functools import partial
 from typing import Any
 
 from app.cards import ModelCard
-from app.execution.dispatch import Dispatcher
-from app.execution.runner import Runner
-from app.generation.formats import chat_format
-from app.generation.pieces import PiecePublisher
-from app.generation.requests import stored_request
-from app.generation.scheduler import WATCH_S, Scheduler
-from app.generation.sharing import Waiter
-from app.jobs import claims
-from app.jobs.claims import ClaimedJob
-from app.jobs.outputs import Piece, Recorder
-from app.jobs.transitions import Outcome
-from app.observability import metrics
-from app.operations.decode_loop import (
+from app.engine.loop import (
     LOCK_S,
     GenerationSettings,
     Loop,
@@ -56,8 +44,20 @@ from app.operations.decode_loop import (
     hand_over_key,
     take_lock,
 )
-from app.operations.generation_store import GenerationStore
-from app.operations.outflow import Outflow
+from app.engine.outflow import Outflow
+from app.engine.scheduler import WATCH_S, Scheduler
+from app.engine.store import GenerationStore
+from app.execution.dispatch import Dispatcher
+from app.execution.runner import Runner
+from app.generation.formats import chat_format
+from app.generation.pieces import PiecePublisher
+from app.generation.requests import stored_request
+from app.generation.sharing import Waiter
+from app.jobs import claims
+from app.jobs.claims import ClaimedJob
+from app.jobs.outputs import Piece, Recorder
+from app.jobs.transitions import Outcome
+from app.observability import metrics
 from app.platform.database import Database
 from app.runtime.engines import EnginePool
 from app.runtime.labels import LabelScores
@@ -73,7 +73,7 @@ logger = logging.getLogger(__name__)
 # with 0), unless other work waits for its worker past DRAIN_SECONDS: the next
 # call finds it running, with its model loaded and its prefixes kept, instead of
 # waiting for a wake-up that may reach a worker process that has yet to load the
-# model. (When it claims, shares and stops: app.generation.scheduler.)
+# model. (When it claims, shares and stops: app.engine.scheduler.)
 LINGER_S = 10.0
 _VERSIONS_LOOKED = 8  # versions whose waiting jobs a starting loop sends elsewhere, at most
 
@@ -107,7 +107,7 @@ class Generation:
 
         The loop serves one version, the one the first job in line names (the
         newest when none waits), and closes when another version's job waits
-        (app.generation.scheduler): each job runs on the version it names."""
+        (app.engine.scheduler): each job runs on the version it names."""
         queue = self._dispatcher.queue_for(model)
         lock = f"inference:generating:{queue}:{model}:{socket.gethostname()}"
         token = f"{os.getpid()}:{uuid.uuid4().hex}"  # the holder's process, on this machine

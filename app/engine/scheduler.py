@@ -1,7 +1,7 @@
 """The decode loop's policy: when it claims, looks for cancellations, shares its
 slots, counts and stops; which generations it admits, pauses and resumes.
 
-No I/O: the loop (app.operations.generation) asks `turn` what to do at each
+No I/O: the loop (app.engine.core) asks `turn` what to do at each
 pass (`turn`, then `then` once it has claimed), does the claims, writes and
 publishing itself, and tells the scheduler what happened (`admitted`,
 `claimed`, `left`, ...). So the policy is read, and
@@ -40,7 +40,7 @@ CLAIM_EVERY_S = 0.5
 CANCELS_EVERY_S = 0.25
 SHARE_EVERY_S = 0.1
 COUNT_EVERY_S = 0.25
-LOCK_RENEW_S = 2.0  # a fifth of the lock's life (app.operations.decode_loop.LOCK_S)
+LOCK_RENEW_S = 2.0  # a fifth of the lock's life (app.engine.loop.LOCK_S)
 VERSIONS_EVERY_S = 1.0
 BACKLOG_EVERY_S = 0.25
 

@@ -1,4 +1,4 @@
-"""What a decode step's tokens become (app.operations.generation steps the engine):
+"""What a decode step's tokens become (app.engine.core steps the engine):
 text published to the job's followers and recorded in pieces for a retry, each
 token counted for its tenant, log-probabilities and label scores kept for the
 job's outcome; and a generation dropped from the loop with its unrecorded text."""
@@ -9,10 +9,10 @@ import logging
 import time
 import uuid
 
+from app.engine.loop import Loop, LoopMeter, Running
 from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
 from app.jobs.outputs import Recorder
-from app.operations.decode_loop import Loop, LoopMeter, Running
 from app.runtime.labels import LabelScores
 from app.runtime.sequences import Emitted
 

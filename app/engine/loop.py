@@ -1,4 +1,4 @@
-"""The decode loop's state and its machine lock (app.operations.generation runs it).
+"""The decode loop's state and its machine lock (app.engine.core runs it).
 
 One loop per machine and model, serving one version at a time: its Redis lock
 names the holder process, so a lock whose holder died is taken over at once. A
@@ -22,8 +22,8 @@ import orjson
 import psutil
 
 from app.cards import ModelCard
+from app.engine.scheduler import Scheduler
 from app.generation.chat import TextStream
-from app.generation.scheduler import Scheduler
 from app.jobs.claims import ClaimedJob
 from app.jobs.transitions import Outcome
 from app.observability import metrics

@@ -2,7 +2,7 @@
 
 Each method is one unit of work (claims, the recorded tokens a retry goes on
 from, the pieces of text recorded as they come, the finishing write), so the
-loop itself (app.operations.generation) holds no session and its passes read as
+loop itself (app.engine.core) holds no session and its passes read as
 policy: claim, start, step, end.
 """
 
