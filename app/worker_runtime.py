@@ -44,7 +44,7 @@ class WorkerRuntime(Lazy):
         from app.engine.core import Generation, GenerationSettings
 
         parts = self.parts
-        generation = Generation(
+        generation = Generation.of(
             parts.database, parts.runner, parts.dispatcher, lambda: parts._reply_redis,
             GenerationSettings.of(self.settings), self.settings.ort_provider,
         )  # fmt: skip

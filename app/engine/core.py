@@ -46,9 +46,10 @@ from app.engine.loop import (
 )
 from app.engine.outflow import Outflow
 from app.engine.scheduler import WATCH_S, Scheduler
-from app.engine.store import GenerationStore
+from app.engine.store import MONOTONIC, Clock, GenerationStore, JobStore
 from app.execution.dispatch import Dispatcher
 from app.execution.runner import Runner
+from app.generation.chat import ChatFormat
 from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
 from app.generation.requests import stored_request
@@ -79,26 +80,43 @@ _VERSIONS_LOOKED = 8  # versions whose waiting jobs a starting loop sends elsewh
 
 
 class Generation:
+    """The core: one decode loop per model and machine, driving the scheduler (its
+    policy), the decode engine (the model runner) and the outflow, through the
+    job store (`JobStore`). Tests run it in process with a store, an engine pool,
+    a format and a clock of their own (tests/engine)."""
+
     def __init__(
         self,
-        database: Database,
+        store: JobStore,
         runner: Runner,
         dispatcher: Dispatcher,
         redis: Any,
         settings: GenerationSettings,
-        provider: str = "auto",
+        engines: EnginePool,
+        formats: Callable[[ModelCard], ChatFormat] = chat_format,
+        clock: Clock = MONOTONIC,
     ) -> None:
-        self.database, self.runner, self.settings = database, runner, settings
-        self.store = GenerationStore(database, runner)
+        """`redis`: a client (made on call) for the loop's lock, its pieces and its
+        token counts; `clock`: what the scheduler's timers read and idle waits sleep."""
+        self.store, self.runner, self.settings = store, runner, settings
         self._dispatcher, self._redis = dispatcher, redis
-        self.engines = EnginePool(
-            SessionPool(provider, settings.threads), settings.slots, settings.prefill_tokens,
-            settings.prefix_bytes, settings.prefill_rows,
-        )  # fmt: skip
+        self.engines, self._formats, self._clock = engines, formats, clock
         self.publisher = PiecePublisher(lambda: self._redis())
         self.recorder = Recorder()  # the text recorded in pieces (app.jobs.outputs)
         self.meter = LoopMeter(TokenMeter(lambda: self._redis(), settings.database))
-        self.outflow = Outflow(self.publisher, self.recorder, self.meter)
+        self.outflow = Outflow(self.publisher, self.recorder, self.meter, formats)
+
+    @classmethod
+    def of(
+        cls, database: Database, runner: Runner, dispatcher: Dispatcher, redis: Any,
+        settings: GenerationSettings, provider: str = "auto",
+    ) -> Generation:  # fmt: skip
+        """The workers' core: its jobs in PostgreSQL, its models on ONNX Runtime."""
+        engines = EnginePool(
+            SessionPool(provider, settings.threads), settings.slots, settings.prefill_tokens,
+            settings.prefix_bytes, settings.prefill_rows,
+        )  # fmt: skip
+        return cls(GenerationStore(database, runner), runner, dispatcher, redis, settings, engines)
 
     def drain(self, model: str) -> int:
         """Decode `model`'s queued jobs until none is left for DRAIN_LINGER_MS (new
@@ -124,9 +142,9 @@ class Generation:
             with self.engines.running(card) as engine:
                 # The structured-output tables, made beside the loop rather than
                 # at its first schema (once per process and model version).
-                threading.Thread(target=chat_format(card).grammars, daemon=True).start()
+                threading.Thread(target=self._formats(card).grammars, daemon=True).start()
                 linger = max(self.settings.linger_s, LINGER_S) if self.settings.linger_s else 0
-                schedule = Scheduler(engine.slots, time.monotonic(), self.settings.drain_s, linger)
+                schedule = Scheduler(engine.slots, self._clock.now(), self.settings.drain_s, linger)
                 loop = Loop(card, engine, schedule)
                 try:
                     return self._loop(model, loop, lock, token)
@@ -157,7 +175,7 @@ class Generation:
 
     def _not_generated(self, model: str, version: str) -> None:
         while claimed := self.store.claim_next(model, version, 64)[0]:
-            self._finish(self.runner.run(self.database.session(), claimed), claimed)
+            self._finish(self.store.run(claimed), claimed)
 
     def _let_go(self, loop: Loop) -> None:
         """A loop that failed (its database or Redis went away, or its task was
@@ -179,7 +197,7 @@ class Generation:
 
         try:
             while True:
-                now = time.monotonic()
+                now = self._clock.now()
                 turn = schedule.turn(now, loop.engine.room(), pending)
                 if turn.renew_lock:
                     self._redis().set(lock, token, px=int(LOCK_S * 1000))
@@ -202,7 +220,7 @@ class Generation:
                 if then.stop:
                     return done
                 if then.idle:
-                    time.sleep(WATCH_S)
+                    self._clock.sleep(WATCH_S)
                     continue
                 if then.cancels:
                     if self._asked_to_hand_over():
@@ -269,7 +287,7 @@ class Generation:
             # claimed it again. Its writes would be refused, and its tokens, beside
             # the new attempt's, would go into the new attempt's text twice.
             self.outflow.drop(loop, job.id)
-        fmt = chat_format(loop.card)
+        fmt = self._formats(loop.card)
         try:
             request = stored_request(bytes(job.input_data or b""))
             prompt = fmt.prompt_of(request)
@@ -306,7 +324,7 @@ class Generation:
             running.logprobs = logprobs
         running.labels = request.labels or ()
         loop.running[job.id] = running
-        loop.schedule.admitted(job.id, job.tenant_id, job.priority, time.monotonic())
+        loop.schedule.admitted(job.id, job.tenant_id, job.priority, self._clock.now())
         if not made:  # (a retry's prompt was counted by its first attempt)
             self.meter.charge(job, loop.card.name, "prompt", len(prompt))
         for token in made:

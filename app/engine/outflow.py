@@ -8,8 +8,11 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
+from app.cards import ModelCard
 from app.engine.loop import Loop, LoopMeter, Running
+from app.generation.chat import ChatFormat
 from app.generation.formats import chat_format
 from app.generation.pieces import PiecePublisher
 from app.jobs.outputs import Recorder
@@ -20,8 +23,12 @@ logger = logging.getLogger(__name__)
 
 
 class Outflow:
-    def __init__(self, publisher: PiecePublisher, recorder: Recorder, meter: LoopMeter) -> None:
+    def __init__(
+        self, publisher: PiecePublisher, recorder: Recorder, meter: LoopMeter,
+        formats: Callable[[ModelCard], ChatFormat] = chat_format,
+    ) -> None:  # fmt: skip
         self.publisher, self.recorder, self.meter = publisher, recorder, meter
+        self._formats = formats
 
     def emit(self, loop: Loop, item: Emitted) -> Running | None:
         """A step's token for its generation: its text published and recorded, its
@@ -38,7 +45,7 @@ class Outflow:
             piece = running.text.add(item.token)
             entry = None
             if item.logprob is not None and running.logprobs is not None:
-                entry = chat_format(loop.card).logprob_entry(item.logprob)
+                entry = self._formats(loop.card).logprob_entry(item.logprob)
                 running.logprobs.append(entry)
             if piece.text or entry:
                 self.publisher.add(job.id, piece.text, entry)

@@ -8,8 +8,9 @@ policy: claim, start, step, end.
 
 from __future__ import annotations
 
+import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 from app.execution.runner import Runner
 from app.jobs import claims, telemetry
@@ -18,6 +19,40 @@ from app.jobs.claims import ClaimedJob
 from app.jobs.outputs import Piece, record, recorded_logprobs, recorded_tokens
 from app.jobs.transitions import Outcome, finish_rows
 from app.platform.database import Database, transactional
+
+
+class Clock:
+    """What the core's timers read and its idle waits sleep: the process's own
+    monotonic clock (tests pass one that moves only when they say)."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+MONOTONIC = Clock()
+
+
+class JobStore(Protocol):
+    """The core's port to the jobs it runs: what it claims, records and finishes
+    (GenerationStore in PostgreSQL; tests pass one in memory)."""
+
+    def heads(self, model: str) -> list[claims.Head]: ...
+    def claim(self, job_ids: list[uuid.UUID]) -> list[ClaimedJob]: ...
+    def claim_next(self, model: str, version: str, room: int) -> tuple[list[ClaimedJob], bool]: ...
+    def claimable(self, model: str) -> bool: ...
+    def cancel_requested(self, job_ids: list[uuid.UUID]) -> list[uuid.UUID]: ...
+    def give_back(self, pieces: list[Piece], jobs: list[ClaimedJob]) -> set[uuid.UUID]: ...
+    def recorded(self, job_id: uuid.UUID) -> list[int]: ...
+    def recorded_logprobs(self, job_id: uuid.UUID) -> list[dict[str, Any]]: ...
+    def record(self, pieces: list[Piece]) -> None: ...
+    def settle(self, batch_ids: list[uuid.UUID]) -> None: ...
+    def write(
+        self, outcomes: list[Outcome], jobs: list[ClaimedJob], pieces: list[Piece]
+    ) -> list[Any]: ...
+    def run(self, jobs: list[ClaimedJob]) -> list[Outcome]: ...
 
 
 class GenerationStore:
@@ -76,6 +111,11 @@ class GenerationStore:
     @transactional
     def settle(self, batch_ids: list[uuid.UUID]) -> None:
         settle(self.database.session(), batch_ids)
+
+    def run(self, jobs: list[ClaimedJob]) -> list[Outcome]:
+        """Jobs of a version no loop serves, run the way any job runs (the runner
+        fails them `model_unavailable`, or runs them)."""
+        return self._runner.run(self.database.session(), jobs)
 
     @transactional
     def write(

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from app.engine import core as generation
 from app.engine.loop import Loop
+from app.engine.store import MONOTONIC
 from app.execution.leases import LeaseKeeper
 from app.jobs.claims import ClaimedJob
 
@@ -46,10 +47,11 @@ def test_a_retry_whose_recorded_tokens_cannot_be_read_holds_no_lease(
         guards=SimpleNamespace(resume=True),
     )
     request = SimpleNamespace(sampling=SimpleNamespace(logprobs=None), labels=None)
-    monkeypatch.setattr(generation, "chat_format", lambda card: Format())
     monkeypatch.setattr(generation, "stored_request", lambda data: request)
     gen = generation.Generation.__new__(generation.Generation)
     gen.runner = runner  # type: ignore[assignment]
+    gen._formats = lambda card: Format()  # type: ignore[assignment,return-value]
+    gen._clock = MONOTONIC
 
     def database_gone(job_id: uuid.UUID) -> list[int]:
         raise sa.exc.OperationalError("SELECT", {}, Exception("server closed the connection"))

@@ -1,7 +1,7 @@
 """Settling a dead worker's sync calls (app.sync.recovery) against real Redis, in
 process: each call settled exactly once, whoever settles and whenever a settler
-dies. A Redis of the module's own: the run's workers settle every dead worker
-they find in theirs, and would race the settlers these tests play."""
+dies. A database of the run's Redis of their own: the run's workers settle every
+dead worker they find in theirs, and would race the settlers these tests play."""
 
 from __future__ import annotations
 
@@ -15,20 +15,18 @@ import redis
 from app.sync import lane, replies
 from app.sync.lane import Entry, Lane
 from app.sync.recovery import Recovery
-from tests.support import redis_over_tcp
 
 LEASE_S = 0.2
 
 
-@pytest.fixture(scope="module")
-def own_redis() -> Iterator[str]:
-    with redis_over_tcp() as url:
-        yield url
+OWN_DB = 13  # (the run's workers use the URL's own, 0 or 15)
 
 
 @pytest.fixture
-def client(own_redis: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(own_redis, socket_timeout=5)
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    pool = redis.Redis.from_url(redis_url).connection_pool
+    kwargs = {**pool.connection_kwargs, "db": OWN_DB, "socket_timeout": 5}
+    client = redis.Redis(connection_pool=redis.ConnectionPool(pool.connection_class, **kwargs))
     yield client
     client.close()
 
