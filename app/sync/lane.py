@@ -212,9 +212,14 @@ class Lane:
         return int(found)
 
     def withdraw(self, queue: str, entry: bytes) -> bool:
-        """Take a waiting entry back (its caller stopped waiting); False when a
-        worker has taken it already."""
-        return bool(self.client.lrem(lane_key(queue), 1, entry))  # type: ignore[arg-type]
+        """Take a waiting entry back (its caller stopped waiting), as it was pushed
+        or as it waits again for its second attempt (its worker died); False when
+        a worker has taken it."""
+        again = encode(replace(decode(entry), attempt=2))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lrem(lane_key(queue), 1, entry)  # type: ignore[arg-type]
+        pipe.lrem(lane_key(queue), 1, again)  # type: ignore[arg-type]
+        return any(pipe.execute())
 
     def waiting(self, queue: str) -> int:
         return int(self.client.llen(lane_key(queue)))

@@ -125,3 +125,19 @@ def test_a_worker_thought_dead_that_answered_after_all_is_not_settled_over(
     assert settler.taken(worker, queue) == [lane.encode(later)]
     client.delete(lane.alive_key(worker), lane.taken_key(worker, queue))
     client.hdel(lane.WORKERS, worker)
+
+
+def test_a_call_put_back_for_its_second_attempt_can_still_be_withdrawn(
+    client: redis.Redis, queue: str
+) -> None:
+    """Its caller's time ran out while it waited again: it is taken back unrun
+    (the caller is told so), not left for a worker to take and drop."""
+    call = entry(queue, "nobody-listens")
+    pushed = lane.encode(call)
+    worker = died_with(client, queue, [call])
+    assert Recovery(Lane(client, 100)).run() == 1
+    assert [e.attempt for e in waiting(client, queue)] == [2]
+    assert Lane(client, 100).withdraw(queue, pushed)
+    assert waiting(client, queue) == []
+    assert not Lane(client, 100).withdraw(queue, pushed)
+    assert worker not in Lane(client, 100).dead_workers()
