@@ -36,7 +36,7 @@ NOT_SETTINGS = {
     "JOB_ID",  # a shell variable of the examples
     "TEST_DATABASE_URL", "TEST_REDIS_URL", "CUDA_LIBS", "PROMETHEUS_MULTIPROC_DIR",
     "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
-    "GPU_CHECK_PYTHON", "TEST_PROCESSES",  # the Makefile's (`make gpu-check`, `make test`)
+    "GPU_CHECK_PYTHON", "TEST_PROCESSES", "FAULT_PROCESSES",  # the Makefile's
     # read by libraries the service uses (s3fs, requests; OpenTelemetry's, as its standard)
     "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
     "OTEL_EXPORTER_OTLP_ENDPOINT",

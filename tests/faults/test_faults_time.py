@@ -248,7 +248,7 @@ def test_17_the_wall_clock_of_a_worker_jumps_an_hour_forward(
             assert timedelta(0) <= row.run_after - row.tx_at <= timedelta(seconds=2), row
             claim = next(r for r in rows[n + 1 :] if r.new_status == "running")
             waited = (claim.tx_at - row.run_after).total_seconds()
-            assert 0 <= waited < 30, (row, claim)
+            assert 0 <= waited < 60, (row, claim)  # (seconds on two busy cores, not an hour)
             waits.append(waited)
         assert jobs[job].attempts == jobs[job].max_attempts, jobs[job]  # the card's 6
     # Leases: renewed while the 4 s jobs ran (1.5 s each, from the database's now()),
