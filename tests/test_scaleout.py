@@ -286,7 +286,7 @@ def test_a_cpu_worker_never_takes_a_gpu_models_jobs_even_with_no_gpu_worker(
     on_gpu = submit(routed_app, tenant.headers, ON_GPU, 20)
     routed = container_of(routed_app)
     with routed.scope():  # the sweep's republish goes to the GPU queue too
-        assert routed.maintenance.wake_waiting(older_than_s=0) >= 20
+        assert routed.worker.maintenance.wake_waiting(older_than_s=0) >= 20
     # A wake-up for the GPU model on the CPU queue (a waker with a stale card, or
     # none): the CPU worker passes it on to the GPU queue instead of running it.
     celery = container_of(routed_app).parts.celery

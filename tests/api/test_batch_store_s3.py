@@ -165,7 +165,7 @@ def test_uploads_and_results_are_objects_in_the_bucket_equal_to_direct_ort_and_t
                         .values(finished_at=sa.text("now() - interval '2 days'")))  # fmt: skip
         session.commit()
     with container_of(app).scope():
-        assert container_of(app).maintenance.purge_batch_objects(86_400) >= 1
+        assert container_of(app).worker.maintenance.purge_batch_objects(86_400) >= 1
     assert not any(k.startswith(f"batches/{batch_id}/") for k in s3.objects(PREFIX))
     gone = client.get(
         f"/batches/{batch_id}/results", headers={**auth, "Accept": "application/x-npy"}

@@ -90,7 +90,7 @@ def test_cancel_after_expires_a_job_nobody_ran(idle: Flask, auth: dict[str, str]
     wait_until(past_deadline, "the job's Cancel-After deadline to pass")
     swept = container_of(idle)
     with swept.scope():
-        swept.maintenance.sweep()
+        swept.worker.maintenance.sweep()
     done = client.get(f"/jobs/{job['id']}", headers=auth).json
     assert done["status"] == "expired" and done["error"]["code"] == "deadline_exceeded"
 

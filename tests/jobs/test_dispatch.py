@@ -165,7 +165,7 @@ def test_a_job_whose_wake_up_was_lost_is_woken_by_the_sweep(
 ) -> None:
     job_id = insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
     with container_of(app).scope():
-        assert container_of(app).maintenance.wake_waiting(older_than_s=60) >= 1
+        assert container_of(app).worker.maintenance.wake_waiting(older_than_s=60) >= 1
     assert wait_for_job(app.test_client(), tenant.headers, str(job_id))["status"] == "succeeded"
 
 
@@ -175,7 +175,7 @@ def test_the_sweep_wakes_a_backlog_with_one_message_per_model(
     for _ in range(30):
         insert_queued_job(database, tenant.id, enqueued_seconds_ago=600)
     with container_of(idle).scope():
-        assert container_of(idle).maintenance.wake_waiting(older_than_s=60) >= 30
+        assert container_of(idle).worker.maintenance.wake_waiting(older_than_s=60) >= 30
     assert waiting_messages(idle) <= 3  # digits, and any other model a test left waiting
 
 

@@ -136,7 +136,7 @@ def test_the_sweep_wakes_a_waiting_model_on_its_queue(
     for model in ("on-gpu", "on-cpu"):
         insert_queued_job(database, tenant.id, ROW, model=model, enqueued_seconds_ago=600)
     with container_of(routed).scope():
-        assert container_of(routed).maintenance.wake_waiting(older_than_s=60) >= 2
+        assert container_of(routed).worker.maintenance.wake_waiting(older_than_s=60) >= 2
     assert waiting(routed, GPU) == ["['on-gpu']"]
     assert waiting(routed, CPU) == ["['on-cpu']"]
 

@@ -43,7 +43,7 @@ def test_a_job_that_outlives_its_time_limit_every_time_is_capped(
             ):
                 return True
             with container_of(app).scope():  # what beat does every SWEEP_INTERVAL_SECONDS
-                container_of(app).maintenance.sweep()
+                container_of(app).worker.maintenance.sweep()
             return False
 
         wait_until(capped, "the job to be capped", 60, interval=0.3)

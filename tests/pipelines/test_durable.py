@@ -130,7 +130,7 @@ def test_a_pipeline_killed_between_steps_and_inside_its_map_resumes_and_reruns_n
     app_and_worker: tuple[Flask, WorkerProcess], log: Path, auth: dict[str, str]
 ) -> None:
     app, worker = app_and_worker
-    client, maintenance = app.test_client(), container_of(app).maintenance
+    client, maintenance = app.test_client(), container_of(app).worker.maintenance
     text = "a sleep:3 b c sleep:3.0 d"
     submitted = client.post("/jobs", headers=auth,
                             json={"model": "durable", "inputs": {"text": [text]}})  # fmt: skip
@@ -168,7 +168,7 @@ def test_a_worker_child_crashing_in_a_models_code_is_retried_then_dead_lettered(
     worker = WorkerProcess(own, tmp_path / "worker.log", concurrency=1, JOB_LEASE_SECONDS="1",
                            WHIMS_LOG=str(tmp_path / "calls.log"))  # fmt: skip
     try:
-        client, maintenance = app.test_client(), container_of(app).maintenance
+        client, maintenance = app.test_client(), container_of(app).worker.maintenance
         bodies = [{"model": "crashy", "inputs": {"text": [text]}} for text in ("crash", "calm")]
         ids = [client.post("/jobs", headers=auth, json=body).json["id"] for body in bodies]
 
