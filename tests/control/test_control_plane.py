@@ -163,21 +163,28 @@ def test_beat_keeps_one_message_of_each_sweep_pending(
 ) -> None:
     """No worker consumes the control queue: beat sends each sweep once, not once a
     tick, so a stalled control worker finds one of each waiting, not thousands."""
-    beat = BeatProcess(plane, tmp_path, **plane_env(plane))
-    try:
-        time.sleep(6)  # six ticks of every per-second sweep
-    finally:
-        beat.stop()
     client = redis.Redis.from_url(settings.redis_url)
+    sweeps = {SWEEP_TASK, WEBHOOK_SWEEP_TASK, TICK_TASK}
 
     def tasks(queue: str) -> list[str]:
         return [json.loads(m)["headers"]["task"] for m in client.lrange(queue, 0, -1)]
+
+    beat = BeatProcess(plane, tmp_path, **plane_env(plane))
+    try:
+        # (beat takes a while to start on two busy cores: its first sweeps are waited
+        # for, then six more ticks of every per-second sweep)
+        queue = plane.control_queue
+        wait_until(lambda: sweeps <= set(tasks(queue)),
+                   lambda: f"beat's first sweeps on its queue: {tasks(queue)}", 90)  # fmt: skip
+        time.sleep(6)
+    finally:
+        beat.stop()
 
     on_control = tasks(plane.control_queue)
     try:
         assert tasks(plane.jobs_queue) == [], "sweeps sent to the inference queue"
         counts = Counter(on_control)
-        assert {SWEEP_TASK, WEBHOOK_SWEEP_TASK, TICK_TASK} <= set(counts), on_control
+        assert sweeps <= set(counts), on_control
         assert max(counts.values()) == 1, f"a sweep piled up: {counts}"
     finally:
         client.delete(plane.control_queue, plane.jobs_queue)
