@@ -266,10 +266,16 @@ def test_26_a_worker_child_killed_while_a_model_is_being_added(
     assert callers.total({504, 500, 598}) == 0
 
 
+# How long each call runs: longer than the two `models remove` commands take on two
+# busy cores, so the children seen holding calls still hold them when killed (at
+# 1 s, a clean-clone run found them done, and no call of `slow-once` answered 503).
+SLOW_CALL_S = 5.0
+
+
 def slow_body(_model: str) -> dict[str, Any]:
     return {"inputs": [
         {"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.1] * 64},
-        {"name": "steps", "shape": [1], "datatype": "INT64", "data": [int(1.0 / 2e-6)]},
+        {"name": "steps", "shape": [1], "datatype": "INT64", "data": [int(SLOW_CALL_S / 2e-6)]},
     ]}  # fmt: skip
 
 
